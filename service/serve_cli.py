@@ -1,0 +1,5 @@
+"""`multihead serve` (owned by the service work)."""
+
+
+def add_subcommands(sub) -> None:
+    pass

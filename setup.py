@@ -1,0 +1,40 @@
+"""multihead: many image classifiers ("bots") sharing one Inception-V4 trunk."""
+from setuptools import setup
+
+# NOTE: tf-keras 2.21 declares `tensorflow>=2.21,<2.22`, so requiring `tensorflow-cpu` here as
+# well would install two TensorFlow distributions over each other in one site-packages. The
+# plain `tensorflow` wheel runs on the CPU; GPU users install the `gpu` extra, which adds
+# TensorFlow's CUDA libraries (`tensorflow[and-cuda]`).
+TF_VERSION = "2.21.0"
+
+setup(
+    name="multihead",
+    version="0.1.0",
+    description="Serve many image classifiers that share one Inception-V4 trunk",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["backbone", "heads", "service"],
+    package_data={"service": ["static/*"]},
+    install_requires=[
+        f"tensorflow=={TF_VERSION}",
+        "tf-slim==1.1.0",
+        # Same minor version as TensorFlow: tf-slim's layers need tf_keras' legacy layers.
+        "tf-keras==2.21.0",
+        "aiohttp>=3.9,<4",
+        "numpy>=1.26,<3",
+        "pillow>=10.0",
+        "prometheus_client>=0.20",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
+        "test": [
+            "pytest>=8.0",
+            "pytest-aiohttp>=1.0",
+            "pytest-timeout>=2.3",
+        ],
+    },
+    entry_points={"console_scripts": ["multihead=service.cli:main"]},
+)
