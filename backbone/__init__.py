@@ -1,0 +1,34 @@
+"""The shared Inception-V4 trunk: built once, restored from a slim checkpoint; preprocessing.
+
+Knows nothing of bots or HTTP. TensorFlow is imported lazily: `from backbone import preprocess`
+does not load it.
+"""
+from backbone.errors import BackboneError, CheckpointError, ImageTooLarge, InvalidImage
+from backbone.inception_v4 import (FEATURE_DIM, IMAGE_SIZE, LOGITS_SCOPE, NUM_CLASSES, PRELOGITS,
+                                   SCOPE)
+from backbone.preprocess import DEFAULT_MAX_PIXELS, decode_image, preprocess
+
+_LAZY = {
+    "Trunk": "backbone.trunk",
+    "TrunkTimings": "backbone.trunk",
+    "select_device": "backbone.trunk",
+    "write_random_checkpoint": "backbone.checkpoint",
+    "trunk_digest": "backbone.checkpoint",
+    "default_trunk_checkpoint": "backbone.checkpoint",
+    "is_official": "backbone.checkpoint",
+    "resolve_prefix": "backbone.checkpoint",
+    "check_layout": "backbone.checkpoint",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'backbone' has no attribute {name!r}")
+
+
+__all__ = ["BackboneError", "CheckpointError", "ImageTooLarge", "InvalidImage", "FEATURE_DIM",
+           "IMAGE_SIZE", "LOGITS_SCOPE", "NUM_CLASSES", "PRELOGITS", "SCOPE",
+           "DEFAULT_MAX_PIXELS", "decode_image", "preprocess", *_LAZY]

@@ -7,6 +7,7 @@ the process exit code; domain errors are printed as one line on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notice) is not for CLI users;
+    # an explicit TF_CPP_MIN_LOG_LEVEL in the environment still wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -54,7 +58,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from backbone.errors import BackboneError
     from heads.errors import HeadsError
 
-    return (CliError, BackboneError, HeadsError, FileNotFoundError)
+    return (CliError, BackboneError, HeadsError, FileNotFoundError, ValueError)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,11 +12,15 @@ import pytest
 
 @pytest.fixture(scope="session")
 def trunk_checkpoint(tmp_path_factory) -> str:
-    """Prefix of a seed-0 random trunk checkpoint that also holds the 1001-way Logits."""
-    from backbone import write_random_checkpoint
+    """Prefix of a seed-0 random checkpoint in the official layout, written by `init-trunk`.
 
-    out = tmp_path_factory.mktemp("trunk") / "inception_v4.ckpt"
-    return write_random_checkpoint(str(out), seed=0)
+    Like the official file it holds the trunk, the 1001-way Logits and the AuxLogits.
+    """
+    from service.cli import main
+
+    out = str(tmp_path_factory.mktemp("trunk") / "inception_v4.ckpt")
+    assert main(["init-trunk", out, "--seed", "0"]) == 0
+    return out
 
 
 @pytest.fixture(scope="session")

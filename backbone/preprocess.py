@@ -1,0 +1,130 @@
+"""Eval-time Inception preprocessing with Pillow and numpy (no TensorFlow in the request path).
+
+Reference: slim's `inception_preprocessing.preprocess_for_eval` (central_fraction=0.875):
+  1. uint8 -> float32 in [0, 1];
+  2. `tf.image.central_crop`: keep the central 87.5% of EACH side, offset
+     int((dim - dim * 0.875) / 2), size dim - 2 * offset;
+  3. `tf.compat.v1.image.resize_bilinear(align_corners=False, half_pixel_centers=False)` to
+     299 x 299, aspect ratio not kept: source coordinate = dst * in / out (legacy TF1
+     sampling, not TF2's half-pixel centres and not Pillow's antialiased resize);
+  4. (x - 0.5) * 2 -> [-1, 1].
+Steps 2-4 are reproduced exactly in numpy (same sampling grid and lerp weights; float32
+rounding differs by ~1e-6, measured against TF in tests/backbone/test_preprocess.py).
+
+Decoding differs from TF only where it is a deliberate choice:
+  - EXIF orientation is applied (TF's decode_jpeg ignores it; phones rely on it);
+  - every common mode becomes RGB: L/LA/P/RGBA/CMYK via Pillow's conversions (alpha dropped,
+    as `decode_png(channels=3)` does), 16-bit (I;16*, I) scaled by 1/65535, F clipped to [0,1];
+  - JPEGs much larger than needed are decoded with Pillow's draft mode (DCT-domain downscale
+    by 1/2, 1/4 or 1/8, never below the size the crop needs), which cuts decode time of a 12 Mpx
+    photo several-fold; the result then goes through the same crop and bilinear resize.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from backbone.errors import ImageTooLarge, InvalidImage
+from backbone.inception_v4 import IMAGE_SIZE
+
+CENTRAL_FRACTION = 0.875
+# Refuse images with more pixels than this before decoding them (decompression bombs).
+DEFAULT_MAX_PIXELS = 40_000_000
+# The draft size keeps at least this many source pixels per output pixel after the crop.
+_DRAFT_SIDE = int(np.ceil(IMAGE_SIZE / CENTRAL_FRACTION))
+
+
+def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 draft: bool = True) -> np.ndarray:
+    """Decodes image bytes to float32 RGB [H, W, 3] in [0, 1], EXIF orientation applied.
+
+    Raises:
+      InvalidImage: empty, truncated, or not an image Pillow can decode.
+      ImageTooLarge: more than `max_pixels` pixels (checked from the header, before decoding).
+    """
+    if not data:
+        raise InvalidImage("empty image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise ImageTooLarge(f"image has {width}x{height} = {width * height} pixels, "
+                                    f"more than the limit of {max_pixels}")
+            if draft and image.format == "JPEG":
+                # Picks the largest DCT scale that keeps both sides >= the requested size.
+                image.draft("RGB", (_DRAFT_SIDE, _DRAFT_SIDE))
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            return _to_rgb_float(image)
+    except ImageTooLarge:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageTooLarge(f"image refused as a decompression bomb: {exc}") from None
+    except Image.UnidentifiedImageError:
+        raise InvalidImage("not a recognised image format") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise InvalidImage(f"cannot decode image: {exc}") from None
+
+
+def _to_rgb_float(image: Image.Image) -> np.ndarray:
+    mode = image.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        gray = np.asarray(image, dtype=np.float32) / 65535.0
+        return np.repeat(np.clip(gray, 0.0, 1.0)[:, :, None], 3, axis=2)
+    if mode == "F":
+        gray = np.clip(np.asarray(image, dtype=np.float32), 0.0, 1.0)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    if mode != "RGB":
+        image = image.convert("RGB")  # L, LA, P, PA, RGBA, CMYK, YCbCr, 1, ...
+    return np.asarray(image, dtype=np.float32) / 255.0
+
+
+def central_crop(image: np.ndarray, fraction: float = CENTRAL_FRACTION) -> np.ndarray:
+    """`tf.image.central_crop`: the central `fraction` of each side of [H, W, C]."""
+    height, width = image.shape[:2]
+    top = int((height - height * fraction) / 2)
+    left = int((width - width * fraction) / 2)
+    return image[top:height - top, left:width - left]
+
+
+def _axis_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # Legacy TF bilinear (align_corners=False, half_pixel_centers=False): src = dst * in/out,
+    # computed in float32 as TF's kernel does, so that the lerp weights match bit for bit.
+    scale = np.float32(size_in) / np.float32(size_out)
+    src = np.arange(size_out, dtype=np.float32) * scale
+    lower = np.floor(src)
+    upper = np.minimum(np.ceil(src), size_in - 1).astype(np.int64)
+    return lower.astype(np.int64), upper, (src - lower).astype(np.float32)
+
+
+def resize_bilinear(image: np.ndarray, height: int = IMAGE_SIZE,
+                    width: int = IMAGE_SIZE) -> np.ndarray:
+    """`tf.compat.v1.image.resize_bilinear` (legacy sampling) of float32 [H, W, C]."""
+    top, bottom, dy = _axis_weights(image.shape[0], height)
+    left, right, dx = _axis_weights(image.shape[1], width)
+    # Rows first on the few rows needed, then columns; TF lerps in the same order.
+    upper_rows = image[top]
+    lower_rows = image[bottom]
+    rows_l = upper_rows[:, left] + (upper_rows[:, right] - upper_rows[:, left]) * dx[None, :, None]
+    rows_h = lower_rows[:, left] + (lower_rows[:, right] - lower_rows[:, left]) * dx[None, :, None]
+    return rows_l + (rows_h - rows_l) * dy[:, None, None]
+
+
+def preprocess_array(image: np.ndarray) -> np.ndarray:
+    """Crop, resize and scale float32 RGB [H, W, 3] in [0, 1] -> float32 [299, 299, 3] in [-1, 1]."""
+    resized = resize_bilinear(central_crop(image))
+    return ((resized - 0.5) * 2.0).astype(np.float32, copy=False)
+
+
+def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Image bytes -> float32 [299, 299, 3] in [-1, 1], ready for `Trunk.features`.
+
+    Raises:
+      InvalidImage / ImageTooLarge: see `decode_image`.
+    """
+    return preprocess_array(decode_image(data, max_pixels=max_pixels))
