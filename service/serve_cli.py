@@ -1,5 +1,56 @@
-"""`multihead serve` (owned by the service work)."""
+"""`multihead serve`: run the HTTP service."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from service.settings import Settings
 
 
 def add_subcommands(sub) -> None:
-    pass
+    parser = sub.add_parser(
+        "serve",
+        help="run the HTTP service (classify, bots, admin, health, metrics)",
+        description=(
+            "Build the shared Inception-V4 trunk once, warm it up, and serve every registered "
+            "bot of the store over HTTP. Each option can also be set with the environment "
+            "variable named in its help (flags win). Without --trunk-checkpoint the store's "
+            "trunk is used: <store>/trunk/inception_v4.ckpt (the official checkpoint) if "
+            "present, else <store>/trunk/demo_inception_v4.ckpt, created with seeded random "
+            "weights when missing."),
+    )
+    Settings.add_arguments(parser)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.set_defaults(func=run_serve)
+
+
+def ensure_demo_trunk(settings: Settings) -> None:
+    """Creates the store's demo trunk checkpoint when no trunk is configured or present."""
+    from backbone.checkpoint import default_trunk_checkpoint, write_random_checkpoint
+
+    if settings.trunk_checkpoint:
+        return
+    prefix = default_trunk_checkpoint(settings.store)
+    if not os.path.exists(f"{prefix}.index"):
+        logging.getLogger(__name__).info(
+            "no trunk checkpoint in %s/trunk: writing seeded random weights to %s (drop the "
+            "official inception_v4.ckpt there to use real weights)", settings.store, prefix)
+        write_random_checkpoint(prefix, seed=0)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from service.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env_and_args(args)
+    ensure_demo_trunk(settings)
+    app = create_app(settings)
+    # run_app turns SIGTERM/SIGINT into a graceful shutdown: stop accepting, drain, close.
+    web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=
+                settings.request_timeout_s, print=lambda msg: logging.getLogger(__name__).info(
+                    msg.strip()))
+    return 0

@@ -1,0 +1,529 @@
+"""Dynamic cross-bot batching, in pure asyncio.
+
+Rows (one image each, plus whatever the caller needs to finish it, e.g. the resolved head) are
+queued by `submit`; one background task forms batches and hands each to a BLOCKING
+`run_batch(rows) -> results` callable in ONE dedicated worker thread, so the event loop never
+blocks and at most one batch runs at a time (the trunk is one graph). While a batch runs, new
+rows accumulate for the next one.
+
+A batch is flushed when `max_batch_size` rows are waiting or `max_wait_ms` after its FIRST row
+was queued, whichever comes first; the wait is measured from the oldest row's arrival, so rows
+that piled up while the previous batch ran go out at once.
+
+The batcher knows nothing of TensorFlow, heads or HTTP; `group` (the bot id) is used only by the
+`per_group` policy and for stats. It is the same shape as Ray Serve's `_BatchQueue` and
+MLServer's adaptive batcher, and guards against the bugs those had: a wrong number of results,
+an exception in `run_batch`, futures whose client went away, a per-row failure.
+
+    batcher = Batcher(run_batch, max_batch_size=16, max_wait_ms=5, max_queue_rows=256)
+    result = await batcher.submit(payload, group="acme-7", deadline=time.monotonic() + 30)
+    ...
+    await batcher.close()    # stop accepting, finish queued rows, stop the worker thread
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from service.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("mixed", "per_group")
+
+RunBatch = Callable[[list["Row"]], Sequence[Any]]
+OnBatch = Callable[[int, int, list[float], float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One queued row, as `run_batch` sees it.
+
+    Attributes:
+        payload: the caller's opaque object (e.g. a [299, 299, 3] float32 image and its head).
+        group: the bot id the row belongs to.
+        deadline: `time.monotonic()` time after which the row is dropped unrun, or None.
+        enqueued_s: `time.monotonic()` time at which the row was queued.
+    """
+
+    payload: Any
+    group: str
+    deadline: float | None
+    enqueued_s: float
+
+
+# Entry states. An entry is in `_queue` exactly when QUEUED.
+_QUEUED, _RUNNING, _FINISHED = 0, 1, 2
+
+
+class _Entry:
+    """A row and its future. Identity equality (no dataclass `__eq__`), for `deque.remove`."""
+
+    __slots__ = ("row", "future", "state")
+
+    def __init__(self, row: Row, future: asyncio.Future) -> None:
+        self.row = row
+        self.future = future
+        self.state = _QUEUED
+
+
+class Batcher:
+    """Queue rows from many callers and run them in batches on one worker thread.
+
+    Args:
+        run_batch: BLOCKING `run_batch(rows: list[Row]) -> list[result]`, one result per row in
+            order. A result that is an `Exception` instance fails that row only. Called in the
+            worker thread, one call at a time.
+        max_batch_size: most rows per batch (>= 1).
+        max_wait_ms: longest the first row of a batch waits for more rows (>= 0).
+        max_queue_rows: most rows waiting (not counting the running batch); a submission that
+            would exceed it raises `Overloaded` at once.
+        executor: the executor `run_batch` runs in. It must have ONE worker (one batch at a
+            time is the contract). Default: a single-thread executor owned by the batcher and
+            shut down by `close()`; a passed executor is left running.
+        policy: "mixed" (a batch holds any mix of groups, FIFO) or "per_group" (a batch holds
+            one group only, like per-model servers; kept for the benchmark's comparison).
+        on_batch: stats hook `on_batch(size, groups, queue_wait_s, run_s)` called on the event
+            loop after each batch; `queue_wait_s` has one entry per row. Errors in it are logged.
+
+    NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
+    and the batcher is then bound to that loop.
+    """
+
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        *,
+        max_batch_size: int,
+        max_wait_ms: float,
+        max_queue_rows: int,
+        executor: concurrent.futures.Executor | None = None,
+        policy: str = "mixed",
+        on_batch: OnBatch | None = None,
+    ) -> None:
+        if not callable(run_batch):
+            raise TypeError("run_batch must be callable")
+        if not _is_int(max_batch_size) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        if not max_wait_ms >= 0:  # also rejects NaN
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        if not _is_int(max_queue_rows) or max_queue_rows < 1:
+            raise ValueError(f"max_queue_rows must be an int >= 1, got {max_queue_rows!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self._run_batch = run_batch
+        self._max_batch_size = max_batch_size
+        self._max_wait_s = float(max_wait_ms) / 1000.0
+        self._max_queue_rows = max_queue_rows
+        self._policy = policy
+        self._on_batch = on_batch
+        self._own_executor = executor is None
+        self._executor: concurrent.futures.Executor = executor or _single_thread_executor()
+
+        self._queue: collections.deque[_Entry] = collections.deque()
+        self._group_rows: collections.Counter[str] = collections.Counter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._close_task: asyncio.Task | None = None
+        self._closing = False
+        self._running_rows = 0
+        self._batches_run = 0
+        self._rows_expired = 0
+        self._run_s_avg: float | None = None  # moving average of run_s, for Retry-After
+
+    # -- public state ---------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        """Rows waiting for a batch (not counting the running batch)."""
+        return len(self._queue)
+
+    @property
+    def running_rows(self) -> int:
+        """Rows in the batch that is running now (0 when idle)."""
+        return self._running_rows
+
+    @property
+    def batches_run(self) -> int:
+        """Batches handed to `run_batch` so far (including failed ones)."""
+        return self._batches_run
+
+    @property
+    def rows_expired(self) -> int:
+        """Rows dropped unrun because their deadline passed."""
+        return self._rows_expired
+
+    @property
+    def closing(self) -> bool:
+        """True once `close()` was called: submissions raise `ShuttingDown`."""
+        return self._closing
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    @property
+    def policy(self) -> str:
+        return self._policy
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind to the running loop and start the batching task (submit does it lazily too)."""
+        self._ensure_started()
+
+    async def close(self, *, timeout_s: float | None = None) -> None:
+        """Stop accepting (`ShuttingDown`), finish the queued rows, then stop the worker thread.
+
+        Queued rows are flushed at once (no `max_wait_ms`). With `timeout_s`, rows still queued
+        when it passes fail with `ShuttingDown`; the batch already in `run_batch` is always
+        waited for, so whatever `run_batch` uses (the TF session) can be closed right after.
+        Safe to call more than once and concurrently.
+        """
+        self._closing = True
+        if self._close_task is None:
+            self._close_task = asyncio.get_running_loop().create_task(self._close(timeout_s))
+        await asyncio.shield(self._close_task)
+
+    drain = close  # the same thing, under the name some callers expect
+
+    async def __aenter__(self) -> "Batcher":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- submitting -----------------------------------------------------------------------------
+
+    async def submit(self, payload: Any, *, group: str, deadline: float | None = None) -> Any:
+        """Queue one row and wait for its result.
+
+        Raises:
+            Overloaded: the queue is full (nothing was queued).
+            ShuttingDown: `close()` was called.
+            DeadlineExceeded: `deadline` (time.monotonic() based) passed before the row ran.
+            Exception: whatever `run_batch` raised for the batch, or returned for this row.
+        If the caller is cancelled (client went away) before the row runs, the row is removed
+        from the queue and costs nothing.
+        """
+        (entry,) = self._enqueue((payload,), group, deadline)
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            self._discard(entry)
+            raise
+
+    async def submit_many(
+        self,
+        payloads: Iterable[Any],
+        *,
+        group: str,
+        deadline: float | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Queue several rows atomically (all or none: the queue bound never splits them).
+
+        Returns the results in order. With `return_exceptions=False`, as soon as one row fails
+        its exception is raised and the request's rows not yet run are withdrawn; with True,
+        failed rows' exceptions are returned in their place (like `asyncio.gather`).
+        Raises `BadRequest` if there are more rows than `max_queue_rows` (they could never fit).
+        """
+        entries = self._enqueue(tuple(payloads), group, deadline)
+        if not entries:
+            return []
+        futures = [e.future for e in entries]
+        try:
+            await asyncio.wait(
+                futures,
+                return_when=asyncio.ALL_COMPLETED if return_exceptions else asyncio.FIRST_EXCEPTION,
+            )
+        except asyncio.CancelledError:
+            self._withdraw(entries)
+            raise
+        if return_exceptions:
+            return [_outcome(f) for f in futures]
+        failed = next(
+            (f for f in futures if f.done() and not f.cancelled() and f.exception() is not None),
+            None,
+        )
+        if failed is None:
+            return [f.result() for f in futures]
+        self._withdraw(entries)
+        for f in futures:  # mark every exception as retrieved: no "never retrieved" warnings
+            if f.done() and not f.cancelled():
+                f.exception()
+        raise failed.exception()
+
+    # -- internals: queue -----------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+        elif self._loop is not loop:
+            raise RuntimeError("this Batcher is bound to another event loop")
+        if (self._task is None or self._task.done()) and not self._closing:
+            # A finished task here means the batching loop died of a bug (logged in
+            # _on_task_done); start a fresh one rather than hang every later request.
+            self._task = loop.create_task(self._batch_loop(), name="multihead-batcher")
+            self._task.add_done_callback(self._on_task_done)
+
+    def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None) -> list[_Entry]:
+        self._ensure_started()
+        if self._closing:
+            raise ShuttingDown("the service is shutting down and accepts no new requests")
+        n = len(payloads)
+        if n == 0:
+            return []
+        if n > self._max_queue_rows:
+            raise BadRequest(
+                f"{n} images in one request exceed the queue bound "
+                f"max_queue_rows={self._max_queue_rows}"
+            )
+        now = time.monotonic()
+        if deadline is not None and deadline <= now:
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        if len(self._queue) + n > self._max_queue_rows:
+            raise Overloaded(retry_after_s=self._retry_after_s())
+        assert self._loop is not None and self._wakeup is not None
+        was_empty = not self._queue
+        entries = [
+            _Entry(Row(p, group, deadline, now), self._loop.create_future()) for p in payloads
+        ]
+        self._queue.extend(entries)
+        self._group_rows[group] += n
+        # Wake the batching task only when it may have something to do: the queue just became
+        # non-empty (it may be idle), or a batch may now be full. Its timer covers the rest.
+        if was_empty or len(self._queue) >= self._max_batch_size:
+            self._wakeup.set()
+        return entries
+
+    def _discard(self, entry: _Entry) -> None:
+        """Remove a still-queued entry (its caller went away)."""
+        if entry.state == _QUEUED:
+            self._queue.remove(entry)
+            self._forget(entry)
+            entry.state = _FINISHED
+
+    def _withdraw(self, entries: Iterable[_Entry]) -> None:
+        for e in entries:
+            if not e.future.done():
+                e.future.cancel()
+            self._discard(e)
+
+    def _forget(self, entry: _Entry) -> None:
+        g = entry.row.group
+        self._group_rows[g] -= 1
+        if self._group_rows[g] <= 0:
+            del self._group_rows[g]
+
+    def _retry_after_s(self) -> float:
+        """Estimate of when the queue will have room: batches ahead x the recent batch time."""
+        per_batch = self._run_s_avg if self._run_s_avg is not None else max(self._max_wait_s, 0.1)
+        batches_ahead = math.ceil(len(self._queue) / self._max_batch_size) + 1
+        return min(60.0, max(1.0, batches_ahead * per_batch))
+
+    # -- internals: forming batches ------------------------------------------------------------
+
+    def _ready_group(self, now: float) -> tuple[bool, str | None, float]:
+        """Is a batch ready? Returns (ready, group or None for mixed, seconds until it will be)."""
+        oldest = self._queue[0].row
+        due_in = oldest.enqueued_s + self._max_wait_s - now
+        if self._policy == "mixed":
+            ready = self._closing or due_in <= 0 or len(self._queue) >= self._max_batch_size
+            return ready, None, due_in
+        # per_group: the oldest row's group when its time is up (or when closing); otherwise any
+        # group that already has a full batch, oldest-first. The earliest timer of all groups is
+        # the oldest row's, so `due_in` is the right sleep either way.
+        if self._closing or due_in <= 0 or self._group_rows[oldest.group] >= self._max_batch_size:
+            return True, oldest.group, due_in
+        if any(count >= self._max_batch_size for count in self._group_rows.values()):
+            for e in self._queue:  # the full group whose first row is oldest
+                if self._group_rows[e.row.group] >= self._max_batch_size:
+                    return True, e.row.group, due_in
+        return False, None, due_in
+
+    def _take(self, group: str | None, now: float) -> list[_Entry]:
+        """Remove up to max_batch_size live rows (of `group`, if given) from the queue, failing
+        those whose deadline passed."""
+        batch: list[_Entry] = []
+        kept: list[_Entry] = []
+        queue = self._queue
+        while queue and len(batch) < self._max_batch_size:
+            e = queue.popleft()
+            if group is not None and e.row.group != group:
+                kept.append(e)
+                continue
+            self._forget(e)
+            if e.future.done():  # cancelled by a caller without running _discard yet
+                e.state = _FINISHED
+                continue
+            if e.row.deadline is not None and e.row.deadline <= now:
+                e.state = _FINISHED
+                self._rows_expired += 1
+                e.future.set_exception(
+                    DeadlineExceeded("the request's deadline passed while it waited for the trunk")
+                )
+                continue
+            e.state = _RUNNING
+            batch.append(e)
+        queue.extendleft(reversed(kept))  # other groups' rows keep their place and order
+        return batch
+
+    async def _next_batch(self) -> list[_Entry] | None:
+        """Wait until a batch is ready and take it; None when closing and nothing is left."""
+        assert self._wakeup is not None
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return None
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            now = time.monotonic()
+            ready, group, due_in = self._ready_group(now)
+            if ready:
+                return self._take(group, now)
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(due_in if math.isfinite(due_in) else None):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                pass
+
+    # -- internals: running batches ------------------------------------------------------------
+
+    async def _batch_loop(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            if batch:
+                await self._run(batch)
+
+    async def _run(self, batch: list[_Entry]) -> None:
+        assert self._loop is not None
+        rows = [e.row for e in batch]
+        start = time.monotonic()
+        queue_wait_s = [start - r.enqueued_s for r in rows]
+        self._running_rows = len(rows)
+        self._batches_run += 1
+        try:
+            results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
+        except asyncio.CancelledError:
+            # Only close(timeout_s=...) cancels this task.
+            self._fail(batch, ShuttingDown("the service shut down before this request finished"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of run_batch fails this batch only
+            log.warning("batch of %d rows failed: %r", len(rows), exc)
+            self._fail(batch, exc)
+        else:
+            self._deliver(batch, results)
+        finally:
+            self._running_rows = 0
+        run_s = time.monotonic() - start
+        self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s
+        if self._on_batch is not None:
+            try:
+                self._on_batch(len(rows), len({r.group for r in rows}), queue_wait_s, run_s)
+            except Exception:  # noqa: BLE001 - stats must never break serving
+                log.exception("on_batch hook failed")
+
+    def _deliver(self, batch: list[_Entry], results: Any) -> None:
+        try:
+            n = len(results)
+        except TypeError:
+            n = None
+        if n != len(batch):
+            got = "a non-sequence" if n is None else f"{n} results"
+            error = BatchError(f"run_batch returned {got} for a batch of {len(batch)} rows")
+            self._fail(batch, error)
+            return
+        for e, result in zip(batch, results):
+            e.state = _FINISHED
+            if e.future.done():  # the client went away while its row ran
+                continue
+            try:
+                if isinstance(result, BaseException):
+                    e.future.set_exception(result)
+                else:
+                    e.future.set_result(result)
+            except Exception as exc:  # noqa: BLE001 - e.g. set_exception(StopIteration())
+                e.future.set_exception(BatchError(f"cannot deliver this row's result: {exc!r}"))
+
+    @staticmethod
+    def _fail(batch: Iterable[_Entry], exc: BaseException) -> None:
+        for e in batch:
+            e.state = _FINISHED
+            if not e.future.done():
+                e.future.set_exception(exc)
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:  # a bug in this module: never leave callers hanging
+            log.error("batching task died", exc_info=exc)
+            self._fail_queued(BatchError("the batcher failed; please retry"))
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        while self._queue:
+            e = self._queue.popleft()
+            self._forget(e)
+            e.state = _FINISHED
+            if not e.future.done():
+                e.future.set_exception(exc)
+
+    async def _close(self, timeout_s: float | None) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+        task = self._task
+        if task is not None and not task.done():
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await asyncio.shield(task)
+            except TimeoutError:
+                self._fail_queued(ShuttingDown("the service shut down before this request ran"))
+                task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - already logged by _on_task_done
+                pass
+        self._fail_queued(ShuttingDown("the service shut down before this request ran"))
+        loop = asyncio.get_running_loop()
+        if self._own_executor:
+            # Joins the worker (after any batch still inside run_batch) off the event loop.
+            await loop.run_in_executor(None, self._executor.shutdown, True)
+        elif task is not None:
+            # A no-op queued behind a batch still inside run_batch (one worker) to wait for it.
+            await loop.run_in_executor(self._executor, _noop)
+
+
+def _single_thread_executor() -> concurrent.futures.ThreadPoolExecutor:
+    # NOTE: one worker = at most one batch in run_batch at a time (the trunk is one graph).
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="multihead-batch")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _noop() -> None:
+    return None
+
+
+def _outcome(future: asyncio.Future) -> Any:
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception() or future.result()

@@ -1,0 +1,159 @@
+"""Domain errors of the service layer, and the ONE table that maps every layer's errors to HTTP.
+
+Nothing here imports aiohttp: the errors are raised by the batcher, the settings and the request
+parsing helpers, and one aiohttp middleware (in `service.app`) turns any exception into
+`{"error": "...", "code": "..."}` with the status and headers `error_status` gives.
+
+The table also covers the errors of `backbone/` and `heads/`. They are matched by the qualified
+name of each class in the exception's MRO (`"heads.errors.UnknownBot"`), so this module never
+imports those packages (no TensorFlow import, no import cycle) and keeps working while a layer's
+error classes are still being written. Subclasses map like their nearest listed base.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+
+class ServiceError(Exception):
+    """Base class of every error the service layer raises on purpose."""
+
+
+class BadRequest(ServiceError):
+    """A request parameter or body is malformed (`top_k=abc`, a multipart without images)."""
+
+
+class PayloadTooLarge(ServiceError):
+    """The request body, or the number of images in it, is over a configured limit."""
+
+
+class UnsupportedMediaType(ServiceError):
+    """The request's Content-Type is not an image or multipart/form-data."""
+
+
+class Unauthorized(ServiceError):
+    """An admin route was called without a valid bearer token."""
+
+
+class Forbidden(ServiceError):
+    """An admin route was called but admin is disabled (no `MULTIHEAD_ADMIN_TOKEN` configured)."""
+
+
+class Overloaded(ServiceError):
+    """The batcher's queue is full; the client should retry after `retry_after_s` seconds.
+
+    Args:
+        retry_after_s: the server's estimate of when the queue will have room again.
+        message: optional message; the default names the estimate.
+    """
+
+    def __init__(self, retry_after_s: float = 1.0, message: str | None = None) -> None:
+        self.retry_after_s = float(retry_after_s)
+        super().__init__(message or f"server overloaded, retry after {self.retry_after_s:.1f} s")
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed before its rows reached the trunk."""
+
+
+class ShuttingDown(ServiceError):
+    """The service is draining (SIGTERM / app cleanup) and accepts no new work."""
+
+
+class NotReady(ServiceError):
+    """The trunk is still being built or warmed up (or failed to load: see /readyz)."""
+
+
+class HeadUnavailable(ServiceError):
+    """A registered bot's files cannot be loaded: the server's problem, not the client's."""
+
+
+class BatchError(ServiceError):
+    """A whole batch failed for a reason that is the server's, e.g. `run_batch` broke its contract
+    (returned a wrong number of results). Every row of that batch gets it; other batches don't."""
+
+
+# (status, code) per error class, most specific first is NOT required: lookup walks the MRO.
+_TABLE: Mapping[str, tuple[int, str]] = {
+    # service
+    f"{__name__}.BadRequest": (400, "bad_request"),
+    f"{__name__}.Unauthorized": (401, "unauthorized"),
+    f"{__name__}.Forbidden": (403, "forbidden"),
+    f"{__name__}.PayloadTooLarge": (413, "payload_too_large"),
+    f"{__name__}.UnsupportedMediaType": (415, "unsupported_media_type"),
+    f"{__name__}.Overloaded": (503, "overloaded"),
+    f"{__name__}.ShuttingDown": (503, "shutting_down"),
+    f"{__name__}.NotReady": (503, "not_ready"),
+    f"{__name__}.HeadUnavailable": (500, "head_unavailable"),
+    f"{__name__}.DeadlineExceeded": (504, "deadline_exceeded"),
+    f"{__name__}.BatchError": (500, "internal"),
+    # backbone (ImageTooLarge subclasses InvalidImage; the MRO walk finds it first)
+    "backbone.errors.InvalidImage": (400, "invalid_image"),
+    "backbone.errors.ImageTooLarge": (413, "image_too_large"),
+    "backbone.errors.CheckpointError": (500, "trunk_unavailable"),
+    # heads
+    "heads.errors.UnknownBot": (404, "unknown_bot"),
+    "heads.errors.UnknownVersion": (404, "unknown_version"),
+    # A malformed id ('../x', 'a b') is the client's syntax error, not a missing resource.
+    "heads.errors.InvalidBotId": (400, "invalid_bot_id"),
+    # An uploaded head that cannot be used: well-formed request, unprocessable content.
+    "heads.errors.InvalidHead": (422, "invalid_head"),
+    "heads.errors.HeadLoadError": (422, "invalid_head"),
+    "heads.errors.TrunkMismatch": (422, "trunk_mismatch"),
+    "heads.errors.InvalidTrainingData": (400, "invalid_training_data"),
+}
+
+_INTERNAL = (500, "internal")
+INTERNAL_MESSAGE = "internal server error"
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _lookup(exc: BaseException) -> tuple[int, str] | None:
+    for cls in type(exc).__mro__:
+        hit = _TABLE.get(_qualname(cls))
+        if hit is not None:
+            return hit
+    return None
+
+
+def retry_after_header(retry_after_s: float) -> str:
+    """`Retry-After` value: whole seconds (RFC 9110 delay-seconds), rounded up, at least 1."""
+    return str(max(1, math.ceil(retry_after_s)))
+
+
+def error_status(exc: BaseException) -> tuple[int, str, dict[str, str]]:
+    """Map any exception to `(http_status, code, headers)`.
+
+    Known domain errors of the service, backbone and heads layers get their status and code;
+    anything else is `(500, "internal", {})` and its message must not be shown to the client
+    (use `error_body`).
+
+    Example:
+        >>> error_status(Overloaded(retry_after_s=2.2))
+        (503, 'overloaded', {'Retry-After': '3'})
+    """
+    status, code = _lookup(exc) or _INTERNAL
+    headers: dict[str, str] = {}
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = retry_after_header(getattr(exc, "retry_after_s", 1.0))
+    elif isinstance(exc, NotReady):
+        headers["Retry-After"] = retry_after_header(5.0)
+    elif isinstance(exc, Unauthorized):
+        # RFC 6750: a 401 for a bearer-protected resource names the scheme.
+        headers["WWW-Authenticate"] = 'Bearer realm="multihead"'
+    return status, code, headers
+
+
+def error_body(exc: BaseException) -> dict[str, str]:
+    """The JSON body `{"error": message, "code": code}` for `exc`.
+
+    Known errors carry their own message (which names the offending value); unknown ones get a
+    generic message so internals (paths, tracebacks, TF op names) never reach the client.
+    """
+    known = _lookup(exc)
+    if known is None:
+        return {"error": INTERNAL_MESSAGE, "code": _INTERNAL[1]}
+    return {"error": str(exc) or type(exc).__name__, "code": known[1]}

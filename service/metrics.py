@@ -1,0 +1,226 @@
+"""Prometheus metrics of one app, in the app's own `CollectorRegistry`.
+
+Each `Metrics` owns its registry (never the global one), so several apps can live in one process
+(tests build many). Per-bot series are bounded: only the busiest `top_bots` bots get their own
+`bot` label, every other bot counts under `bot="other"`, so thousands of bots cannot explode
+label cardinality.
+
+    metrics = Metrics(top_bots=settings.metrics_top_bots)
+    batcher = Batcher(..., on_batch=metrics.observe_batch)
+    metrics.bind_queue_depth(lambda: batcher.queue_depth)
+    body, content_type = metrics.render()
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+OTHER = "other"
+NAMESPACE = "multihead"
+
+# Seconds: from a cached-feature request (~1 ms) to a full CPU batch of 16 (several seconds).
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class TopBots:
+    """Which bots deserve their own label: the `n` busiest by request count so far.
+
+    Counts are kept for at most `capacity` bots with the space-saving algorithm (Metwally et
+    al. 2005): a new bot arriving at a full table replaces the least-counted one and inherits
+    its count + 1, so memory is bounded however many ids appear, and any bot that is truly among
+    the busiest keeps a count at least as large as its real one.
+
+    A bot outside the labelled set replaces the least busy labelled bot only once its count
+    exceeds that bot's by a margin (10 %, at least 1), so two bots of equal traffic at the
+    boundary do not swap labels on every request.
+
+    Not thread-safe by itself; `Metrics` holds a lock around it.
+    """
+
+    def __init__(self, n: int, capacity: int | None = None) -> None:
+        if n < 0:
+            raise ValueError(f"top_bots must be >= 0, got {n}")
+        self.n = n
+        self.capacity = max(capacity if capacity is not None else max(64 * n, 1024), n)
+        self.counts: dict[str, int] = {}
+        self.labelled: set[str] = set()
+
+    def observe(self, bot_id: str, n: int = 1) -> tuple[str, str | None]:
+        """Count `n` requests for `bot_id`.
+
+        Returns:
+            (label to use for this request, bot that just lost its label or None).
+        """
+        count = self.counts.get(bot_id)
+        if count is None:
+            if len(self.counts) >= self.capacity:
+                victim = min(
+                    (b for b in self.counts if b not in self.labelled),
+                    key=self.counts.__getitem__,
+                    default=None,
+                )
+                if victim is None:  # capacity == n and all labelled: count it under other
+                    return OTHER, None
+                count = self.counts.pop(victim)
+            else:
+                count = 0
+        count += n
+        self.counts[bot_id] = count
+
+        if bot_id in self.labelled:
+            return bot_id, None
+        if bot_id == OTHER or self.n == 0:
+            # A bot literally named "other" is never given a label of its own: it would merge
+            # with the overflow series.
+            return OTHER, None
+        if len(self.labelled) < self.n:
+            self.labelled.add(bot_id)
+            return bot_id, None
+        weakest = min(self.labelled, key=self.counts.__getitem__)
+        weakest_count = self.counts[weakest]
+        if count > weakest_count + max(1, weakest_count // 10):
+            self.labelled.discard(weakest)
+            self.labelled.add(bot_id)
+            return bot_id, weakest
+        return OTHER, None
+
+
+class Metrics:
+    """All metrics of one app.
+
+    Args:
+        top_bots: bots with their own `bot` label in `bot_requests_total`; the rest are "other".
+        registry: where to register (default: a new `CollectorRegistry` of this object's own).
+
+    Attributes (prometheus_client objects, usable directly):
+        requests_total{route,status}, request_seconds{route}, decode_seconds,
+        queue_wait_seconds, trunk_seconds, heads_seconds, batch_size, batch_bots, queue_depth,
+        resident_heads, resident_head_bytes, feature_cache_hits_total,
+        feature_cache_misses_total, bot_requests_total{bot}.
+    """
+
+    def __init__(self, top_bots: int = 20, *, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        ns = NAMESPACE
+        self.requests_total = Counter(
+            "requests", "HTTP requests by route template and status code",
+            ["route", "status"], namespace=ns, registry=r,
+        )
+        self.request_seconds = Histogram(
+            "request_seconds", "end-to-end request latency by route template",
+            ["route"], namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
+        )
+        self.decode_seconds = Histogram(
+            "decode_seconds", "image decode and preprocessing time per image",
+            namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "queue_wait_seconds", "time a row waited in the batcher queue before its batch ran",
+            namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
+        )
+        self.trunk_seconds = Histogram(
+            "trunk_seconds", "trunk (Inception-V4) run time per batch",
+            namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
+        )
+        self.heads_seconds = Histogram(
+            "heads_seconds", "time applying the heads (all bots) per batch",
+            namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
+        )
+        self.batch_size = Histogram(
+            "batch_size", "rows per trunk batch", namespace=ns, buckets=BATCH_BUCKETS, registry=r,
+        )
+        self.batch_bots = Histogram(
+            "batch_bots", "distinct bots per trunk batch (cross-bot batching at work)",
+            namespace=ns, buckets=BATCH_BUCKETS, registry=r,
+        )
+        self.queue_depth = Gauge(
+            "queue_depth", "rows waiting in the batcher queue", namespace=ns, registry=r,
+        )
+        self.resident_heads = Gauge(
+            "resident_heads", "heads loaded in memory", namespace=ns, registry=r,
+        )
+        self.resident_head_bytes = Gauge(
+            "resident_head_bytes", "bytes of the heads loaded in memory", namespace=ns, registry=r,
+        )
+        self.feature_cache_hits_total = Counter(
+            "feature_cache_hits", "images whose trunk features came from the cache",
+            namespace=ns, registry=r,
+        )
+        self.feature_cache_misses_total = Counter(
+            "feature_cache_misses", "images that needed a trunk run",
+            namespace=ns, registry=r,
+        )
+        self.bot_requests_total = Counter(
+            "bot_requests", f"classification requests per bot (busiest {top_bots}; rest '{OTHER}')",
+            ["bot"], namespace=ns, registry=r,
+        )
+        self._top = TopBots(top_bots)
+        self._lock = threading.Lock()
+
+    # -- recording ------------------------------------------------------------------------------
+
+    def observe_request(self, route: str, status: int, seconds: float | None = None) -> None:
+        """One HTTP request. `route` must be the route TEMPLATE (`/classify/{bot_id}`), never the
+        raw path, or every bot id would become a label."""
+        self.requests_total.labels(route=route, status=str(int(status))).inc()
+        if seconds is not None:
+            self.request_seconds.labels(route=route).observe(seconds)
+
+    def observe_bot(self, bot_id: str, n: int = 1) -> str:
+        """Count `n` requests for `bot_id`; returns the label used (`bot_id` or "other")."""
+        with self._lock:
+            label, demoted = self._top.observe(bot_id, n)
+            if demoted is not None:
+                # Its series goes away (bounded cardinality); its later requests count under
+                # "other". requests_total keeps the exact total.
+                try:
+                    self.bot_requests_total.remove(demoted)
+                except KeyError:
+                    pass
+            self.bot_requests_total.labels(bot=label).inc(n)
+        return label
+
+    def observe_batch(
+        self, size: int, groups: int, queue_wait_s: Sequence[float], run_s: float
+    ) -> None:
+        """The batcher's `on_batch` hook (same signature)."""
+        self.batch_size.observe(size)
+        self.batch_bots.observe(groups)
+        for wait in queue_wait_s:
+            self.queue_wait_seconds.observe(wait)
+
+    def observe_cache(self, hit: bool, n: int = 1) -> None:
+        (self.feature_cache_hits_total if hit else self.feature_cache_misses_total).inc(n)
+
+    def set_resident_heads(self, count: int, total_bytes: int) -> None:
+        self.resident_heads.set(count)
+        self.resident_head_bytes.set(total_bytes)
+
+    def bind_queue_depth(self, read: Callable[[], float]) -> None:
+        """Read the queue depth at scrape time (e.g. `lambda: batcher.queue_depth`)."""
+        self.queue_depth.set_function(read)
+
+    @property
+    def labelled_bots(self) -> frozenset[str]:
+        """Bots that have their own label right now."""
+        with self._lock:
+            return frozenset(self._top.labelled)
+
+    # -- exposition -----------------------------------------------------------------------------
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition format and its content type, for `GET /metrics`."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,331 @@
+"""The service's one settings object: built from `MULTIHEAD_*` environment variables and CLI
+flags (flags win), validated once at startup, then passed explicitly. Nothing else in the
+service reads the environment.
+
+    settings = Settings.from_env_and_args(args)      # args from `multihead serve ...`
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "MULTIHEAD_"
+BATCH_POLICIES = ("mixed", "per_group")
+MIB = 1024 * 1024
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option of `multihead serve`, with safe defaults.
+
+    Construct it with `Settings.from_env_and_args(...)`, or directly in tests
+    (`Settings(max_batch_size=4)`); construction validates and raises `ValueError` naming the
+    field and the value.
+    """
+
+    host: str = field(default="127.0.0.1", metadata=_help("address to listen on"))
+    port: int = field(default=8080, metadata=_help("TCP port to listen on (0 picks a free port)"))
+    store: str = field(
+        default="checkpoints",
+        metadata=_help("store directory holding trunk/ and heads/ (the registered bots)"),
+    )
+    trunk_checkpoint: str | None = field(
+        default=None,
+        metadata=_help("trunk checkpoint prefix; unset means the trunk inside --store"),
+    )
+    device: str = field(
+        default="auto", metadata=_help("where the trunk runs: auto, cpu, gpu or gpu:N")
+    )
+    max_batch_size: int = field(
+        default=16, metadata=_help("most images in one trunk batch (any mix of bots)")
+    )
+    max_wait_ms: float = field(
+        default=5.0,
+        metadata=_help("longest a batch waits for more images after its first one, in ms"),
+    )
+    max_queue_rows: int = field(
+        default=256,
+        metadata=_help("most images waiting for the trunk; beyond it: 503 + Retry-After"),
+    )
+    request_timeout_s: float = field(
+        default=30.0, metadata=_help("deadline of one request, in seconds (504 when it passes)")
+    )
+    max_body_bytes: int = field(
+        default=20 * MIB, metadata=_help("largest accepted request body, in bytes (413 beyond)")
+    )
+    max_image_pixels: int = field(
+        default=40_000_000,
+        metadata=_help("largest decoded image, in pixels (413 beyond; decompression-bomb guard)"),
+    )
+    max_images_per_request: int = field(
+        default=32, metadata=_help("most images in one request (413 beyond)")
+    )
+    top_k_default: int = field(
+        default=5, metadata=_help("predictions per image when the request gives no top_k")
+    )
+    feature_cache_size: int = field(
+        default=1024,
+        metadata=_help("trunk features kept by image digest, in entries (0 disables the cache)"),
+    )
+    heads_memory_mb: int = field(
+        default=256, metadata=_help("memory budget of the resident heads, in MiB")
+    )
+    admin_token: str | None = field(
+        default=None,
+        repr=False,  # NOTE: never printed, logged or shown in a traceback's locals.
+        metadata=_help(
+            "bearer token of the admin routes (PUT/DELETE /bots); unset disables them. "
+            "Prefer the environment variable: flags show up in `ps`"
+        ),
+    )
+    preprocess_threads: int = field(
+        default=2, metadata=_help("threads decoding and preprocessing images")
+    )
+    batch_policy: str = field(
+        default="mixed",
+        metadata=_help(
+            "mixed: one trunk batch holds any mix of bots; per_group: one bot per batch "
+            "(what per-model servers do; for comparison)"
+        ),
+    )
+    metrics_top_bots: int = field(
+        default=20,
+        metadata=_help("busiest bots that get their own /metrics label; the rest are 'other'"),
+    )
+    warmup: bool = field(
+        default=True,
+        metadata=_help("run the trunk once at every batch size before reporting ready"),
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise `ValueError("<field> must be ...: <value>")` for the first invalid field."""
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), f.type)
+
+        _at_least("port", self.port, 0)
+        if self.port > 65535:
+            raise ValueError(f"port must be <= 65535, got {self.port}")
+        if not self.host:
+            raise ValueError("host must not be empty")
+        if not self.store:
+            raise ValueError("store must not be empty")
+        if self.trunk_checkpoint is not None and not self.trunk_checkpoint:
+            raise ValueError("trunk_checkpoint must not be empty (leave it unset for the default)")
+        if not _valid_device(self.device):
+            raise ValueError(f"device must be auto, cpu, gpu or gpu:N, got {self.device!r}")
+        _at_least("max_batch_size", self.max_batch_size, 1)
+        _at_least("max_wait_ms", self.max_wait_ms, 0)
+        _at_least("max_queue_rows", self.max_queue_rows, 1)
+        _positive("request_timeout_s", self.request_timeout_s)
+        _at_least("max_body_bytes", self.max_body_bytes, 1)
+        _at_least("max_image_pixels", self.max_image_pixels, 1)
+        _at_least("max_images_per_request", self.max_images_per_request, 1)
+        if self.max_queue_rows < self.max_images_per_request:
+            # Otherwise a request within the limits could never be accepted, even when idle.
+            raise ValueError(
+                f"max_queue_rows ({self.max_queue_rows}) must be >= max_images_per_request "
+                f"({self.max_images_per_request})"
+            )
+        _at_least("top_k_default", self.top_k_default, 1)
+        _at_least("feature_cache_size", self.feature_cache_size, 0)
+        _at_least("heads_memory_mb", self.heads_memory_mb, 1)
+        if self.admin_token is not None and (
+            not self.admin_token or any(c.isspace() for c in self.admin_token)
+        ):
+            # Never echo the token itself.
+            raise ValueError("admin_token must be non-empty and contain no whitespace")
+        _at_least("preprocess_threads", self.preprocess_threads, 1)
+        if self.batch_policy not in BATCH_POLICIES:
+            raise ValueError(
+                f"batch_policy must be one of {', '.join(BATCH_POLICIES)}, "
+                f"got {self.batch_policy!r}"
+            )
+        _at_least("metrics_top_bots", self.metrics_top_bots, 0)
+
+    # -- derived values ---------------------------------------------------------------------
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+    @property
+    def heads_memory_budget_bytes(self) -> int:
+        return self.heads_memory_mb * MIB
+
+    @property
+    def admin_enabled(self) -> bool:
+        return self.admin_token is not None
+
+    def replace(self, **changes: Any) -> "Settings":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def public_dict(self) -> dict[str, Any]:
+        """All fields for logging / a status page, with the admin token redacted."""
+        out = dataclasses.asdict(self)
+        if out["admin_token"] is not None:
+            out["admin_token"] = "***"
+        return out
+
+    # -- construction from the outside world ------------------------------------------------
+
+    @classmethod
+    def env_var(cls, name: str) -> str:
+        """`max_batch_size` -> `MULTIHEAD_MAX_BATCH_SIZE`."""
+        return ENV_PREFIX + name.upper()
+
+    @classmethod
+    def from_env_and_args(
+        cls,
+        args: argparse.Namespace | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> "Settings":
+        """Defaults, overridden by `MULTIHEAD_<FIELD>` variables, overridden by CLI flags.
+
+        A flag counts as given when its value in `args` is not None (`add_arguments` makes every
+        default None for that reason). Raises `ValueError` naming the variable or field.
+        """
+        values: dict[str, Any] = {}
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        for name, f in names.items():
+            var = cls.env_var(name)
+            if var in environ:
+                try:
+                    values[name] = _parse(environ[var], f.type)
+                except ValueError as exc:
+                    shown = "***" if name == "admin_token" else repr(environ[var])
+                    raise ValueError(f"{var}={shown}: {exc}") from None
+        known_vars = {cls.env_var(n) for n in names}
+        for var in environ:
+            if var.startswith(ENV_PREFIX) and var not in known_vars:
+                log.warning("ignoring unknown environment variable %s", var)
+        if args is not None:
+            for name in names:
+                value = getattr(args, name, None)
+                if value is not None:
+                    values[name] = value
+        return cls(**values)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one `--flag` per field; each flag's help names its env var and default.
+
+        Every default is None so `from_env_and_args` can tell a given flag from an absent one.
+        """
+        group = parser.add_argument_group(
+            "serve settings", f"each flag can also be set by its {ENV_PREFIX}* variable; flags win"
+        )
+        defaults = cls.__dataclass_fields__
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            default = defaults[f.name].default
+            shown = "unset" if default is None else default
+            if f.name == "max_body_bytes":
+                shown = f"{default} = {default // MIB} MiB"
+            text = f"{f.metadata.get('help', '')} (env {cls.env_var(f.name)}; default: {shown})"
+            text = text.replace("%", "%%")
+            kind = _base_type(f.type)
+            if kind is bool:
+                group.add_argument(
+                    flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                    help=text,
+                )
+            else:
+                choices = BATCH_POLICIES if f.name == "batch_policy" else None
+                metavar = None if choices else {int: "N", float: "X"}.get(kind, f.name.upper())
+                group.add_argument(
+                    flag, dest=f.name, type=kind, default=None, metavar=metavar,
+                    choices=choices, help=text,
+                )
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+_TYPES: dict[str, type] = {
+    "str": str, "int": int, "float": float, "bool": bool,
+    "str | None": str, "int | None": int, "float | None": float,
+}
+
+
+def _base_type(annotation: Any) -> type:
+    # `from __future__ import annotations` makes field types strings.
+    return _TYPES[annotation] if isinstance(annotation, str) else annotation
+
+
+def _optional(annotation: Any) -> bool:
+    return isinstance(annotation, str) and annotation.endswith("| None")
+
+
+def _parse(text: str, annotation: Any) -> Any:
+    kind = _base_type(annotation)
+    stripped = text.strip()
+    if _optional(annotation) and stripped == "":
+        return None
+    if kind is bool:
+        low = stripped.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+    if kind is int:
+        try:
+            return int(stripped)
+        except ValueError:
+            raise ValueError("expected an integer") from None
+    if kind is float:
+        try:
+            return float(stripped)
+        except ValueError:
+            raise ValueError("expected a number") from None
+    return text
+
+
+def _check_type(name: str, value: Any, annotation: Any) -> None:
+    if value is None and _optional(annotation):
+        return
+    kind = _base_type(annotation)
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        shown = "***" if name == "admin_token" else repr(value)
+        raise ValueError(f"{name} must be {kind.__name__}, got {shown}")
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if value != value or value < low:  # NaN fails too
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _positive(name: str, value: float) -> None:
+    if value != value or value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def _valid_device(device: str) -> bool:
+    if device in ("auto", "cpu", "gpu"):
+        return True
+    head, _, index = device.partition(":")
+    return head == "gpu" and index.isdigit()

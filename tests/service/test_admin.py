@@ -1,0 +1,159 @@
+"""Admin API over HTTP (bearer token), public bot listing, and a real `multihead serve` process:
+CLI registration seen by the running server, SIGTERM drains queued requests."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+
+from backbone.checkpoint import write_checkpoint
+from tests.service.conftest import random_head
+
+pytestmark = pytest.mark.timeout(300)
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def head_upload(tmp_path, seed, n, *, labels=None):
+    weights, biases, default_labels = random_head(seed, n)
+    prefix = write_checkpoint(str(tmp_path / f"up{seed}" / "head.ckpt"),
+                              {"weights": weights, "biases": biases})
+    form = aiohttp.FormData()
+    form.add_field("index", open(f"{prefix}.index", "rb").read(), filename="head.ckpt.index")
+    form.add_field("data", open(f"{prefix}.data-00000-of-00001", "rb").read(),
+                   filename="head.ckpt.data-00000-of-00001")
+    form.add_field("labels", "\n".join(labels or default_labels) + "\n", filename="labels.txt")
+    return form
+
+
+async def test_admin_routes_are_403_without_a_configured_token(make_client, tmp_path):
+    client = await make_client()
+    resp = await client.delete("/bots/alpha", headers=AUTH)
+    body = await resp.json()
+    assert resp.status == 403 and "MULTIHEAD_ADMIN_TOKEN" in body["error"]
+    assert (await client.get("/bots/alpha")).status == 200  # nothing removed
+
+
+@pytest.mark.parametrize("headers,status", [({}, 401), ({"Authorization": "Bearer wrong"}, 403),
+                                            ({"Authorization": f"Basic {TOKEN}"}, 401)])
+async def test_admin_auth(make_client, headers, status):
+    client = await make_client(admin_token=TOKEN)
+    resp = await client.delete("/bots/alpha", headers=headers)
+    assert resp.status == status and (await resp.json())["code"] in ("unauthorized", "forbidden")
+    assert (await client.get("/bots/alpha")).status == 200
+
+
+async def test_put_rollback_delete_over_http(make_client, tmp_path, jpegs):
+    client = await make_client(admin_token=TOKEN)
+    resp = await client.put("/bots/fresh", data=head_upload(tmp_path, 70, 4), headers=AUTH)
+    assert resp.status == 201, await resp.text()
+    assert (await resp.json())["version"] == 1
+    first = await client.post("/classify/fresh", data=jpegs[0], headers={"Content-Type": "image/jpeg"})
+    assert first.status == 200 and len((await first.json())["results"][0]["predictions"]) == 4
+
+    resp = await client.put("/bots/fresh", data=head_upload(tmp_path, 71, 6), headers=AUTH)
+    assert resp.status == 200 and (await resp.json())["version"] == 2
+    info = await (await client.get("/bots/fresh")).json()
+    assert info["version"] == 2 and info["n_classes"] == 6 and len(info["labels"]) == 6
+
+    resp = await client.post("/bots/fresh/rollback", headers=AUTH)
+    assert resp.status == 200 and (await resp.json())["version"] == 1
+
+    # A bad upload (labels count != n) is refused and changes nothing.
+    resp = await client.put("/bots/fresh", data=head_upload(tmp_path, 72, 3, labels=["a", "b"]),
+                            headers=AUTH)
+    assert resp.status == 422 and (await resp.json())["code"] == "invalid_head"
+    assert (await (await client.get("/bots/fresh")).json())["version"] == 1
+
+    assert (await client.delete("/bots/fresh", headers=AUTH)).status == 200
+    gone = await client.post("/classify/fresh", data=jpegs[0], headers={"Content-Type": "image/jpeg"})
+    assert gone.status == 404
+    listed = await (await client.get("/bots")).json()
+    assert "fresh" not in {b["bot_id"] for b in listed["bots"]}
+
+
+async def test_put_without_files_is_400(make_client):
+    client = await make_client(admin_token=TOKEN)
+    form = aiohttp.FormData()
+    form.add_field("labels", "a\nb\n", filename="labels.txt")
+    resp = await client.put("/bots/x", data=form, headers=AUTH)
+    assert resp.status == 400 and "index" in (await resp.json())["error"]
+
+
+# -- a real server process ------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _multihead(*args, **kwargs):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=240, **kwargs)
+
+
+async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
+        trunk_checkpoint, tmp_path, jpegs):
+    store_dir = tmp_path / "live-store"
+    port = _free_port()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MULTIHEAD_MAX_WAIT_MS": "200"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--store", str(store_dir),
+         "--trunk-checkpoint", trunk_checkpoint, "--port", str(port), "--no-warmup"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(600):
+                try:
+                    async with http.get(f"{base}/readyz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                assert server.poll() is None, server.stdout.read()
+                await asyncio.sleep(0.1)
+            async with http.post(f"{base}/classify/cli-bot", data=jpegs[0],
+                                 headers={"Content-Type": "image/jpeg"}) as r:
+                assert r.status == 404
+
+            weights, biases, labels = random_head(80, 3)
+            prefix = write_checkpoint(str(tmp_path / "cli" / "head.ckpt"),
+                                      {"weights": weights, "biases": biases})
+            (tmp_path / "labels.txt").write_text("\n".join(labels) + "\n")
+            done = _multihead("register", "cli-bot", "--store", str(store_dir),
+                              "--weights-checkpoint", prefix, "--labels", str(tmp_path / "labels.txt"))
+            assert done.returncode == 0, done.stderr
+            registered = time.monotonic()
+            while True:
+                async with http.post(f"{base}/classify/cli-bot", data=jpegs[0],
+                                     headers={"Content-Type": "image/jpeg"}) as r:
+                    if r.status == 200:
+                        break
+                assert time.monotonic() - registered < 1.0, "not served within 1 s"
+                await asyncio.sleep(0.05)
+
+            # SIGTERM with requests in the queue: they are answered, then the process exits 0.
+            posts = [asyncio.ensure_future(http.post(
+                f"{base}/classify/cli-bot", data=j, headers={"Content-Type": "image/jpeg"}))
+                for j in jpegs[1:5]]
+            await asyncio.sleep(0.1)
+            server.send_signal(signal.SIGTERM)
+            for resp in await asyncio.gather(*posts):
+                assert resp.status == 200, await resp.text()
+                resp.release()
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

@@ -1,0 +1,255 @@
+"""The HTTP service end to end: a real aiohttp server on loopback, the real trunk, a real store."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.app import RUNTIME
+from tests.backbone.helpers import encode
+from tests.service.conftest import BOTS, GatedTrunk, random_head
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def expected(store, bot_id, features, k):
+    head = store.get(bot_id)
+    return [(label, score) for label, score in head.top_k(features[None], k)[0]]
+
+
+def assert_predictions(body_result, want):
+    got = [(p["label"], p["score"]) for p in body_result["predictions"]]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    np.testing.assert_allclose([g[1] for g in got], [w[1] for w in want], atol=1e-4)
+
+
+def multipart(images):
+    form = aiohttp.FormData()
+    for i, data in enumerate(images):
+        form.add_field("image", data, filename=f"{i}.jpg", content_type="image/jpeg")
+    return form
+
+
+async def test_single_image(make_client, store, jpegs, features_of):
+    client = await make_client()
+    resp = await client.post("/classify/charlie?top_k=3", data=jpegs[0],
+                             headers={"Content-Type": "image/jpeg"})
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert body["bot_id"] == "charlie" and body["version"] == 1 and len(body["results"]) == 1
+    assert_predictions(body["results"][0], expected(store, "charlie", features_of[jpegs[0]], 3))
+
+
+async def test_several_images_keep_upload_order(make_client, store, jpegs, features_of):
+    client = await make_client()
+    resp = await client.post("/classify/delta", data=multipart(jpegs[:3]))
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert len(body["results"]) == 3
+    for result, jpeg in zip(body["results"], jpegs[:3]):
+        assert_predictions(result, expected(store, "delta", features_of[jpeg], 5))
+
+
+async def test_several_bots_in_one_request(make_client, store, jpegs, features_of):
+    client = await make_client()
+    resp = await client.post("/classify?bots=alpha,echo&top_k=2", data=multipart(jpegs[1:3]))
+    assert resp.status == 200, await resp.text()
+    results = (await resp.json())["results"]
+    assert set(results) == {"alpha", "echo"}
+    for bot_id in ("alpha", "echo"):
+        for result, jpeg in zip(results[bot_id]["results"], jpegs[1:3]):
+            assert_predictions(result, expected(store, bot_id, features_of[jpeg], 2))
+
+
+async def test_top_k_is_capped_at_the_class_count(make_client):
+    client = await make_client()
+    resp = await client.post("/classify/alpha?top_k=50", data=multipart([_png((1, 2, 3))]))
+    body = await resp.json()
+    assert resp.status == 200 and len(body["results"][0]["predictions"]) == BOTS["alpha"]
+    scores = [p["score"] for p in body["results"][0]["predictions"]]
+    assert scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-5
+
+
+async def test_websocket_answers_in_order(make_client, store, jpegs, features_of):
+    client = await make_client()
+    async with client.ws_connect("/ws/classify/bravo?top_k=2") as ws:
+        for jpeg in jpegs[:3]:
+            await ws.send_bytes(jpeg)
+        replies = [await ws.receive_json(timeout=60) for _ in range(3)]
+        await ws.send_str("not an image")
+        error = await ws.receive_json(timeout=60)
+    for reply, jpeg in zip(replies, jpegs[:3]):
+        assert_predictions(reply["results"][0], expected(store, "bravo", features_of[jpeg], 2))
+    assert error["code"] == "bad_request"
+
+
+async def test_concurrent_requests_over_many_bots_equal_single_requests(
+        make_client, store, jpegs, features_of):
+    """40 concurrent requests over 5 bots share trunk batches; mixing bots changes nothing."""
+    client = await make_client(feature_cache_size=0, max_batch_size=8, max_wait_ms=50.0)
+    jobs = [(bot_id, jpeg) for bot_id in BOTS for jpeg in jpegs]
+
+    async def one(bot_id, jpeg):
+        resp = await client.post(f"/classify/{bot_id}?top_k=2", data=jpeg,
+                                 headers={"Content-Type": "image/jpeg"})
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+    bodies = await asyncio.gather(*(one(b, j) for b, j in jobs))
+    for (bot_id, jpeg), body in zip(jobs, bodies):
+        assert body["bot_id"] == bot_id
+        assert_predictions(body["results"][0], expected(store, bot_id, features_of[jpeg], 2))
+    metrics = await (await client.get("/metrics")).text()
+    bots_sum = _metric(metrics, "multihead_batch_bots_sum")
+    batches = _metric(metrics, "multihead_batch_bots_count")
+    rows = _metric(metrics, "multihead_batch_size_sum")
+    assert rows == len(jobs)  # every request went through the trunk (no cache)
+    assert batches < len(jobs) and bots_sum > batches  # batched, and batches mixed bots
+
+
+def _metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+def _png(colour, size=(64, 64)):
+    return encode(Image.new("RGB", size, colour))
+
+
+async def test_bots_change_while_requests_run(make_client, store, jpegs):
+    """Register, replace and remove a bot under load: no 500s, and every answer comes from a
+    version that had been registered before the answer arrived."""
+    client = await make_client(max_wait_ms=5.0)
+    registered_at = {store.register("live", *random_head(50, 3)): time.monotonic()}
+    stop = asyncio.Event()
+    statuses, answers = [], []
+
+    async def load(jpeg):
+        while not stop.is_set():
+            resp = await client.post("/classify/live", data=jpeg,
+                                     headers={"Content-Type": "image/jpeg"})
+            body = await resp.json()
+            statuses.append(resp.status)
+            if resp.status == 200:
+                answers.append((body["version"], time.monotonic()))
+            else:
+                assert resp.status == 404 and body["code"] == "unknown_bot", body
+
+    async def admin():
+        loop = asyncio.get_running_loop()
+        for i in range(4):
+            await asyncio.sleep(0.05)
+            version = await loop.run_in_executor(
+                None, lambda i=i: store.register("live", *random_head(51 + i, 3 + i)))
+            registered_at[version] = time.monotonic()
+        await asyncio.sleep(0.05)
+        await loop.run_in_executor(None, store.remove, "live")
+        await asyncio.sleep(0.05)
+        version = await loop.run_in_executor(None, lambda: store.register("live", *random_head(60, 2)))
+        registered_at[version] = time.monotonic()
+        await asyncio.sleep(0.1)
+        stop.set()
+
+    await asyncio.gather(admin(), *(load(j) for j in jpegs[:3]))
+    assert 500 not in statuses and len(answers) > 10
+    for version, answered in answers:
+        assert version in registered_at and registered_at[version] <= answered
+    assert len({v for v, _ in answers}) >= 2  # the replacements were served
+
+
+@pytest.mark.parametrize("path,kwargs,status,code", [
+    ("/classify/alpha", dict(data=b"\xff\xd8\xff\xe0 truncated", headers={"Content-Type": "image/jpeg"}), 400, "invalid_image"),
+    ("/classify/alpha", dict(data=b"hello", headers={"Content-Type": "text/plain"}), 415, "unsupported_media_type"),
+    ("/classify/nobody", dict(data=b"x", headers={"Content-Type": "image/png"}), 404, "unknown_bot"),
+    ("/classify/bad%20id", dict(data=b"x", headers={"Content-Type": "image/png"}), 400, "invalid_bot_id"),
+    ("/classify/alpha?top_k=0", dict(data=b"x", headers={"Content-Type": "image/png"}), 400, "bad_request"),
+    ("/classify/alpha?top_k=two", dict(data=b"x", headers={"Content-Type": "image/png"}), 400, "bad_request"),
+    ("/classify", dict(data=b"x", headers={"Content-Type": "image/png"}), 400, "bad_request"),
+    ("/classify/alpha", dict(data=b"x" * 5000, headers={"Content-Type": "image/png"}), 413, "payload_too_large"),
+])
+async def test_errors_are_json_with_their_status(make_client, path, kwargs, status, code):
+    client = await make_client(max_body_bytes=4096)
+    resp = await client.post(path, **kwargs)
+    body = await resp.json()
+    assert resp.status == status, body
+    assert body["code"] == code and body["error"]
+
+
+async def test_pixel_bomb_is_413(make_client):
+    client = await make_client()
+    bomb = encode(Image.new("1", (12_000, 12_000)))
+    resp = await client.post("/classify/alpha", data=bomb, headers={"Content-Type": "image/png"})
+    assert resp.status == 413 and (await resp.json())["code"] == "image_too_large"
+
+
+async def test_unknown_route_is_json_404(make_client):
+    client = await make_client()
+    resp = await client.get("/no/such/route")
+    assert resp.status == 404 and (await resp.json())["code"] == "not_found"
+
+
+async def test_readiness_before_and_after_warmup(make_client, trunk):
+    gated = GatedTrunk(trunk)
+    client = await make_client(trunk_obj=gated, wait_ready=False, warmup=True, max_batch_size=2)
+    assert (await client.get("/healthz")).status == 200
+    resp = await client.get("/readyz")
+    assert resp.status == 503 and (await resp.json())["status"] == "loading"
+    early = await client.post("/classify/alpha", data=_png((9, 9, 9)),
+                              headers={"Content-Type": "image/png"})
+    assert early.status == 503 and (await early.json())["code"] == "not_ready"
+    assert "Retry-After" in early.headers
+    gated.gate.set()
+    for _ in range(500):
+        if (await client.get("/readyz")).status == 200:
+            break
+        await asyncio.sleep(0.02)
+    body = await (await client.get("/readyz")).json()
+    assert body["status"] == "ready" and body["trunk"]["device"] == trunk.device
+
+
+async def test_overload_is_503_and_queued_requests_survive(make_client, trunk):
+    gated = GatedTrunk(trunk)
+    gated.gate.set()
+    client = await make_client(trunk_obj=gated, max_queue_rows=3, max_batch_size=1,
+                               max_wait_ms=0.0, feature_cache_size=0,
+                               max_images_per_request=1)
+    gated.gate.clear()
+    gated.entered.clear()
+    images = [_png((i * 40, 10, 200 - i * 40)) for i in range(5)]
+
+    def post(data):
+        return asyncio.ensure_future(client.post("/classify/alpha", data=data,
+                                                 headers={"Content-Type": "image/png"}))
+
+    running = post(images[0])  # occupies the trunk thread
+    while not gated.entered.is_set():
+        await asyncio.sleep(0.01)
+    queued = [post(img) for img in images[1:4]]  # fills the queue (3 rows)
+    app = client.server.app
+    while app[RUNTIME].engine.batcher.queue_depth < 3:
+        await asyncio.sleep(0.01)
+    rejected = await client.post("/classify/alpha", data=images[4],
+                                 headers={"Content-Type": "image/png"})
+    assert rejected.status == 503
+    assert (await rejected.json())["code"] == "overloaded" and int(rejected.headers["Retry-After"]) >= 1
+    gated.gate.set()
+    for resp in await asyncio.gather(running, *queued):
+        assert resp.status == 200, await resp.text()
+
+
+async def test_metrics_move(make_client, jpegs):
+    client = await make_client()
+    before = await (await client.get("/metrics")).text()
+    await client.post("/classify/alpha", data=jpegs[5], headers={"Content-Type": "image/jpeg"})
+    await client.post("/classify/alpha", data=jpegs[5], headers={"Content-Type": "image/jpeg"})
+    after = await (await client.get("/metrics")).text()
+    assert 'multihead_requests_total{route="/classify/{bot_id}",status="200"} 2.0' in after
+    assert _metric(after, "multihead_feature_cache_hits_total") >= 1
+    assert _metric(after, "multihead_resident_heads") >= 1
+    assert "multihead_trunk_seconds_count" in after and before != after
