@@ -20,11 +20,17 @@ OFFICIAL_CHECKPOINT = "inception_v4.ckpt"
 DEMO_CHECKPOINT = "demo_inception_v4.ckpt"
 
 
+def checkpoint_exists(prefix: str | os.PathLike) -> bool:
+    """A V2 checkpoint (`prefix.index` + data) or a V1 single file, like the official
+    `inception_v4.ckpt` from the slim model zoo."""
+    return os.path.isfile(f"{os.fspath(prefix)}.index") or os.path.isfile(prefix)
+
+
 def default_trunk_checkpoint(store_dir: str | os.PathLike) -> str:
     """The trunk checkpoint prefix of a store: the official one if dropped in, else the demo one."""
     trunk_dir = Path(store_dir) / "trunk"
     official = trunk_dir / OFFICIAL_CHECKPOINT
-    if Path(f"{official}.index").exists():
+    if checkpoint_exists(official):
         return str(official)
     return str(trunk_dir / DEMO_CHECKPOINT)
 
@@ -51,8 +57,9 @@ def resolve_prefix(path: str | os.PathLike) -> str:
                 raise CheckpointError(f"no trunk checkpoint found in directory '{path}'")
             latest = str(candidates[0])[: -len(".index")]
         path = latest
-    if not os.path.exists(f"{path}.index"):
-        raise CheckpointError(f"trunk checkpoint not found: '{path}' (no file '{path}.index')")
+    if not checkpoint_exists(path):
+        raise CheckpointError(f"trunk checkpoint not found: '{path}' (neither a V2 checkpoint "
+                              f"'{path}.index' nor a V1 checkpoint file)")
     return path
 
 

@@ -145,7 +145,7 @@ async def _read_images(request: web.Request) -> list[bytes]:
                 await part.release()
                 continue
             if len(images) >= settings.max_images_per_request:
-                raise BadRequest(f"more than {settings.max_images_per_request} images in one "
+                raise PayloadTooLarge(f"more than {settings.max_images_per_request} images in one "
                                  f"request")
             images.append(bytes(await part.read()))
         if not images:
@@ -382,8 +382,10 @@ async def _bring_up(app: web.Application, trunk) -> None:
 
             prefix = settings.trunk_checkpoint or default_trunk_checkpoint(settings.store)
             runtime.trunk_kind = trunk_kind(prefix)
+            cache_dir = Path(settings.store) / "trunk" / "graph_cache" if settings.graph_cache \
+                else None
             trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
-                prefix, device=settings.device, warmup_batch_sizes=()))
+                prefix, device=settings.device, warmup_batch_sizes=(), graph_cache_dir=cache_dir))
         else:
             runtime.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
         runtime.trunk = trunk

@@ -23,7 +23,7 @@ import numpy as np
 from backbone import FEATURE_DIM, preprocess
 from heads import Head
 from service.batcher import Batcher, Row
-from service.errors import BadRequest
+from service.errors import BadRequest, PayloadTooLarge
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -186,7 +186,7 @@ class Engine:
         if not images:
             raise BadRequest("no image in the request")
         if len(images) > self.settings.max_images_per_request:
-            raise BadRequest(f"{len(images)} images in one request, the limit is "
+            raise PayloadTooLarge(f"{len(images)} images in one request, the limit is "
                              f"{self.settings.max_images_per_request}")
         heads = tuple(heads)
         loop = asyncio.get_running_loop()

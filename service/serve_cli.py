@@ -27,12 +27,13 @@ def add_subcommands(sub) -> None:
 
 def ensure_demo_trunk(settings: Settings) -> None:
     """Creates the store's demo trunk checkpoint when no trunk is configured or present."""
-    from backbone.checkpoint import default_trunk_checkpoint, write_random_checkpoint
+    from backbone.checkpoint import (checkpoint_exists, default_trunk_checkpoint,
+                                     write_random_checkpoint)
 
     if settings.trunk_checkpoint:
         return
     prefix = default_trunk_checkpoint(settings.store)
-    if not os.path.exists(f"{prefix}.index"):
+    if not checkpoint_exists(prefix):
         logging.getLogger(__name__).info(
             "no trunk checkpoint in %s/trunk: writing seeded random weights to %s (drop the "
             "official inception_v4.ckpt there to use real weights)", settings.store, prefix)

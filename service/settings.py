@@ -109,6 +109,13 @@ class Settings:
         default=True,
         metadata=_help("run the trunk once at every batch size before reporting ready"),
     )
+    graph_cache: bool = field(
+        default=True,
+        metadata=_help(
+            "keep the built trunk graph in <store>/trunk/graph_cache and re-import it on the "
+            "next start instead of rebuilding it with tf-slim (restarts in seconds)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         self.validate()

@@ -175,3 +175,54 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     index.write_bytes(index.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="corrupt.ckpt"):
         Trunk.from_checkpoint(str(prefix))
+
+
+def test_graph_cache_restart_gives_the_same_features(trunk, trunk_checkpoint, images, tmp_path):
+    """First start builds and saves the graph; the next imports it instead of rebuilding."""
+    cache_dir = tmp_path / "graph_cache"
+    first = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
+    assert not first.graph_from_cache and list(cache_dir.glob("*.meta"))
+    first.close()
+    second = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
+    try:
+        assert second.graph_from_cache
+        assert second.variables == trunk.variables[:596]
+        np.testing.assert_allclose(second.features(images[:2]), trunk.features(images[:2]),
+                                   atol=1e-4)
+    finally:
+        second.close()
+    # A corrupt cache entry is ignored (rebuilt), never fatal.
+    for meta in cache_dir.glob("*.meta"):
+        meta.write_bytes(b"garbage")
+    third = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
+    assert not third.graph_from_cache
+    third.close()
+
+
+def test_v1_checkpoint_file_like_the_official_one(trunk, trunk_checkpoint, images, tmp_path):
+    """The model-zoo `inception_v4.ckpt` is a V1 single-file checkpoint: it must load too."""
+    import tensorflow as tf
+
+    from backbone.checkpoint import default_trunk_checkpoint
+
+    reader = tf.train.load_checkpoint(trunk_checkpoint)
+    store = tmp_path / "store"
+    (store / "trunk").mkdir(parents=True)
+    graph = tf.Graph()
+    with graph.as_default():
+        for name, _ in variable_specs(num_classes=1001) + aux_logits_specs():
+            tf.compat.v1.get_variable(name, initializer=reader.get_tensor(name))
+        saver = tf.compat.v1.train.Saver(write_version=tf.compat.v1.train.SaverDef.V1)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            path = saver.save(session, str(store / "trunk" / "inception_v4.ckpt"),
+                              write_meta_graph=False)
+    assert not Path(f"{path}.index").exists()  # V1: one file
+    assert default_trunk_checkpoint(store) == path
+    assert trunk_digest(path) == trunk_digest(trunk_checkpoint)
+    official = Trunk.from_checkpoint(path, with_logits=True)
+    try:
+        np.testing.assert_allclose(official.features_and_logits(images[:2])[1],
+                                   trunk.features_and_logits(images[:2])[1], atol=1e-4)
+    finally:
+        official.close()

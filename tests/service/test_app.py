@@ -253,3 +253,9 @@ async def test_metrics_move(make_client, jpegs):
     assert _metric(after, "multihead_feature_cache_hits_total") >= 1
     assert _metric(after, "multihead_resident_heads") >= 1
     assert "multihead_trunk_seconds_count" in after and before != after
+
+
+async def test_too_many_images_is_413(make_client):
+    client = await make_client(max_images_per_request=2)
+    resp = await client.post("/classify/alpha", data=multipart([_png((i, i, i)) for i in range(3)]))
+    assert resp.status == 413 and (await resp.json())["code"] == "payload_too_large"
