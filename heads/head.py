@@ -1,0 +1,189 @@
+"""A bot's head: `weights [1536, n]`, `biases [n]` and n labels, applied with numpy.
+
+Heads are data, not graph: the trunk produces `features [N, 1536]` once per batch and each bot's
+head turns its rows into logits with one matmul. Nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from heads.errors import InvalidBotId, InvalidHead
+
+# NOTE: equals `backbone.FEATURE_DIM` (Inception-V4 `PreLogitsFlatten`); repeated here so that
+# `import heads` never imports TensorFlow. tests/heads checks that the two agree.
+FEATURE_DIM = 1536
+
+_BOT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def validate_bot_id(bot_id: object) -> str:
+    """Return `bot_id` if it matches `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`, else raise `InvalidBotId`.
+
+    Ids become directory names in the store, so this is also the path-traversal guard.
+    """
+    if not isinstance(bot_id, str) or _BOT_ID_RE.fullmatch(bot_id) is None:
+        shown = bot_id if isinstance(bot_id, str) else type(bot_id).__name__
+        if isinstance(shown, str) and len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise InvalidBotId(
+            f"invalid bot id {shown!r}: use 1-64 characters from A-Z a-z 0-9 . _ -, "
+            "starting with a letter or digit"
+        )
+    return bot_id
+
+
+def validate_labels(labels: Iterable[object]) -> tuple[str, ...]:
+    """Labels as a tuple of str; each must survive a round trip through a one-per-line file."""
+    if isinstance(labels, (str, bytes)):
+        raise InvalidHead("labels must be a sequence of strings, not a single string")
+    out = []
+    for i, label in enumerate(labels):
+        if not isinstance(label, str):
+            raise InvalidHead(f"label {i} is {type(label).__name__}, not str")
+        if not label.strip():
+            raise InvalidHead(f"label {i} is empty")
+        if label != label.strip() or "\n" in label or "\r" in label:
+            raise InvalidHead(f"label {i} {label!r} has surrounding whitespace or a line break")
+        out.append(label)
+    return tuple(out)
+
+
+def validate_head_arrays(
+    weights: object, biases: object, labels: Iterable[object]
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Check and normalise a head: `weights [1536, n]`, `biases [n]`, n >= 2 labels, all finite.
+
+    Returns:
+        C-contiguous float32 copies of weights and biases, and the labels as a tuple.
+    Raises:
+        InvalidHead: naming the offending shape, count or value.
+    """
+    try:
+        with np.errstate(over="ignore"):  # overflow to inf is reported just below
+            w = np.array(weights, dtype=np.float32, order="C", copy=True)  # [1536, n]
+            b = np.array(biases, dtype=np.float32, order="C", copy=True)  # [n]
+    except (TypeError, ValueError) as exc:
+        raise InvalidHead(f"weights and biases must be numeric arrays ({exc})") from None
+    if w.ndim != 2 or w.shape[0] != FEATURE_DIM:
+        raise InvalidHead(f"weights have shape {list(w.shape)}, expected [{FEATURE_DIM}, n]")
+    n = w.shape[1]
+    if n < 2:
+        raise InvalidHead(f"a head needs at least 2 classes, weights have {n}")
+    if b.shape != (n,):
+        raise InvalidHead(f"biases have shape {list(b.shape)}, expected [{n}] to match weights")
+    # Checked after the float32 cast: float64 values beyond float32's range become inf here.
+    for name, arr in (("weights", w), ("biases", b)):
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise InvalidHead(
+                f"{name} contain {int(bad.sum())} non-finite value(s) (NaN/Inf), "
+                f"first at index {list(idx)}: {arr[idx]}"
+            )
+    labels_t = validate_labels(labels)
+    if len(labels_t) != n:
+        raise InvalidHead(f"{len(labels_t)} labels given for a head with {n} classes")
+    return w, b, labels_t
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class Head:
+    """One version of one bot's head. Immutable; safe to share between threads.
+
+    Attributes:
+        bot_id: the bot this head belongs to.
+        version: its version number in the store.
+        labels: class names, `labels[i]` is column i of `weights`.
+        weights: float32 [1536, n], read-only.
+        biases: float32 [n], read-only.
+    """
+
+    bot_id: str
+    version: int
+    labels: tuple[str, ...]
+    weights: np.ndarray  # [1536, n] float32
+    biases: np.ndarray  # [n] float32
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        w = np.ascontiguousarray(self.weights, dtype=np.float32)
+        b = np.ascontiguousarray(self.biases, dtype=np.float32)
+        if w.ndim != 2 or w.shape[0] != FEATURE_DIM or b.shape != (w.shape[1],):
+            raise InvalidHead(
+                f"head {self.bot_id!r}: weights {list(w.shape)} and biases {list(b.shape)} "
+                f"do not form a [{FEATURE_DIM}, n] head"
+            )
+        if len(self.labels) != w.shape[1]:
+            raise InvalidHead(
+                f"head {self.bot_id!r}: {len(self.labels)} labels for {w.shape[1]} classes"
+            )
+        object.__setattr__(self, "labels", tuple(self.labels))
+        object.__setattr__(self, "weights", _readonly(w))
+        object.__setattr__(self, "biases", _readonly(b))
+        # What keeping this head resident costs: the arrays plus the label strings.
+        label_bytes = sum(sys.getsizeof(label) for label in self.labels)
+        object.__setattr__(self, "nbytes", int(w.nbytes + b.nbytes + label_bytes))
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.weights.shape[1])
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        """Logits for a batch of trunk features.
+
+        Args:
+            features: float32 [N, 1536] (`PreLogitsFlatten` of the trunk).
+        Returns:
+            float32 [N, n].
+        """
+        f = np.asarray(features, dtype=np.float32)
+        if f.ndim != 2 or f.shape[1] != FEATURE_DIM:
+            raise ValueError(f"features have shape {list(f.shape)}, expected [N, {FEATURE_DIM}]")
+        return f @ self.weights + self.biases  # [N, n]
+
+    def probabilities(self, features: np.ndarray) -> np.ndarray:
+        """Softmax of `logits(features)`, float32 [N, n]; each row sums to 1."""
+        z = self.logits(features)  # [N, n]
+        z = z - z.max(axis=1, keepdims=True)  # stable: the largest exponent is exp(0)
+        np.exp(z, out=z)
+        z /= z.sum(axis=1, keepdims=True)
+        return z
+
+    def top_k(self, features: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+        """The k most probable labels per row, best first: `[[(label, probability), ...], ...]`.
+
+        k is clipped to the number of classes.
+        """
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        p = self.probabilities(features)  # [N, n]
+        k = min(int(k), self.n_classes)
+        if k < self.n_classes:
+            idx = np.argpartition(-p, k - 1, axis=1)[:, :k]  # [N, k], unordered
+        else:
+            idx = np.broadcast_to(np.arange(self.n_classes), p.shape)
+        rows = np.arange(p.shape[0])[:, None]
+        order = np.argsort(-p[rows, idx], axis=1, kind="stable")
+        idx = idx[rows, order]  # [N, k], best first
+        return [[(self.labels[j], float(p[i, j])) for j in idx[i]] for i in range(p.shape[0])]
+
+    def __repr__(self) -> str:
+        return f"Head(bot_id={self.bot_id!r}, version={self.version}, n_classes={self.n_classes})"
+
+
+def head_from_arrays(
+    bot_id: str, version: int, weights: np.ndarray, biases: np.ndarray, labels: Sequence[str]
+) -> Head:
+    """Validate and build a `Head` (the in-memory twin of a registered version)."""
+    w, b, labels_t = validate_head_arrays(weights, biases, labels)
+    return Head(validate_bot_id(bot_id), int(version), labels_t, w, b)

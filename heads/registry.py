@@ -1,0 +1,309 @@
+"""The registry: which version of each bot is active, with history (stdlib sqlite3, WAL).
+
+Schema (`registry.sqlite` in the store):
+
+    bots(bot_id PRIMARY KEY, active_version, updated)        one row per live bot
+    versions(bot_id, version, n_classes, labels, created, source)   every committed version
+    history(id, bot_id, action, version, previous, at, source)      append-only audit trail;
+                                                                    also keeps version numbers
+                                                                    from ever being reused
+
+Readers and the writer use separate connections: WAL lets readers go on while a registration
+writes, and `PRAGMA data_version` on the reader connection changes whenever another connection
+(the writer here, or another process such as the admin CLI) commits, which is the store's cheap
+change detection. Writers across processes are serialised by an exclusive `flock` on
+`registry.lock`, held across the whole registration (files and row), so crash leftovers can be
+swept safely by the next writer.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS bots (
+    bot_id TEXT PRIMARY KEY,
+    active_version INTEGER NOT NULL,
+    updated TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS versions (
+    bot_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    n_classes INTEGER NOT NULL,
+    labels TEXT NOT NULL,
+    created TEXT NOT NULL,
+    source TEXT NOT NULL,
+    PRIMARY KEY (bot_id, version)
+);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    bot_id TEXT NOT NULL,
+    action TEXT NOT NULL,
+    version INTEGER,
+    previous INTEGER,
+    at TEXT NOT NULL,
+    source TEXT
+);
+CREATE INDEX IF NOT EXISTS history_by_bot ON history (bot_id, version);
+"""
+_BUSY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    bot_id: str
+    version: int
+    n_classes: int
+    labels: tuple[str, ...]
+    created: str
+    source: str
+
+
+def _version_row(row: tuple) -> VersionRow:
+    bot_id, version, n_classes, labels, created, source = row
+    return VersionRow(bot_id, int(version), int(n_classes), tuple(json.loads(labels)), created,
+                      source)
+
+
+class Transaction:
+    """The write side of one registry transaction (inside `Registry.write()`)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.committed = False
+
+    def active_version(self, bot_id: str) -> int | None:
+        row = self._conn.execute(
+            "SELECT active_version FROM bots WHERE bot_id = ?", (bot_id,)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def versions(self, bot_id: str) -> list[int]:
+        rows = self._conn.execute(
+            "SELECT version FROM versions WHERE bot_id = ? ORDER BY version", (bot_id,)
+        )
+        return [int(r[0]) for r in rows]
+
+    def max_version_ever(self, bot_id: str) -> int:
+        row = self._conn.execute(
+            "SELECT MAX(version) FROM history WHERE bot_id = ? AND action = 'register'", (bot_id,)
+        ).fetchone()
+        return int(row[0] or 0)
+
+    def add_version(self, row: VersionRow, *, at: str) -> None:
+        previous = self.active_version(row.bot_id)
+        self._conn.execute(
+            "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?)",
+            (row.bot_id, row.version, row.n_classes, json.dumps(list(row.labels)), row.created,
+             row.source),
+        )
+        self._set_active(row.bot_id, row.version, at)
+        self._history(row.bot_id, "register", row.version, previous, at, row.source)
+
+    def set_active(self, bot_id: str, version: int, *, at: str, action: str = "rollback") -> None:
+        previous = self.active_version(bot_id)
+        self._set_active(bot_id, version, at)
+        self._history(bot_id, action, version, previous, at, None)
+
+    def delete_bot(self, bot_id: str, *, at: str) -> None:
+        previous = self.active_version(bot_id)
+        self._conn.execute("DELETE FROM versions WHERE bot_id = ?", (bot_id,))
+        self._conn.execute("DELETE FROM bots WHERE bot_id = ?", (bot_id,))
+        self._history(bot_id, "remove", None, previous, at, None)
+
+    def commit(self) -> None:
+        self._conn.execute("COMMIT")
+        self.committed = True
+
+    def _set_active(self, bot_id: str, version: int, at: str) -> None:
+        self._conn.execute(
+            "INSERT INTO bots VALUES (?, ?, ?) ON CONFLICT (bot_id) DO UPDATE SET "
+            "active_version = excluded.active_version, updated = excluded.updated",
+            (bot_id, version, at),
+        )
+
+    def _history(self, bot_id, action, version, previous, at, source) -> None:
+        self._conn.execute(
+            "INSERT INTO history (bot_id, action, version, previous, at, source) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (bot_id, action, version, previous, at, source),
+        )
+
+
+class Registry:
+    """Thread-safe access to `registry.sqlite`. Creates nothing on disk until the first write."""
+
+    def __init__(self, db_path: Path, lock_path: Path) -> None:
+        self.db_path = Path(db_path)
+        self.lock_path = Path(lock_path)
+        self._read_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
+        self._writer: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._closed = False
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _reader_locked(self) -> sqlite3.Connection | None:
+        if self._closed:
+            raise RuntimeError("the head store is closed")
+        if self._reader is None:
+            if not self.db_path.exists():
+                return None  # an empty store: nothing registered yet, and nothing created
+            # mode=rw: never create the file from the read side.
+            self._reader = sqlite3.connect(
+                f"file:{self.db_path}?mode=rw", uri=True, timeout=_BUSY_TIMEOUT_S,
+                isolation_level=None, check_same_thread=False,
+            )
+        return self._reader
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection | None]:
+        """A consistent snapshot (one read transaction), or None for a store with no registry."""
+        with self._read_lock:
+            conn = self._reader_locked()
+            if conn is None:
+                yield None
+                return
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    def data_version(self) -> int | None:
+        """Changes whenever another connection committed; None while no registry exists."""
+        with self._read_lock:
+            conn = self._reader_locked()
+            return None if conn is None else int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def active_map(self) -> dict[str, int]:
+        with self._read() as conn:
+            if conn is None:
+                return {}
+            try:
+                rows = conn.execute("SELECT bot_id, active_version FROM bots")
+                return {b: int(v) for b, v in rows}
+            except sqlite3.OperationalError:  # file created, schema not committed yet
+                return {}
+
+    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
+        """(active version, its row, all committed versions) per bot, ordered by bot id."""
+        with self._read() as conn:
+            if conn is None:
+                return []
+            where, params = ("WHERE b.bot_id = ?", (bot_id,)) if bot_id is not None else ("", ())
+            try:
+                active = conn.execute(
+                    "SELECT v.bot_id, v.version, v.n_classes, v.labels, v.created, v.source "
+                    "FROM bots b JOIN versions v "
+                    f"ON v.bot_id = b.bot_id AND v.version = b.active_version {where} "
+                    "ORDER BY b.bot_id", params,
+                ).fetchall()
+                where_v = "WHERE bot_id = ?" if bot_id is not None else ""
+                all_versions: dict[str, list[int]] = {}
+                for b, v in conn.execute(
+                    f"SELECT bot_id, version FROM versions {where_v} ORDER BY bot_id, version",
+                    params,
+                ):
+                    all_versions.setdefault(b, []).append(int(v))
+            except sqlite3.OperationalError:
+                return []
+        return [(int(r[1]), _version_row(r), all_versions.get(r[0], [])) for r in active]
+
+    def version_row(self, bot_id: str, version: int) -> VersionRow | None:
+        with self._read() as conn:
+            if conn is None:
+                return None
+            try:
+                row = conn.execute(
+                    "SELECT bot_id, version, n_classes, labels, created, source FROM versions "
+                    "WHERE bot_id = ? AND version = ?", (bot_id, version),
+                ).fetchone()
+            except sqlite3.OperationalError:  # file created, schema not committed yet
+                row = None
+        return None if row is None else _version_row(row)
+
+    def history(self, bot_id: str) -> list[dict]:
+        with self._read() as conn:
+            if conn is None:
+                return []
+            try:
+                rows = conn.execute(
+                    "SELECT action, version, previous, at, source FROM history WHERE bot_id = ? "
+                    "ORDER BY id", (bot_id,),
+                ).fetchall()
+            except sqlite3.OperationalError:  # file created, schema not committed yet
+                rows = []
+        keys = ("action", "version", "previous", "at", "source")
+        return [dict(zip(keys, r)) for r in rows]
+
+    # -- writing -----------------------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[Transaction]:
+        """An exclusive write transaction, across threads and processes.
+
+        Commits when the block ends (unless it committed already); rolls back on any exception,
+        including a crash: SQLite discards a transaction that was never committed.
+        """
+        with self._write_lock:
+            conn = self._writer_locked()
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                tx = Transaction(conn)
+                try:
+                    yield tx
+                except BaseException:
+                    if not tx.committed:
+                        conn.execute("ROLLBACK")
+                    raise
+                if not tx.committed:
+                    tx.commit()
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _writer_locked(self) -> sqlite3.Connection:
+        if self._closed:
+            raise RuntimeError("the head store is closed")
+        if self._writer is None:
+            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            conn = sqlite3.connect(
+                self.db_path, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
+                check_same_thread=False,
+            )
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")  # persistent; a no-op once set
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute("COMMIT")
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            # A registration's rows must survive a power loss just like its fsynced files.
+            conn.execute("PRAGMA synchronous=FULL")
+            self._writer = conn
+        return self._writer
+
+    def close(self) -> None:
+        with self._write_lock, self._read_lock:
+            self._closed = True
+            for conn in (self._reader, self._writer):
+                if conn is not None:
+                    conn.close()
+            self._reader = self._writer = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None

@@ -1,0 +1,420 @@
+"""HeadStore on real files: TF checkpoints, SQLite registry (WAL), crashes, other processes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import heads.store
+from heads import (HeadLoadError, HeadStore, InvalidBotId, InvalidHead, UnknownBot,
+                   UnknownVersion)
+from tests.heads.helpers import random_head, save_checkpoint, tree_digest, write_labels
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def features(n=3, seed=9):
+    return np.random.default_rng(seed).standard_normal((n, 1536)).astype(np.float32)
+
+
+# -- round trip and file format ------------------------------------------------------------------
+
+
+def test_register_get_logits_round_trip(store):
+    w, b, labels = random_head(4, seed=1)
+    assert store.register("acme", w, b, labels) == 1
+    head = store.get("acme")
+    assert (head.bot_id, head.version, head.labels, head.n_classes) == ("acme", 1, tuple(labels), 4)
+    np.testing.assert_array_equal(head.weights, w)
+    np.testing.assert_array_equal(head.biases, b)
+    f = features()
+    np.testing.assert_allclose(head.logits(f), f @ w + b, rtol=1e-5, atol=1e-5)
+    # A second store on the same directory (a fresh process) loads the same head from disk.
+    with HeadStore(store.root) as other:
+        np.testing.assert_array_equal(other.get("acme").weights, w)
+
+
+def test_version_directory_holds_checkpoint_labels_and_manifest(store):
+    import tensorflow as tf
+
+    w, b, labels = random_head(3, seed=2)
+    store.register("acme", w, b, labels, source="unit test")
+    vdir = store.root / "heads" / "acme" / "v1"
+    reader = tf.train.load_checkpoint(str(vdir / "head.ckpt"))
+    assert reader.get_variable_to_shape_map() == {"weights": [1536, 3], "biases": [3]}
+    np.testing.assert_array_equal(reader.get_tensor("weights"), w)
+    np.testing.assert_array_equal(reader.get_tensor("biases"), b)
+    assert (vdir / "labels.txt").read_text("utf-8").splitlines() == labels
+    manifest = json.loads((vdir / "manifest.json").read_text("utf-8"))
+    assert {k: manifest[k] for k in ("bot_id", "version", "n_classes", "source")} == {
+        "bot_id": "acme", "version": 1, "n_classes": 3, "source": "unit test"}
+    assert manifest["created"] == store.info("acme").created
+    assert set(manifest["files"]) == {p.name for p in vdir.iterdir()} - {"manifest.json"}
+    for name, digest in manifest["files"].items():
+        assert hashlib.sha256((vdir / name).read_bytes()).hexdigest() == digest
+    assert not [p for p in (store.root / "heads" / "acme").iterdir() if p.name != "v1"]
+
+
+def test_register_checkpoint_with_custom_tensor_names_and_labels_file(store, tmp_path):
+    w, b, labels = random_head(5, seed=3)
+    prefix = save_checkpoint(tmp_path / "ft" / "model.ckpt",
+                             {"dense/kernel": w, "dense/bias": b, "global_step": np.int64(7)})
+    labels_file = write_labels(tmp_path / "labels.txt", labels)
+    v = store.register_checkpoint("acme", prefix, labels_file, weights_name="dense/kernel",
+                                  biases_name="dense/bias")
+    head = store.get("acme")
+    assert v == 1 and head.labels == tuple(labels)
+    np.testing.assert_array_equal(head.weights, w)
+    assert store.info("acme").source == f"checkpoint:{os.path.abspath(prefix)}"
+
+
+# -- list / show / remove / rollback -------------------------------------------------------------
+
+
+def test_list_info_rollback_remove(store):
+    assert store.list() == []
+    for seed in (1, 2, 3):
+        store.register("acme", *random_head(3, seed=seed))
+    store.register("beta", *random_head(2, seed=4))
+    assert [(i.bot_id, i.version, i.versions) for i in store.list()] == [
+        ("acme", 3, [1, 2, 3]), ("beta", 1, [1])]
+    info = store.info("beta")
+    assert (info.n_classes, info.labels, info.source) == (2, ("class-4-0", "class-4-1"), "api")
+
+    assert store.rollback("acme") == 2
+    assert store.get("acme").version == 2
+    np.testing.assert_array_equal(store.get("acme").weights, random_head(3, seed=2)[0])
+    assert store.rollback("acme", to=3) == 3  # forward again
+    assert store.rollback("acme", to=1) == 1
+    assert store.get("acme").version == 1
+    with pytest.raises(UnknownVersion, match="no version before v1"):
+        store.rollback("acme")
+    with pytest.raises(UnknownVersion, match=r"no version 9 \(versions on disk: 1, 2, 3\)"):
+        store.rollback("acme", to=9)
+    actions = [(h["action"], h["version"], h["previous"]) for h in store.history("acme")]
+    assert actions == [("register", 1, None), ("register", 2, 1), ("register", 3, 2),
+                       ("rollback", 2, 3), ("rollback", 3, 2), ("rollback", 1, 3)]
+
+    store.remove("acme")
+    assert not store.exists("acme") and store.exists("beta")
+    assert [i.bot_id for i in store.list()] == ["beta"]
+    assert not (store.root / "heads" / "acme").exists()
+    for call in (lambda: store.get("acme"), lambda: store.info("acme"),
+                 lambda: store.remove("acme"), lambda: store.rollback("acme")):
+        with pytest.raises(UnknownBot, match="unknown bot 'acme'"):
+            call()
+    # Version numbers are never reused, so no reader can mistake a new head for an old one.
+    assert store.register("acme", *random_head(3, seed=5)) == 4
+    assert store.info("acme").versions == [4]
+
+
+def test_get_unknown_and_malformed_ids(store):
+    store.register("acme", *random_head(2))
+    with pytest.raises(UnknownBot, match="unknown bot 'acme-7'"):
+        store.get("acme-7")
+    with pytest.raises(InvalidBotId):
+        store.get("../acme")
+    assert store.exists("acme") and not store.exists("../acme")
+
+
+# -- refusals leave the store byte-for-byte unchanged ------------------------------------------
+
+
+@pytest.fixture
+def populated(tmp_path):
+    """A store with two bots (acme v1..v2, beta v1), closed so that its tree is stable."""
+    root = tmp_path / "store"
+    with HeadStore(root) as s:
+        s.register("acme", *random_head(3, seed=1))
+        s.register("acme", *random_head(3, seed=2))
+        s.register("beta", *random_head(2, seed=3))
+    return root
+
+
+def _refusals(tmp_path):
+    w, b, labels = random_head(3, seed=7)
+    nan_w = w.copy()
+    nan_w[5, 1] = np.nan
+    head_ckpt = save_checkpoint(tmp_path / "head.ckpt", {"weights": w, "biases": b})
+    return {
+        "wrong weights shape": (InvalidHead, "[1535, 3]",
+                                lambda s: s.register("acme", w[1:], b, labels)),
+        "one class": (InvalidHead, "at least 2",
+                      lambda s: s.register("acme", w[:, :1], b[:1], labels[:1])),
+        "biases shape": (InvalidHead, "biases have shape [4]",
+                         lambda s: s.register("acme", w, np.zeros(4), labels)),
+        "NaN": (InvalidHead, "NaN", lambda s: s.register("acme", nan_w, b, labels)),
+        "Inf": (InvalidHead, "non-finite",
+                lambda s: s.register("acme", w, np.array([0, -np.inf, 0]), labels)),
+        "label count": (InvalidHead, "2 labels given for a head with 3 classes",
+                        lambda s: s.register("acme", w, b, labels[:2])),
+        "path traversal id": (InvalidBotId, "'../acme'",
+                              lambda s: s.register("../acme", w, b, labels)),
+        "missing checkpoint": (HeadLoadError, "no TF checkpoint at",
+                               lambda s: s.register_checkpoint("acme", tmp_path / "nope.ckpt",
+                                                               labels)),
+        "missing tensor": (HeadLoadError, "has no tensor 'kernel'",
+                           lambda s: s.register_checkpoint("acme", head_ckpt, labels,
+                                                           weights_name="kernel")),
+        "not a slim checkpoint": (HeadLoadError, "InceptionV4/Logits/Logits/weights",
+                                  lambda s: s.register_from_slim("acme", head_ckpt, labels)),
+        "missing labels file": (HeadLoadError, "nope.txt",
+                                lambda s: s.register("acme", w, b, tmp_path / "nope.txt")),
+        "remove unknown": (UnknownBot, "'gamma'", lambda s: s.remove("gamma")),
+        "rollback unknown": (UnknownBot, "'gamma'", lambda s: s.rollback("gamma")),
+        "rollback missing version": (UnknownVersion, "no version 7",
+                                     lambda s: s.rollback("acme", to=7)),
+        "rollback past first": (UnknownVersion, "before v1", lambda s: s.rollback("beta")),
+    }
+
+
+REFUSALS = ["wrong weights shape", "one class", "biases shape", "NaN", "Inf", "label count",
+            "path traversal id", "missing checkpoint", "missing tensor", "not a slim checkpoint",
+            "missing labels file", "remove unknown", "rollback unknown",
+            "rollback missing version", "rollback past first"]
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_refusal_leaves_store_unchanged(populated, tmp_path, case):
+    error, message, call = _refusals(tmp_path)[case]
+    before = tree_digest(populated)
+    with HeadStore(populated) as s:
+        s.get("acme")  # a working reader, with its connection open during the refusal
+        with pytest.raises(error) as exc:
+            call(s)
+        assert message in str(exc.value)
+        assert s.get("acme").version == 2
+    assert tree_digest(populated) == before
+
+
+def test_refusal_on_a_new_store_creates_nothing(store_dir):
+    w, b, labels = random_head(3)
+    with HeadStore(store_dir) as s:
+        assert s.list() == [] and not s.exists("acme")
+        with pytest.raises(InvalidHead):
+            s.register("acme", w, b, labels[:2])
+        with pytest.raises(UnknownBot):
+            s.remove("acme")
+    assert not store_dir.exists()
+
+
+# -- loading, corruption -------------------------------------------------------------------------
+
+
+def test_corrupt_head_file_is_a_load_error(populated):
+    labels_file = populated / "heads" / "beta" / "v1" / "labels.txt"
+    labels_file.write_text("x\ny\n", "utf-8")  # same count, other bytes
+    with HeadStore(populated) as s:
+        with pytest.raises(HeadLoadError, match="'labels.txt' is corrupt"):
+            s.get("beta")
+        assert s.get("acme").version == 2  # other bots unaffected
+    os.remove(populated / "heads" / "acme" / "v2" / "head.ckpt.data-00000-of-00001")
+    with HeadStore(populated) as s:
+        with pytest.raises(HeadLoadError, match="head.ckpt.data-00000-of-00001' is missing"):
+            s.get("acme")
+
+
+def test_lookups_do_not_reread_files_or_poll_sqlite_per_request(store, monkeypatch):
+    store.register("acme", *random_head(3))
+    loads, polls = [], []
+    real_load = heads.store.files.load_version_dir
+    real_poll = store._registry.data_version
+    monkeypatch.setattr(heads.store.files, "load_version_dir",
+                        lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    monkeypatch.setattr(store._registry, "data_version",
+                        lambda: polls.append(1) or real_poll())
+    store._refresh(force=True)
+    polls.clear()
+    for _ in range(2000):
+        store.get("acme")
+    assert len(loads) == 1  # one cold load, then resident
+    assert len(polls) <= 2  # at most one check per change_poll_s, not one per get
+    stats = store.cache_stats()
+    assert stats["misses"] == 1 and stats["hits"] == 1999
+
+
+def test_store_lru_respects_budget_and_pins(tmp_path):
+    root = tmp_path / "store"
+    with HeadStore(root) as writer:
+        for i in range(6):
+            writer.register(f"bot{i}", *random_head(100, seed=i))
+    with HeadStore(root) as probe:
+        one = probe.get("bot0").nbytes  # about 0.6 MiB
+    budget_mb = 3.5 * one / 2**20
+    with HeadStore(root, heads_memory_mb=budget_mb, pinned=["bot0"]) as s:
+        for rounds in range(2):
+            for i in range(6):
+                head = s.get(f"bot{i}")
+                np.testing.assert_array_equal(head.weights, random_head(100, seed=i)[0])
+                stats = s.cache_stats()
+                assert stats["resident_bytes"] <= budget_mb * 2**20
+        stats = s.cache_stats()
+        assert stats["resident_heads"] == 3 and stats["evictions"] >= 6
+        assert s._cache.resident_bot_ids() == ["bot0", "bot4", "bot5"]
+        assert s._cache.peek("bot0", 1) is not None  # pinned, although least recently used
+
+
+# -- concurrency -----------------------------------------------------------------------------------
+
+
+def test_threads_read_while_another_registers(store):
+    store.register("acme", *random_head(3, seed=0))
+    errors, seen = [], set()
+    stop = threading.Event()
+    f = features(2)
+
+    def reader():
+        try:
+            while not stop.is_set():
+                head = store.get("acme")
+                # Weights and version always belong together: seed == version - 1.
+                expected = random_head(3, seed=head.version - 1)[0]
+                np.testing.assert_array_equal(head.weights, expected)
+                head.top_k(f, 2)
+                seen.add(head.version)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for seed in range(1, 6):
+        store.register("acme", *random_head(3, seed=seed))
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert store.get("acme").version == 6 and len(seen) >= 2
+
+
+# -- crashes ---------------------------------------------------------------------------------------
+
+
+def _assert_consistent(root, active, versions):
+    with HeadStore(root) as s:
+        info = s.info("acme")
+        assert (info.version, info.versions) == (active, versions)
+        np.testing.assert_array_equal(s.get("acme").weights,
+                                      random_head(3, seed=active)[0])
+        # The next registration sweeps the leftovers and takes a fresh version number.
+        new = s.register("acme", *random_head(3, seed=50))
+        assert new > max(versions)
+        assert s.get("acme").version == new
+        names = sorted(p.name for p in (Path(root) / "heads" / "acme").iterdir())
+        assert names == [f"v{v}" for v in sorted(versions + [new])]
+
+
+@pytest.mark.parametrize("step", ["written", "renamed", "rows_added"])
+def test_failure_between_steps_rolls_back(tmp_path, monkeypatch, step):
+    root = tmp_path / "store"
+    with HeadStore(root) as s:
+        s.register("acme", *random_head(3, seed=1))
+
+        def fail(at):
+            if at == step:
+                raise OSError(f"disk full at {at}")
+
+        monkeypatch.setattr(heads.store, "_fault_hook", fail)
+        with pytest.raises(OSError, match="disk full"):
+            s.register("acme", *random_head(3, seed=2))
+        monkeypatch.setattr(heads.store, "_fault_hook", None)
+        assert s.get("acme").version == 1
+        assert sorted(p.name for p in (root / "heads" / "acme").iterdir()) == ["v1"]
+    _assert_consistent(root, active=1, versions=[1])
+
+
+CRASH = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import heads.store
+    from heads import HeadStore
+    from tests.heads.helpers import random_head
+    root, step = sys.argv[1], sys.argv[2]
+    heads.store._fault_hook = lambda at: os._exit(17) if at == step else None
+    HeadStore(root).register("acme", *random_head(3, seed=2))
+    os._exit(0)
+""")
+
+
+@pytest.mark.parametrize("step", ["renamed", "rows_added"])
+def test_process_killed_mid_registration_leaves_a_consistent_registry(tmp_path, step):
+    """os._exit between rename and commit: no cleanup code runs, like a kill -9."""
+    root = tmp_path / "store"
+    with HeadStore(root) as s:
+        s.register("acme", *random_head(3, seed=1))
+    proc = subprocess.run([sys.executable, "-c", CRASH, str(root), step], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    # The crash left the renamed v2 directory behind, but no registry row points to it.
+    assert (root / "heads" / "acme" / "v2" / "manifest.json").exists()
+    _assert_consistent(root, active=1, versions=[1])
+
+
+# -- another process changes the store -----------------------------------------------------------
+
+
+def _cli(root, *argv):
+    return subprocess.run([sys.executable, "-m", "service.cli", *argv, "--store", str(root)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def _wait_for(predicate, timeout_s=5.0):
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.01)
+    return None
+
+
+def test_reader_sees_another_process_change_within_one_second(tmp_path):
+    """A running reader (a server) and the admin CLI in other processes share one store."""
+    root = tmp_path / "store"
+    weights, biases, labels = random_head(3, seed=1)
+    prefix = save_checkpoint(tmp_path / "user" / "head.ckpt",
+                             {"weights": weights, "biases": biases})
+    labels_file = write_labels(tmp_path / "labels.txt", labels)
+
+    def version_is(expected):
+        def check():
+            try:
+                return reader.get("acme").version == expected
+            except UnknownBot:
+                return expected is None
+        return check
+
+    with HeadStore(root) as reader:  # started on an empty store: nothing on disk yet
+        assert not reader.exists("acme") and not root.exists()
+        proc = _cli(root, "register", "acme", "--weights-checkpoint", prefix, "--labels",
+                    labels_file)
+        assert proc.returncode == 0, proc.stderr
+        elapsed = _wait_for(version_is(1))
+        assert elapsed is not None and elapsed < 1.0, elapsed
+        np.testing.assert_array_equal(reader.get("acme").weights, weights)
+
+        with HeadStore(root) as writer:  # another connection, as the admin HTTP API would be
+            writer.register("acme", *random_head(3, seed=2))
+        elapsed = _wait_for(version_is(2))
+        assert elapsed is not None and elapsed < 1.0, elapsed
+
+        proc = _cli(root, "bots", "rollback", "acme")
+        assert proc.returncode == 0, proc.stderr
+        elapsed = _wait_for(version_is(1))
+        assert elapsed is not None and elapsed < 1.0, elapsed
+        np.testing.assert_array_equal(reader.get("acme").weights, weights)
+
+        proc = _cli(root, "bots", "remove", "acme")
+        assert proc.returncode == 0, proc.stderr
+        elapsed = _wait_for(version_is(None))
+        assert elapsed is not None and elapsed < 1.0, elapsed
+        assert reader.cache_stats()["resident_heads"] == 0
