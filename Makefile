@@ -8,7 +8,7 @@ STORE  ?= checkpoints
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: venv test serve bench clean
+.PHONY: venv test serve demo bench clean browser-deps
 
 venv: $(STAMP)
 
@@ -18,10 +18,21 @@ $(STAMP): setup.py
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-test: $(STAMP)
+# Debian's chromium and the chromedriver of the same build, for tests/service/test_browser.py
+# (needs root or sudo for apt-get; CI runs as root).
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	fi
+
+test: $(STAMP) browser-deps
 	$(BIN)/python -m pytest
 
-serve: $(STAMP)
+# First run: demo trunk, generated images and demo bots (about 1-2 min); later runs reuse them.
+demo: $(STAMP)
+	$(BIN)/multihead demo --store $(STORE)
+
+serve: demo
 	$(BIN)/multihead serve --store $(STORE) --host $(HOST) --port $(PORT)
 
 bench: $(STAMP)

@@ -34,6 +34,9 @@ setup(
             "pytest>=8.0",
             "pytest-aiohttp>=1.0",
             "pytest-timeout>=2.3",
+            # Drives Debian's chromium through Debian's chromedriver (`make browser-deps`);
+            # 4.52.0 needs a newer certifi than the package index here has.
+            "selenium==4.51.0",
         ],
     },
     entry_points={"console_scripts": ["multihead=service.cli:main"]},

@@ -84,14 +84,15 @@ class HeadStore:
 
     Args:
         root: the store directory. Nothing is created in it until the first write.
-        heads_memory_mb: byte budget (MiB) of resident heads; least recently used unpinned
+        heads_memory_mb: byte budget (MiB) of resident heads (default: about 3,400 heads of
+            100 classes); least recently used unpinned
             heads are evicted beyond it. A 100-class head takes about 0.6 MiB.
         pinned: bot ids whose heads, once loaded, are never evicted.
     """
 
     change_poll_s = 0.25
 
-    def __init__(self, root: str | os.PathLike, *, heads_memory_mb: float = 256.0,
+    def __init__(self, root: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
                  pinned: Iterable[str] = ()) -> None:
         if not heads_memory_mb >= 0:
             raise ValueError("heads_memory_mb must be >= 0")

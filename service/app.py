@@ -92,7 +92,10 @@ async def error_middleware(request: web.Request, handler):
         raise
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         response = _json_error(exc)
-    request.app[METRICS].observe_request(route, response.status, time.perf_counter() - start)
+    elapsed_s = time.perf_counter() - start
+    if not response.prepared:  # a WebSocket answer is already on the wire
+        response.headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
+    request.app[METRICS].observe_request(route, response.status, elapsed_s)
     return response
 
 

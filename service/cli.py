@@ -20,9 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from backbone import cli as backbone_cli
     from heads import cli as heads_cli
-    from service import serve_cli
+    from service import demo, serve_cli
 
     serve_cli.add_subcommands(sub)
+    demo.add_subcommands(sub)
     backbone_cli.add_subcommands(sub)
     heads_cli.add_subcommands(sub)
     try:

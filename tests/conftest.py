@@ -18,7 +18,8 @@ def trunk_checkpoint(tmp_path_factory) -> str:
     """
     from service.cli import main
 
-    out = str(tmp_path_factory.mktemp("trunk") / "inception_v4.ckpt")
+    # The demo trunk's file name: /readyz then reports "demo (seeded random weights)".
+    out = str(tmp_path_factory.mktemp("trunk") / "demo_inception_v4.ckpt")
     assert main(["init-trunk", out, "--seed", "0"]) == 0
     return out
 

@@ -1,0 +1,145 @@
+"""`multihead demo`: create what the demo needs under a store, reuse what is there.
+
+First run (about a minute on 2 cores): the seeded demo trunk (unless the official checkpoint
+is in `<store>/trunk/`), the generated labelled images under `<store>/demo_images/`, and one
+bot per image kind trained on them with the `train` code path. Later runs only check: a demo
+bot is retrained when the trunk it was trained on is no longer the store's trunk.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service.demo_images import KINDS, demo_image, write_demo_images
+
+log = logging.getLogger(__name__)
+
+PER_CLASS = 40  # training images per class (80% fit, 20% early stopping)
+HELD_OUT_PER_CLASS = 10  # separate images (another seed) to report accuracy on
+HELD_OUT_SEED = 1
+
+
+@dataclass(frozen=True)
+class DemoBot:
+    bot_id: str
+    version: int
+    trained: bool  # False: reused from an earlier run
+    held_out_accuracy: float | None  # on HELD_OUT_PER_CLASS fresh images per class
+
+
+def _source_tag(digest: str) -> str:
+    return f"demo:trunk={digest[:16]}"
+
+
+def held_out_accuracy(trunk, head, kind: str, per_class: int = HELD_OUT_PER_CLASS) -> float:
+    """Accuracy of `head` on images of `kind` it was not trained on (another seed)."""
+    from backbone import preprocess
+
+    images, truth = [], []
+    for label in KINDS[kind]:
+        for index in range(per_class):
+            buffer = io.BytesIO()
+            demo_image(kind, label, index, seed=HELD_OUT_SEED).save(buffer, "PNG")
+            images.append(preprocess(buffer.getvalue()))
+            truth.append(label)
+    features = np.concatenate([trunk.features(np.stack(images[i:i + 16]))
+                               for i in range(0, len(images), 16)])
+    predicted = [head.labels[i] for i in head.logits(features).argmax(axis=1)]
+    return float(np.mean([p == t for p, t in zip(predicted, truth)]))
+
+
+def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None,
+                kinds=tuple(KINDS), held_out_per_class: int = HELD_OUT_PER_CLASS,
+                progress: bool = True) -> list[DemoBot]:
+    """Creates the missing demo pieces in `store_dir`; returns the demo bots.
+
+    Args:
+      trunk: a built Trunk to use (tests); else one is built from the store's trunk.
+    """
+    from backbone.checkpoint import (checkpoint_exists, default_trunk_checkpoint, trunk_digest,
+                                     write_random_checkpoint)
+    from heads import HeadStore, UnknownBot
+    from heads.train import extract_features, scan_image_folder, train_head
+
+    store_dir = Path(store_dir)
+    prefix = trunk.checkpoint_prefix if trunk is not None else default_trunk_checkpoint(store_dir)
+    if not checkpoint_exists(prefix):
+        log.info("writing the demo trunk (seeded random weights) to %s", prefix)
+        write_random_checkpoint(prefix, seed=0)
+    else:
+        log.info("trunk: %s", prefix)
+    tag = _source_tag(trunk_digest(prefix))
+    bots: list[DemoBot] = []
+    own_trunk = trunk is None
+    with HeadStore(store_dir) as store:
+        todo = []
+        for kind in kinds:
+            try:
+                info = store.info(kind)
+            except UnknownBot:
+                todo.append(kind)
+                continue
+            if info.source == tag:
+                bots.append(DemoBot(kind, info.version, False, None))
+            else:
+                log.info("demo bot %r was trained on another trunk: retraining", kind)
+                todo.append(kind)
+        try:
+            for kind in todo:
+                if trunk is None:
+                    from backbone import Trunk
+
+                    trunk = Trunk.from_checkpoint(
+                        prefix, graph_cache_dir=store_dir / "trunk" / "graph_cache")
+                start = time.perf_counter()
+                folder = write_demo_images(store_dir / "demo_images", kind, per_class)
+                data = extract_features(scan_image_folder(folder), trunk, progress=progress)
+                result = train_head(data.features, data.label_idx, data.labels, seed=0)
+                version = store.register(kind, result.weights, result.biases, result.labels,
+                                         source=tag)
+                accuracy = held_out_accuracy(trunk, store.get(kind), kind, held_out_per_class)
+                log.info("demo bot %r v%d: %d classes, held-out accuracy %.3f (%.0fs)", kind,
+                         version, len(result.labels), accuracy, time.perf_counter() - start)
+                bots.append(DemoBot(kind, version, True, accuracy))
+        finally:
+            if own_trunk and trunk is not None:
+                trunk.close()
+    return bots
+
+
+def add_subcommands(sub) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="create the demo trunk, images and bots in a store (only what is missing)",
+        description=(
+            "Create what the demo needs under --store: the seeded demo trunk (unless "
+            "trunk/inception_v4.ckpt, the official checkpoint, is there), generated labelled "
+            f"images ({', '.join(KINDS)}) under demo_images/, and one bot per kind trained on "
+            "them. Reuses everything already there; a demo bot is retrained when the store's "
+            "trunk changed. `make serve` runs this before `multihead serve`."),
+    )
+    parser.add_argument("--store", default="checkpoints", help="store directory (default: "
+                        "checkpoints)")
+    parser.add_argument("--per-class", type=int, default=PER_CLASS,
+                        help=f"training images per class (default: {PER_CLASS})")
+    parser.set_defaults(func=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.per_class < 5:
+        raise ValueError("--per-class must be >= 5")
+    start = time.perf_counter()
+    bots = ensure_demo(args.store, per_class=args.per_class)
+    for bot in bots:
+        state = (f"trained, held-out accuracy {bot.held_out_accuracy:.3f}" if bot.trained
+                 else "already there")
+        print(f"demo bot '{bot.bot_id}' v{bot.version}: {state}")
+    print(f"demo ready in {time.perf_counter() - start:.1f}s")
+    return 0

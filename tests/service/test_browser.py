@@ -1,0 +1,302 @@
+"""The web page in a real headless browser: Debian's chromium, driven by Selenium through
+Debian's chromedriver (same build as the browser; nothing is downloaded), against a real aiohttp
+server on loopback around the session's real trunk and a real store.
+
+Each test loads the page, acts like a user (tick bots, choose or drop an image) and reads what
+the page renders; the answer is checked against the API's own answer for the same image.
+
+NOTE: the WebDriver client blocks, so every browser step runs in a worker thread
+(`asyncio.to_thread`) while the test's event loop keeps serving the page's requests.
+
+Set MULTIHEAD_SCREENSHOT_DIR to a folder to keep a PNG of each page the tests look at.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.backbone.helpers import encode, pattern
+from tests.service.conftest import BOTS, random_head
+
+pytestmark = pytest.mark.timeout(180)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+INSTALL_HINT = ("install Debian's browser and its driver: `make browser-deps` "
+                "(apt-get update && apt-get install -y chromium chromium-driver)")
+WAIT_S = 30
+# Closed network, running as root: no sandbox, no GPU, and nothing that phones home.
+CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--disable-quic", "--no-first-run", "--no-default-browser-check",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--disable-extensions", "--no-proxy-server",
+                  "--window-size=1280,1000")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless chromium for the module (about 1.5 s to start), with a fresh profile."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        pytest.fail(f"the browser test needs {' and '.join(missing)}: {INSTALL_HINT}",
+                    pytrace=False)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail("the browser test needs selenium: pip install -e '.[test]'", pytrace=False)
+
+    profile = tempfile.mkdtemp(prefix="multihead-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    # An explicit driver path: Selenium Manager (which would download one) never runs.
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)),
+                              options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+# -- browser steps (blocking: run them with asyncio.to_thread) -----------------------------------
+
+def _css(driver, selector):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def _wait_for(driver, selector, what):
+    """Waits for `selector` to match; fails with what the page shows instead."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        WebDriverWait(driver, WAIT_S, poll_frequency=0.05).until(
+            lambda d: _css(d, selector) or _css(d, "#error:not([hidden])"))
+    except TimeoutException:
+        pytest.fail(f"{what}: nothing matched {selector!r} within {WAIT_S} s; page says:\n"
+                    f"{_css(driver, 'body')[0].text}")
+    errors = _css(driver, "#error:not([hidden])")
+    if errors and not _css(driver, selector):
+        pytest.fail(f"{what}: the page shows an error: {errors[0].text}")
+    return _css(driver, selector)
+
+
+def _screenshot(driver, name):
+    folder = os.environ.get("MULTIHEAD_SCREENSHOT_DIR")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+
+
+def _open_classify_page(driver, url):
+    driver.get(url)
+    _wait_for(driver, "#bots[data-state='ready']", "the bot list")
+    _wait_for(driver, "#trunk[data-state='ready']", "the trunk status")
+
+
+def _tick(driver, bot_ids, top_k):
+    for bot_id in bot_ids:
+        box = _css(driver, f"#bot-list li[data-bot='{bot_id}'] input[type='checkbox']")
+        assert box, f"bot {bot_id!r} is not offered on the page"
+        if not box[0].is_selected():
+            _css(driver, f"#bot-list li[data-bot='{bot_id}'] label")[0].click()
+        assert box[0].is_selected()
+    field = _css(driver, "#top-k")[0]
+    field.clear()
+    field.send_keys(str(top_k))
+
+
+def _read_results(driver, what):
+    """{bot_id: [(label, score from data-score, displayed percentage)]} and the latency line."""
+    _wait_for(driver, "#results[data-state='done']", what)
+    rendered = {}
+    for card in _css(driver, "#result-cards .card"):
+        rows = card.find_elements("css selector", ".predictions li")
+        rendered[card.get_attribute("data-bot")] = [
+            (row.find_element("css selector", ".label").text,
+             float(row.get_attribute("data-score")),
+             row.find_element("css selector", ".score").text) for row in rows]
+    latency = _css(driver, "#latency")[0]
+    return rendered, latency.text if latency.is_displayed() else ""
+
+
+def classify_with_file_input(driver, url, bot_ids, top_k, image_path):
+    """Opens the page, ticks the bots, chooses the file: the page sends it on its own."""
+    _open_classify_page(driver, url)
+    _tick(driver, bot_ids, top_k)
+    _css(driver, "#file")[0].send_keys(str(image_path))
+    _wait_for(driver, "#preview:not([hidden])", "the preview")
+    result = _read_results(driver, "the classification")
+    _screenshot(driver, "classify")
+    return result
+
+
+DROP_JS = """
+const [data, name, type] = arguments;
+const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+const transfer = new DataTransfer();
+transfer.items.add(new File([bytes], name, {type}));
+const zone = document.getElementById("drop");
+for (const kind of ["dragenter", "dragover", "drop"]) {
+  zone.dispatchEvent(new DragEvent(kind, {bubbles: true, cancelable: true,
+                                          dataTransfer: transfer}));
+}
+"""
+
+
+def drop_file(driver, data: bytes, name: str, content_type: str):
+    driver.execute_script(DROP_JS, base64.b64encode(data).decode(), name, content_type)
+
+
+def classify_by_drop(driver, url, data, top_k):
+    """Opens the page with bots preselected by `?bots=`, drops the image on the drop zone."""
+    _open_classify_page(driver, url)
+    _tick(driver, [], top_k)
+    drop_file(driver, data, "dropped.jpg", "image/jpeg")
+    result = _read_results(driver, "the classification of the dropped image")
+    _screenshot(driver, "classify-several")
+    return result
+
+
+def error_after_upload(driver, url, bot_id, path):
+    _open_classify_page(driver, url)
+    _tick(driver, [bot_id], 3)
+    _css(driver, "#file")[0].send_keys(str(path))
+    _wait_for(driver, "#results[data-state='error']", "the error")
+    _screenshot(driver, f"error-{path.suffix[1:]}")
+    return _css(driver, "#error")[0].text
+
+
+def read_bots_page(driver, url):
+    driver.get(url)
+    _wait_for(driver, "#bot-table[data-state='ready']", "the bots page")
+    _wait_for(driver, "#trunk[data-state='ready']", "the trunk status")
+    rows = {}
+    for row in _css(driver, "table.bots tbody tr"):
+        rows[row.get_attribute("data-bot")] = {
+            "version": row.find_element("css selector", ".version").text,
+            "n_classes": row.find_element("css selector", ".n-classes").text,
+            "labels": [chip.get_attribute("textContent")
+                       for chip in row.find_elements("css selector", ".chips li")],
+        }
+    _screenshot(driver, "bots")
+    return rows, _css(driver, "#trunk")[0].text
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+def _api_predictions(body):
+    return [(p["label"], p["score"]) for p in body["results"][0]["predictions"]]
+
+
+def assert_rendered(rendered, want):
+    """Same labels in the same order, the exact scores behind the bars, percentages shown."""
+    assert [r[0] for r in rendered] == [w[0] for w in want]
+    for (label, score, shown), (_, want_score) in zip(rendered, want):
+        assert score == pytest.approx(want_score, abs=1e-6), label
+        assert shown.endswith("%") and abs(float(shown[:-1]) - 100 * want_score) <= 0.0501, \
+            (label, shown, want_score)
+
+
+async def _weights(client) -> str:
+    resp = await client.get("/readyz")
+    return (await resp.json())["trunk"]["weights"]
+
+
+async def test_one_bot_through_the_file_input_matches_the_api(browser, make_client, tmp_path):
+    client = await make_client()
+    image = encode(pattern(42, size=(400, 300)), "PNG")
+    path = tmp_path / "pattern.png"
+    path.write_bytes(image)
+
+    rendered, latency = await asyncio.to_thread(
+        classify_with_file_input, browser, str(client.make_url("/")), ["charlie"], 3, path)
+
+    resp = await client.post("/classify/charlie?top_k=3", data=image,
+                             headers={"Content-Type": "image/png"})
+    assert resp.status == 200, await resp.text()
+    assert list(rendered) == ["charlie"]
+    assert_rendered(rendered["charlie"], _api_predictions(await resp.json()))
+    assert latency.startswith("Latency ") and " ms" in latency, latency
+    trunk_text = await asyncio.to_thread(lambda: _css(browser, "#trunk")[0].text)
+    assert await _weights(client) in trunk_text
+
+
+async def test_several_bots_by_drag_and_drop_match_the_api(browser, make_client):
+    client = await make_client()
+    image = encode(pattern(43, size=(640, 480)), "JPEG", quality=90)
+    url = str(client.make_url("/").with_query(bots="alpha,echo"))
+
+    rendered, _ = await asyncio.to_thread(classify_by_drop, browser, url, image, 2)
+
+    resp = await client.post("/classify?bots=alpha,echo&top_k=2", data=image,
+                             headers={"Content-Type": "image/jpeg"})
+    assert resp.status == 200, await resp.text()
+    results = (await resp.json())["results"]
+    assert list(rendered) == ["alpha", "echo"]
+    for bot_id in ("alpha", "echo"):
+        assert_rendered(rendered[bot_id], _api_predictions(results[bot_id]))
+
+
+@pytest.mark.parametrize("name, data, content_type", [
+    ("broken.png", b"\x89PNG\r\n\x1a\n but not really", "image/png"),
+    ("notes.txt", b"just some text", "text/plain"),
+])
+async def test_api_errors_are_shown_as_readable_messages(browser, make_client, tmp_path,
+                                                         name, data, content_type):
+    client = await make_client()
+    path = tmp_path / name
+    path.write_bytes(data)
+
+    shown = await asyncio.to_thread(error_after_upload, browser, str(client.make_url("/")),
+                                    "bravo", path)
+
+    resp = await client.post("/classify/bravo?top_k=3", data=data,
+                             headers={"Content-Type": content_type})
+    body = await resp.json()
+    assert resp.status in (400, 415)
+    assert body["error"] in shown and str(resp.status) in shown and body["code"] in shown
+
+
+async def test_bots_page_lists_every_bot_with_version_and_classes(browser, make_client, store):
+    # A second version, and a bot with more classes than the page shows unfolded.
+    store.register("bravo", *random_head(21, BOTS["bravo"]))
+    store.register("foxtrot", *random_head(22, 100))
+    bots = {**BOTS, "foxtrot": 100}
+    client = await make_client()
+    rows, trunk_text = await asyncio.to_thread(
+        read_bots_page, browser, str(client.make_url("/static/bots.html")))
+
+    assert sorted(rows) == sorted(bots)
+    assert rows["bravo"]["version"] == "v2"
+    for bot_id, n_classes in bots.items():
+        resp = await client.get(f"/bots/{bot_id}")
+        info = await resp.json()
+        assert rows[bot_id] == {"version": f"v{info['version']}", "n_classes": str(n_classes),
+                                "labels": info["labels"]}
+        assert info["labels"] == list(store.get(bot_id).labels)
+    assert await _weights(client) in trunk_text
+
+
+async def test_the_page_and_its_assets_are_served(make_client):
+    client = await make_client()
+    for path, content_type in (("/", "text/html"), ("/static/bots.html", "text/html"),
+                               ("/static/app.js", "javascript"), ("/static/style.css", "text/css")):
+        resp = await client.get(path)
+        assert resp.status == 200, path
+        assert content_type in resp.headers["Content-Type"], (path, resp.headers["Content-Type"])
+    # Everything is local: no CDN, no third-party host in the page or its assets.
+    for path in ("/", "/static/bots.html", "/static/app.js", "/static/style.css"):
+        text = await (await client.get(path)).text()
+        assert "http://" not in text and "https://" not in text, path

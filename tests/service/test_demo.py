@@ -1,0 +1,83 @@
+"""The out-of-the-box path on a temporary store: demo set-up, then the README tour's steps
+(classify over HTTP, train a new bot from a folder, import a slim checkpoint's classifier)."""
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from heads import HeadStore
+from service.app import RUNTIME, create_app
+from service.cli import main
+from service.demo import ensure_demo
+from service.demo_images import KINDS, demo_image
+from service.settings import Settings
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _png(kind, label, index, seed):
+    buffer = io.BytesIO()
+    demo_image(kind, label, index, seed).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_demo_images_are_deterministic():
+    assert _png("scenes", "snow", 3, 0) == _png("scenes", "snow", 3, 0)
+    assert _png("scenes", "snow", 3, 0) != _png("scenes", "snow", 4, 0)
+
+
+async def test_demo_setup_and_tour(trunk, trunk_checkpoint, tmp_path, aiohttp_client):
+    store_dir = tmp_path / "store"
+    (store_dir / "trunk").mkdir(parents=True)
+    bots = ensure_demo(store_dir, per_class=8, trunk=trunk, held_out_per_class=4,
+                       progress=False)
+    assert [b.bot_id for b in bots] == list(KINDS) and all(b.trained for b in bots)
+    for bot in bots:
+        assert bot.held_out_accuracy >= 0.75, bot  # chance is 1/3 .. 1/5
+    # A second run reuses everything (same trunk): nothing retrained.
+    again = ensure_demo(store_dir, per_class=8, trunk=trunk, progress=False)
+    assert not any(b.trained for b in again) and [b.version for b in again] == [1, 1, 1]
+
+    # Serve the store and classify held-out images of each demo kind over HTTP.
+    app = create_app(Settings(store=str(store_dir), warmup=False), trunk=trunk)
+    client = await aiohttp_client(app)
+    while not app[RUNTIME].ready:
+        assert app[RUNTIME].error is None
+        import asyncio
+        await asyncio.sleep(0.01)
+    correct = total = 0
+    for kind, labels in KINDS.items():
+        for label in labels:
+            resp = await client.post(f"/classify/{kind}?top_k=1", data=_png(kind, label, 7, 9),
+                                     headers={"Content-Type": "image/png"})
+            assert resp.status == 200, await resp.text()
+            top = (await resp.json())["results"][0]["predictions"][0]["label"]
+            correct += top == label
+            total += 1
+    assert correct / total >= 0.75, (correct, total)
+
+    # `multihead train` a new bot from a folder of images (the CLI parser and handler, with
+    # the session's trunk instead of building another one).
+    from heads.cli import cmd_train
+    from service.cli import build_parser
+
+    args = build_parser().parse_args(["train", "my-scenes", "--images",
+                                      str(store_dir / "demo_images" / "scenes"),
+                                      "--store", str(store_dir), "--no-progress"])
+    assert cmd_train(args, trunk=trunk) == 0
+    with HeadStore(store_dir) as store:
+        assert store.info("my-scenes").labels == KINDS["scenes"]
+
+    # `multihead register --from-slim-checkpoint`: the serving trunk is the same checkpoint.
+    labels = tmp_path / "imagenet_labels.txt"
+    labels.write_text("".join(f"class-{i}\n" for i in range(1001)))
+    assert main(["register", "imagenet", "--from-slim-checkpoint", trunk_checkpoint,
+                 "--labels", str(labels), "--store", str(store_dir),
+                 "--trunk-checkpoint", trunk_checkpoint]) == 0
+    resp = await client.post("/classify?bots=imagenet,colors&top_k=3",
+                             data=_png("colors", "red", 0, 5), headers={"Content-Type": "image/png"})
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert body["results"]["colors"]["results"][0]["predictions"][0]["label"] == "red"
+    assert len(body["results"]["imagenet"]["results"][0]["predictions"]) == 3
