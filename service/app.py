@@ -418,7 +418,8 @@ def _lifecycle(trunk, store):
         runtime = app[RUNTIME]
         task = asyncio.create_task(_bring_up(app, trunk))
         yield
-        await asyncio.shield(task) if not task.done() else None
+        if not task.done():  # shut down while the trunk was loading: let it finish first
+            await task
         if runtime.engine is not None:
             await runtime.engine.close()
         if own_store:
@@ -456,6 +457,8 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    from service.interop import add_interop_routes  # NOTE: here, as interop imports this module
+    add_interop_routes(app)
     if STATIC_DIR.exists():
         app.router.add_static("/static", STATIC_DIR)
     return app

@@ -1,7 +1,8 @@
 """The protocol-agnostic data plane: images + heads in, per-bot top-k out.
 
-HTTP handlers (native, WebSocket) parse a request, resolve its heads, and call
-`Engine.classify`; the engine decodes in a thread pool, looks features up in the feature
+HTTP handlers (native, WebSocket, interop) parse a request, resolve its heads, and call
+`Engine.classify` (encoded images) or `Engine.classify_arrays` (images already preprocessed to
+float32 [N, 299, 299, 3]); the engine decodes in a thread pool, looks features up in the feature
 cache, queues the misses on the cross-bot `Batcher`, and scores every head. It knows nothing of
 aiohttp. `run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch,
 then each head applied once to the rows that asked for it.
@@ -15,12 +16,12 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from backbone import FEATURE_DIM, preprocess
+from backbone import FEATURE_DIM, IMAGE_SIZE, preprocess
 from heads import Head
 from service.batcher import Batcher, Row
 from service.errors import BadRequest, PayloadTooLarge
@@ -29,14 +30,27 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# NOTE: features of a preprocessed array are cached under a digest with this personalisation, so
+# that an array's digest can never collide with the digest of some encoded image's bytes.
+_ARRAY_DIGEST_PERSON = b"multihead-fp32"
+# Preprocessed images are in [-1, 1]; the slack forgives rounding in a client's own resize.
+_ARRAY_RANGE_SLACK = 1e-3
+
 
 @dataclass(frozen=True)
 class Prediction:
-    """One head's answer for one image."""
+    """One head's answer for one image.
+
+    Attributes:
+        labels_scores: the top-k (label, probability), best first.
+        probabilities: float32 [n], read-only: the whole softmax row in class index order
+            (`labels[i]` is entry i). Not part of equality or repr.
+    """
 
     bot_id: str
     version: int
     labels_scores: list[tuple[str, float]]
+    probabilities: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,13 @@ class FeatureCache:
         return len(self._data)
 
 
+def top_indices(p: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of p [n] (k clipped to n), largest first."""
+    k = min(int(k), p.shape[-1])
+    top = np.argpartition(-p, k - 1)[:k]
+    return top[np.argsort(-p[top], kind="stable")]
+
+
 def score(features: np.ndarray, items: Sequence[Item]) -> list[list[Prediction] | Exception]:
     """Applies each distinct head once to the rows that asked for it.
 
@@ -96,7 +117,7 @@ def score(features: np.ndarray, items: Sequence[Item]) -> list[list[Prediction] 
         for head in item.heads:
             by_head[id(head)].append(row)
             heads[id(head)] = head
-    answers: dict[tuple[int, int], list[tuple[str, float]]] = {}
+    answers: dict[tuple[int, int], tuple[list[tuple[str, float]], np.ndarray]] = {}
     failed: dict[int, Exception] = {}
     for key, rows in by_head.items():
         head = heads[key]
@@ -107,18 +128,18 @@ def score(features: np.ndarray, items: Sequence[Item]) -> list[list[Prediction] 
             for row in rows:
                 failed[row] = exc
             continue
+        probabilities.setflags(write=False)  # rows are handed out as Prediction.probabilities
         for position, row in enumerate(rows):
-            k = min(items[row].top_k, head.n_classes)
-            p = probabilities[position]
-            top = np.argpartition(-p, k - 1)[:k]
-            top = top[np.argsort(-p[top], kind="stable")]
-            answers[(row, key)] = [(head.labels[i], float(p[i])) for i in top]
+            p = probabilities[position]  # [n]
+            top = top_indices(p, items[row].top_k)
+            answers[(row, key)] = ([(head.labels[i], float(p[i])) for i in top], p)
     results: list[list[Prediction] | Exception] = []
     for row, item in enumerate(items):
         if row in failed:
             results.append(failed[row])
             continue
-        results.append([Prediction(h.bot_id, h.version, answers[(row, id(h))]) for h in item.heads])
+        results.append([Prediction(h.bot_id, h.version, *answers[(row, id(h))])
+                        for h in item.heads])
     return results
 
 
@@ -175,6 +196,36 @@ class Engine:
         self.metrics.decode_seconds.observe(time.perf_counter() - start)
         return Item(image, None, digest, heads, top_k)
 
+    def _prepare_array(self, image: np.ndarray, heads: tuple[Head, ...], top_k: int) -> Item:
+        """Range check, digest and cache lookup of one preprocessed image. Decode pool thread.
+
+        Args:
+          image: float32 [299, 299, 3], C-contiguous.
+        """
+        # NaN fails this comparison too.
+        if not (np.abs(image) <= 1.0 + _ARRAY_RANGE_SLACK).all():
+            finite = image[np.isfinite(image)]
+            seen = (f"values in [{finite.min():.4g}, {finite.max():.4g}]" if finite.size
+                    else "no finite value")
+            if finite.size < image.size:
+                seen += " and NaN/Inf"
+            raise BadRequest(f"a preprocessed image must be float32 in [-1, 1] (Inception "
+                             f"preprocessing: central crop, resize to {IMAGE_SIZE}x{IMAGE_SIZE}, "
+                             f"(x - 0.5) * 2); got {seen}")
+        digest = hashlib.blake2b(image, digest_size=20, person=_ARRAY_DIGEST_PERSON).digest()
+        cached = self.cache.get(digest)
+        self.metrics.observe_cache(hit=cached is not None)
+        if cached is not None:
+            return Item(None, cached, digest, heads, top_k)
+        return Item(image, None, digest, heads, top_k)
+
+    def _check_count(self, n_images: int) -> None:
+        if not n_images:
+            raise BadRequest("no image in the request")
+        if n_images > self.settings.max_images_per_request:
+            raise PayloadTooLarge(f"{n_images} images in one request, the limit is "
+                                  f"{self.settings.max_images_per_request}")
+
     async def classify(self, images: Sequence[bytes], heads: Sequence[Head], *,
                        top_k: int, deadline: float | None = None) -> list[list[Prediction]]:
         """Scores every image with every head: result[i][j] is image i under heads[j].
@@ -183,19 +234,46 @@ class Engine:
           InvalidImage / ImageTooLarge (first bad image, before anything is queued),
           Overloaded, DeadlineExceeded, ShuttingDown, or a head's error.
         """
-        if not images:
-            raise BadRequest("no image in the request")
-        if len(images) > self.settings.max_images_per_request:
-            raise PayloadTooLarge(f"{len(images)} images in one request, the limit is "
-                             f"{self.settings.max_images_per_request}")
+        self._check_count(len(images))
         heads = tuple(heads)
         loop = asyncio.get_running_loop()
         items = await asyncio.gather(*(
             loop.run_in_executor(self.decode_pool, self._prepare, data, heads, top_k)
             for data in images))
+        return await self._score_items(items, heads, deadline)
+
+    async def classify_arrays(self, images: np.ndarray, heads: Sequence[Head], *,
+                              top_k: int, deadline: float | None = None
+                              ) -> list[list[Prediction]]:
+        """Like `classify`, for images already preprocessed: float32 [N, 299, 299, 3] in [-1, 1].
+
+        Same batcher, limits and deadlines; features are cached by a digest of each image's
+        float32 bytes.
+
+        Raises:
+          BadRequest (wrong shape, values outside [-1, 1], NaN/Inf), PayloadTooLarge (too many
+          images), then as `classify`.
+        """
+        images = np.asarray(images)
+        if images.ndim != 4 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3):
+            raise BadRequest(f"preprocessed images must have shape [N, {IMAGE_SIZE}, "
+                             f"{IMAGE_SIZE}, 3], got {list(images.shape)}")
+        self._check_count(images.shape[0])
+        images = np.ascontiguousarray(images, dtype=np.float32)
+        heads = tuple(heads)
+        loop = asyncio.get_running_loop()
+        items = await asyncio.gather(*(
+            loop.run_in_executor(self.decode_pool, self._prepare_array, image, heads, top_k)
+            for image in images))
+        return await self._score_items(items, heads, deadline)
+
+    async def _score_items(self, items: Sequence[Item], heads: tuple[Head, ...],
+                           deadline: float | None) -> list[list[Prediction]]:
+        """Heads only when every item's features were cached, else the batcher; raises the first
+        failed row's error."""
         group = ",".join(sorted({h.bot_id for h in heads}))
         for head in heads:
-            self.metrics.observe_bot(head.bot_id, len(images))
+            self.metrics.observe_bot(head.bot_id, len(items))
         if all(item.features is not None for item in items):
             # Every image seen before: no trunk, no queue. Heads are microseconds of numpy.
             results = score(np.stack([item.features for item in items]), items)
