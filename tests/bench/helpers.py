@@ -1,0 +1,86 @@
+"""Synthetic benchmark results (the shape `service.bench.Bench.run` produces), all targets met."""
+from __future__ import annotations
+
+import copy
+
+from service.bench import FLOPS_PER_IMAGE, SECTIONS
+
+
+def _latency(p50: float, n: int = 10) -> dict:
+    return {"n": n, "mean_ms": p50 * 1.1, "p50_ms": p50, "p95_ms": p50 * 1.5,
+            "p99_ms": p50 * 2, "min_ms": p50 * 0.9, "max_ms": p50 * 2.2}
+
+
+def _point(policy: str, mode: str, concurrency, throughput: float, p50: float,
+           batch: float) -> dict:
+    return {"policy": policy, "mode": mode, "concurrency": concurrency,
+            "rate_per_s": 7.0 if mode == "open" else None, "requests": 96, "errors": 0,
+            "error_statuses": [], "throughput_images_per_s": throughput, "window_s": 9.5,
+            "mean_ms": p50, "p50_ms": p50, "p95_ms": p50 * 1.4, "p99_ms": p50 * 1.8,
+            "min_ms": p50 / 2, "max_ms": p50 * 2, "batches": 20, "mean_batch_size": batch,
+            "mean_batch_bots": batch * 0.8,
+            "batch_size_distribution": {"<=1": 2, "2": 3, "3-4": 5, "5-8": 6, "9-16": 4,
+                                        ">16": 0},
+            "batch_bots_distribution": {"<=1": 4, "2": 3}, "ratio_to_trunk": throughput / 10}
+
+
+def passing_results() -> dict:
+    """Results in which every target of issue 6 passes, with distinctive numbers."""
+    return copy.deepcopy({
+        "meta": {"date": "2026-01-02 03:04 UTC", "command": "multihead bench --quick --check",
+                 "quick": True, "sections": list(SECTIONS), "duration_s": 271.0,
+                 "trunk_kind": "seeded random weights",
+                 "machine": {"cpu_model": "Test CPU 9000", "cpu_cores": 2,
+                             "cpu_simd": ["avx2"], "memory_bytes": 8 * 2**30,
+                             "os": "Linux 6", "python": "3.11.7", "numpy": "2.4.6",
+                             "tensorflow": "2.21.0", "load_average_at_start": [0.5, 0.4, 0.3]}},
+        "errors": {},
+        "trunk": {"batches": [{"batch_size": b, "runs": 5, "median_s": b / 10.25,
+                               "images_per_s": 10.25, "times_s": [b / 10.25] * 5}
+                              for b in (1, 2, 4, 8, 16)],
+                  "best_images_per_s": 10.25, "best_batch_size": 4, "batch1_forward_ms": 97.5,
+                  "matmul": {"n": 2048, "runs": 5, "gflops_best": 301.5,
+                             "gflops_median": 290.0, "times_s": [0.06] * 5},
+                  "flops_per_image": FLOPS_PER_IMAGE, "ceiling_images_per_s": 12.28,
+                  "efficiency_pct": 83.47, "build_s": 5.1, "restore_s": 0.5},
+        "service": {"bots": 100, "classes": 100, "zipf_s": 1.0, "image": "640×480 JPEG",
+                    "poisson_rate_per_s": 6.5,
+                    "policies": {
+                        "mixed": {"server": {"ready_s": 11.0}, "points": [
+                            _point("mixed", "closed", 1, 8.1, 118.5, 1.0),
+                            _point("mixed", "closed", 16, 9.75, 1500.0, 7.5),
+                            _point("mixed", "open", None, 6.4, 300.0, 2.0)]},
+                        "per_group": {"server": {"ready_s": 11.5}, "points": [
+                            _point("per_group", "closed", 1, 8.0, 120.0, 1.0),
+                            _point("per_group", "closed", 16, 9.5, 1600.0, 1.5),
+                            _point("per_group", "open", None, 6.3, 320.0, 1.1)]}}},
+        "fanout": {"n_bots": 10, "single": _latency(130.0), "fanout": _latency(135.0),
+                   "ratio_p50": 135.0 / 130.0},
+        "baselines": {"rebuild": {"latency": _latency(6543.0, 2),
+                                  "throughput_images_per_s": 0.15, "build_s_median": 5.5,
+                                  "restore_s_median": 0.5},
+                      "full_models": {"k": 4, "rss_per_model_bytes": [310e6, 250e6, 250e6,
+                                                                      250e6],
+                                      "rss_per_model_bytes_mean": 265e6,
+                                      "rss_total_bytes": 1060e6, "requests": 24,
+                                      "concurrency": 16, "throughput_images_per_s": 8.2,
+                                      "latency": _latency(1900.0, 24)}},
+        "scale": {"classes": 100, "weight_bytes_per_bot": 614_800,
+                  "levels": [{"bots": 10, "register": _latency(8.0, 10), "touched": 10,
+                              "rss_growth_per_bot_bytes": 700_000, "rss_growth_ratio": 1.14,
+                              "resident_heads": 10},
+                             {"bots": 100, "register": _latency(8.5, 90), "touched": 100,
+                              "rss_growth_per_bot_bytes": 650_000, "rss_growth_ratio": 1.06,
+                              "resident_heads": 100}],
+                  "registrations": 100, "registration_p50_ms": 8.4,
+                  "registration_p99_ms": 15.0, "touched": 100,
+                  "rss_growth_per_bot_bytes": 655_000, "rss_growth_ratio": 1.065,
+                  "cold": _latency(4.5, 20), "warm": _latency(1.5, 20),
+                  "method": "server VmRSS.", "latency_method": "cached features."},
+        "coldstart": {"graph_cache_available": True, "restart_with_saved_graph_s": 4.25,
+                      "note": "", "starts": [
+                          {"label": "plain start", "healthz_s": 1.2, "ready_s": 11.0,
+                           "notes": ""},
+                          {"label": "restart with the saved graph", "healthz_s": 1.2,
+                           "ready_s": 4.25, "notes": ""}]},
+    })

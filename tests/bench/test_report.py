@@ -1,0 +1,189 @@
+"""`--check` evaluation on synthetic results, the report files, and the command line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from service import bench
+from service.bench_report import (FAIL, PASS, SKIP, evaluate_targets, format_target_line,
+                                  render_markdown, targets_failed, write_reports)
+from tests.bench.helpers import passing_results
+
+
+def _by_key(targets):
+    return {t.key: t for t in targets}
+
+
+def test_every_target_passes_on_good_results():
+    targets = evaluate_targets(passing_results())
+    assert len(targets) == 9
+    assert [t.key for t in targets if t.status != PASS] == []
+    assert not targets_failed(targets)
+
+
+def test_targets_carry_the_measured_values_and_limits():
+    t = _by_key(evaluate_targets(passing_results()))
+    assert t["service_throughput_c16"].measured == pytest.approx(9.75)
+    assert t["service_throughput_c16"].limit == pytest.approx(0.9 * 10.25)
+    assert t["service_p50_c1"].measured == pytest.approx(118.5)
+    assert t["service_p50_c1"].limit == pytest.approx(97.5 + 25)
+    assert t["rebuild_vs_service"].measured == pytest.approx(6543.0 / 118.5)
+    assert t["rss_per_bot"].measured == pytest.approx(655_000 / 614_800)
+    assert t["registration_p50"].measured == pytest.approx(8.4)
+    assert t["cold_bot"].limit == pytest.approx(1.5 + 20)
+    assert t["fanout"].measured == pytest.approx(135 / 130)
+    assert t["batch_mixing"].measured == pytest.approx(7.5 / 1.5)
+    assert t["restart_saved_graph"].measured == pytest.approx(4.25)
+
+
+def _set(results, path, value):
+    node = results
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[keys[-1]] = value
+
+
+@pytest.mark.parametrize("key, path, value", [
+    ("service_throughput_c16", "service.policies.mixed.points.1.throughput_images_per_s", 9.0),
+    ("service_p50_c1", "service.policies.mixed.points.0.p50_ms", 123.0),
+    ("rebuild_vs_service", "baselines.rebuild.latency.p50_ms", 2000.0),
+    ("rss_per_bot", "scale.rss_growth_per_bot_bytes", 1_000_000),
+    ("registration_p50", "scale.registration_p50_ms", 20.5),
+    ("cold_bot", "scale.cold.p50_ms", 21.6),
+    ("fanout", "fanout.fanout.p50_ms", 157.0),
+    ("batch_mixing", "service.policies.per_group.points.1.mean_batch_size", 2.6),
+    ("restart_saved_graph", "coldstart.restart_with_saved_graph_s", 5.01),
+])
+def test_a_missed_target_fails_alone(key, path, value):
+    results = passing_results()
+    _set(results, path, value)
+    targets = evaluate_targets(results)
+    assert [t.key for t in targets if t.status == FAIL] == [key]
+    assert targets_failed(targets)
+    line = format_target_line(_by_key(targets)[key])
+    assert line.startswith("[FAIL]")
+
+
+def test_targets_of_unselected_sections_are_skipped():
+    results = passing_results()
+    del results["coldstart"], results["baselines"]
+    targets = _by_key(evaluate_targets(results, {"trunk", "service", "fanout", "scale"}))
+    assert targets["restart_saved_graph"].status == SKIP
+    assert targets["rebuild_vs_service"].status == SKIP
+    assert targets["service_p50_c1"].status == PASS
+
+
+def test_a_selected_section_without_numbers_fails():
+    """A section that errored (or a hook that does not exist yet) is a miss, not a pass."""
+    results = passing_results()
+    results["coldstart"]["restart_with_saved_graph_s"] = None
+    results["coldstart"]["note"] = "no saved-graph cache"
+    t = _by_key(evaluate_targets(results))["restart_saved_graph"]
+    assert t.status == FAIL and t.measured is None
+    assert "not measured" in format_target_line(t) and "no saved-graph cache" in t.note
+
+
+def test_reports_hold_the_numbers(tmp_path):
+    results = passing_results()
+    targets = evaluate_targets(results)
+    written = write_reports(tmp_path / "out", results, targets)
+    assert set(written) == {"json", "md", "png"}
+    data = json.loads(written["json"].read_text())
+    assert data["trunk"]["best_images_per_s"] == 10.25
+    assert data["service"]["policies"]["per_group"]["points"][1]["mean_batch_size"] == 1.5
+    assert [t["status"] for t in data["targets"]] == [PASS] * 9
+    md = written["md"].read_text()
+    assert "2026-01-02 03:04 UTC" in md and "Test CPU 9000" in md and "TensorFlow 2.21.0" in md
+    for number in ("10.2", "302", "9.75", "1,500", "6,543", "8.4", "4.25", "265.0 MB", "83.5"):
+        assert number in md, number
+    assert md.count("| PASS |") == 9
+    png = written["png"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_reports_without_service_points_skip_the_plot(tmp_path):
+    results = passing_results()
+    del results["service"]
+    written = write_reports(tmp_path, results, None)
+    assert "png" not in written and not (tmp_path / "bench.png").exists()
+    assert "## Targets" not in written["md"].read_text()
+
+
+def test_nan_numbers_are_written_as_null_and_shown_as_dashes(tmp_path):
+    results = passing_results()
+    results["fanout"]["single"]["p95_ms"] = float("nan")
+    write_reports(tmp_path, results, None)
+    assert json.loads((tmp_path / "bench.json").read_text())["fanout"]["single"]["p95_ms"] is None
+    assert "| — |" in render_markdown(results)
+
+
+def test_errors_are_listed_in_the_markdown():
+    results = passing_results()
+    results["errors"] = {"scale": "RuntimeError: boom"}
+    assert "- scale: RuntimeError: boom" in render_markdown(results)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def _run_with(monkeypatch, tmp_path, results, *argv):
+    from service.cli import main
+
+    monkeypatch.setattr(bench.Bench, "run", lambda self: results)
+    return main(["bench", "--output", str(tmp_path / "out"), "--no-progress", *argv])
+
+
+def test_check_exits_nonzero_when_a_target_is_missed(monkeypatch, tmp_path, capsys):
+    results = passing_results()
+    results["scale"]["registration_p50_ms"] = 35.0
+    assert _run_with(monkeypatch, tmp_path, results, "--check") == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] registration p50 <= 20 ms: 35 ms (target <= 20 ms)" in out
+    assert "[PASS] 10-bot fan-out" in out
+    assert (tmp_path / "out" / "bench.md").exists()
+
+
+def test_check_exits_zero_when_every_target_is_met(monkeypatch, tmp_path, capsys):
+    assert _run_with(monkeypatch, tmp_path, passing_results(), "--check") == 0
+    assert capsys.readouterr().out.count("[PASS]") == 9
+
+
+def test_without_check_a_miss_does_not_change_the_exit_code(monkeypatch, tmp_path, capsys):
+    results = passing_results()
+    results["scale"]["registration_p50_ms"] = 35.0
+    assert _run_with(monkeypatch, tmp_path, results) == 0
+    assert "[FAIL]" not in capsys.readouterr().out
+
+
+def test_python_dash_m_entry_point_parses_the_same_options(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bench.Bench, "run", lambda self: passing_results())
+    assert bench.main(["--output", str(tmp_path), "--sections", "scale", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[PASS]") == 3 and out.count("[SKIP]") == 6
+
+
+def test_unknown_section_is_refused(capsys):
+    from service.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--sections", "trunk,gpu"])
+    assert "unknown section(s) gpu" in capsys.readouterr().err
+
+
+def test_quick_plan_shrinks_counts_not_kinds():
+    from service.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--quick", "--sections", "service,trunk",
+                                      "--bots", "20"])
+    plan = bench.plan_from_args(args)
+    assert plan.quick and plan.sections == ("service", "trunk") and plan.bots == 20
+    assert plan.concurrency == (1, 16) and max(plan.scale_levels) == 1000
+    assert plan.trunk_runs >= 5 and plan.closed_requests(16) == 64
+    full = bench.plan_from_args(build_parser().parse_args(["bench"]))
+    assert full.concurrency == (1, 4, 16, 32) and max(full.scale_levels) == 10_000
+    assert full.sections == bench.SECTIONS and full.bots == 100 and full.full_models == 4
+
+
+def test_flops_constant_is_the_contracts():
+    assert bench.FLOPS_PER_IMAGE == 24_549_983_040  # to PreLogitsFlatten, 12.27 G mult-adds

@@ -1,0 +1,151 @@
+"""Tiny real runs of the HTTP sections' measuring code: the session's real trunk behind a real
+aiohttp server on loopback (in this process: no extra trunk is built), real JPEGs, a real store.
+
+Only shapes and bookkeeping are asserted; timings belong to `multihead bench`, not to tests.
+Images repeat on purpose (a pool of two, feature cache on), so the trunk runs a handful of
+times in the whole module.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service import bench
+from service.bench_load import (ServerProcess, Workload, closed_loop, make_jpeg, make_jpegs,
+                                open_loop, scrape_metrics, serve_command)
+from service.bench_report import evaluate_targets, write_reports
+from service.bench_stats import rss_bytes
+
+
+@pytest.fixture(scope="module")
+def jpegs():
+    return make_jpegs(2)
+
+
+def test_jpegs_are_distinct_640x480_uploads(jpegs):
+    from backbone import decode_image
+
+    assert jpegs[0] != jpegs[1] and make_jpeg(0) == jpegs[0]
+    assert decode_image(jpegs[0]).shape == (480, 640, 3)
+    assert 30_000 < len(jpegs[0]) < 400_000  # a realistic upload, not a flat image
+
+
+def test_server_command_is_multihead_serve_with_the_options(tmp_path):
+    server = ServerProcess("x", str(tmp_path / "store"), "/ckpt/prefix", str(tmp_path),
+                           {"batch-policy": "per_group", "feature-cache-size": 0,
+                            "warmup": False})
+    server.port = 1234
+    cmd = server.command()
+    assert cmd[:len(serve_command())] == serve_command() and "serve" in cmd
+    joined = " ".join(cmd)
+    for part in ("--port 1234", "--host 127.0.0.1", "--trunk-checkpoint /ckpt/prefix",
+                 "--batch-policy per_group", "--feature-cache-size 0", "--no-warmup"):
+        assert part in joined
+
+
+def _plan(**overrides) -> bench.Plan:
+    values = dict(concurrency=(1, 2), closed_min_requests=3, closed_requests_per_client=1,
+                  poisson_requests=3, poisson_rate=20.0, fanout_bots=3, fanout_requests=1,
+                  scale_levels=(3, 6), cold_samples=2, classes=5, progress=False)
+    values.update(overrides)
+    return bench.Plan(**values)
+
+
+async def _serve(aiohttp_server, trunk, store_dir, **settings):
+    from heads import HeadStore
+    from service.app import RUNTIME, create_app
+    from service.settings import Settings
+
+    import asyncio
+
+    store = HeadStore(store_dir)
+    app = create_app(Settings(store=str(store_dir), warmup=False, max_wait_ms=2.0, **settings),
+                     trunk=trunk, store=store)
+    server = await aiohttp_server(app)
+    for _ in range(500):
+        if app[RUNTIME].ready:
+            break
+        await asyncio.sleep(0.01)
+    assert app[RUNTIME].ready, app[RUNTIME].error
+    return str(server.make_url("")).rstrip("/"), store
+
+
+async def test_service_points_and_fanout_measure_a_real_server(aiohttp_server, trunk, jpegs,
+                                                               tmp_path):
+    bots = bench.register_bots(tmp_path / "store", 5, classes=5, seed=0)
+    assert bots == [bench.bot_id(i) for i in range(5)]
+    url, store = await _serve(aiohttp_server, trunk, tmp_path / "store")
+    try:
+        b = bench.Bench(_plan(), tmp_path / "out")
+        b.jpegs = list(jpegs)
+        data = {"points": []}
+        b.results["service"] = {"policies": {"mixed": data}}
+        await b._service_points(url, bots, "mixed", data)
+        await b._fanout(url, bots)
+    finally:
+        store.close()
+
+    closed = [p for p in data["points"] if p["mode"] == "closed"]
+    assert [p["concurrency"] for p in closed] == [1, 2]
+    for p in data["points"]:
+        assert p["errors"] == 0 and p["policy"] == "mixed"
+        assert p["throughput_images_per_s"] > 0 and p["p50_ms"] > 0
+        assert set(p["batch_size_distribution"]) >= {"<=1", "2"}
+    assert data["points"][0]["requests"] == 3  # measured ones; the warm-up is not counted
+    assert data["points"][-1]["mode"] == "open" and data["points"][-1]["requests"] == 3
+    # Only the first sight of each image reaches the batcher; the first point pays for both.
+    assert data["points"][0]["batches"] >= 1
+    fan = b.results["fanout"]
+    assert fan["n_bots"] == 3 and fan["single"]["n"] == 1 and fan["fanout"]["n"] == 1
+    assert fan["ratio_p50"] > 0
+
+
+async def test_workload_spreads_requests_over_zipf_bots(aiohttp_server, trunk, jpegs, tmp_path):
+    bots = bench.register_bots(tmp_path / "store", 3, classes=4, seed=1)
+    url, store = await _serve(aiohttp_server, trunk, tmp_path / "store")
+    try:
+        workload = Workload(jpegs, bots, zipf_s=1.0, seed=0)
+        closed = await closed_loop(url, workload, concurrency=2, requests=4)
+        opened = await open_loop(url, workload, rate_per_s=50.0, count=3, seed=0)
+        histograms, gauges = await scrape_metrics(url)
+    finally:
+        store.close()
+    assert closed["errors"] == 0 and closed["concurrency"] == 2
+    assert opened["errors"] == 0 and opened["requests"] == 3
+    assert histograms["multihead_batch_size"].count >= 1
+    assert gauges["multihead_resident_heads"] >= 1
+
+
+async def test_scale_registers_levels_and_touches_every_bot(aiohttp_server, trunk, jpegs,
+                                                             tmp_path):
+    b = bench.Bench(_plan(), tmp_path / "out")
+    b.jpegs = list(jpegs)
+    result = b.register_levels(tmp_path / "scale")
+    assert [lv["bots"] for lv in result["levels"]] == [3, 6]
+    assert [lv["register"]["n"] for lv in result["levels"]] == [3, 3]
+    assert result["registrations"] == 6 and result["registration_p50_ms"] > 0
+    assert result["weight_bytes_per_bot"] == (1536 * 5 + 5) * 4
+
+    url, store = await _serve(aiohttp_server, trunk, tmp_path / "scale")
+    try:
+        await b.touch_levels(url, rss_bytes, result)
+    finally:
+        store.close()
+    assert result["touched"] == 6
+    assert [lv["touched"] for lv in result["levels"]] == [3, 6]
+    assert result["levels"][-1]["resident_heads"] == 6
+    assert result["cold"]["n"] == 4 and result["warm"]["n"] == 4
+    assert not math.isnan(result["rss_growth_per_bot_bytes"])
+
+    b.results["scale"] = result
+    b.results["meta"] = {"sections": ["scale"], "date": "today", "machine": {}}
+    written = write_reports(tmp_path / "out", b.results, evaluate_targets(b.results))
+    assert "Bot scale" in written["md"].read_text()
+
+
+def test_random_heads_are_seeded_and_shaped():
+    w, bias, labels = bench.random_head(np.random.default_rng(0), 7)
+    assert w.shape == (1536, 7) and w.dtype == np.float32 and bias.shape == (7,)
+    assert len(labels) == 7 == len(set(labels))
