@@ -45,6 +45,14 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
       InvalidImage: empty, truncated, or not an image Pillow can decode.
       ImageTooLarge: more than `max_pixels` pixels (checked from the header, before decoding).
     """
+    image = _decode(data, max_pixels=max_pixels, draft=draft)
+    if image.dtype == np.uint8:
+        return image.astype(np.float32) / np.float32(255.0)
+    return image
+
+
+def _decode(data: bytes, *, max_pixels: int, draft: bool) -> np.ndarray:
+    """RGB [H, W, 3]: uint8 for 8-bit images (most), float32 in [0, 1] for deeper ones."""
     if not data:
         raise InvalidImage("empty image")
     try:
@@ -60,7 +68,7 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                 image.draft("RGB", (_DRAFT_SIDE, _DRAFT_SIDE))
             image.load()
             image = ImageOps.exif_transpose(image)
-            return _to_rgb_float(image)
+            return _to_rgb(image)
     except ImageTooLarge:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -71,7 +79,7 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         raise InvalidImage(f"cannot decode image: {exc}") from None
 
 
-def _to_rgb_float(image: Image.Image) -> np.ndarray:
+def _to_rgb(image: Image.Image) -> np.ndarray:
     mode = image.mode
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         gray = np.asarray(image, dtype=np.float32) / 65535.0
@@ -81,7 +89,7 @@ def _to_rgb_float(image: Image.Image) -> np.ndarray:
         return np.repeat(gray[:, :, None], 3, axis=2)
     if mode != "RGB":
         image = image.convert("RGB")  # L, LA, P, PA, RGBA, CMYK, YCbCr, 1, ...
-    return np.asarray(image, dtype=np.float32) / 255.0
+    return np.asarray(image)
 
 
 def central_crop(image: np.ndarray, fraction: float = CENTRAL_FRACTION) -> np.ndarray:
@@ -104,20 +112,33 @@ def _axis_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, 
 
 def resize_bilinear(image: np.ndarray, height: int = IMAGE_SIZE,
                     width: int = IMAGE_SIZE) -> np.ndarray:
-    """`tf.compat.v1.image.resize_bilinear` (legacy sampling) of float32 [H, W, C]."""
+    """`tf.compat.v1.image.resize_bilinear` (legacy sampling) of [H, W, C] -> float32.
+
+    The four neighbours are gathered in the input's dtype (uint8 is 4x less to move) and
+    only then converted; the lerps run in float32 in TF's order (columns, then rows).
+    """
     top, bottom, dy = _axis_weights(image.shape[0], height)
     left, right, dx = _axis_weights(image.shape[1], width)
-    # Rows first on the few rows needed, then columns; TF lerps in the same order.
-    upper_rows = image[top]
-    lower_rows = image[bottom]
-    rows_l = upper_rows[:, left] + (upper_rows[:, right] - upper_rows[:, left]) * dx[None, :, None]
-    rows_h = lower_rows[:, left] + (lower_rows[:, right] - lower_rows[:, left]) * dx[None, :, None]
-    return rows_l + (rows_h - rows_l) * dy[:, None, None]
+    upper, lower = image[top], image[bottom]
+    dx = dx[None, :, None]
+    top_left, top_right = upper[:, left].astype(np.float32), upper[:, right].astype(np.float32)
+    bottom_left = lower[:, left].astype(np.float32)
+    bottom_right = lower[:, right].astype(np.float32)
+    rows_top = top_left + (top_right - top_left) * dx
+    rows_bottom = bottom_left + (bottom_right - bottom_left) * dx
+    return rows_top + (rows_bottom - rows_top) * dy[:, None, None]
 
 
 def preprocess_array(image: np.ndarray) -> np.ndarray:
-    """Crop, resize and scale float32 RGB [H, W, 3] in [0, 1] -> float32 [299, 299, 3] in [-1, 1]."""
+    """Crop, resize and scale RGB [H, W, 3] -> float32 [299, 299, 3] in [-1, 1].
+
+    Args:
+      image: uint8 in [0, 255], or float32 in [0, 1] (as slim's `convert_image_dtype` makes).
+    """
     resized = resize_bilinear(central_crop(image))
+    if image.dtype == np.uint8:
+        # (x / 255 - 0.5) * 2 in one multiply-add; differs from TF's order by < 1e-6.
+        return (resized * np.float32(2.0 / 255.0) - np.float32(1.0)).astype(np.float32, copy=False)
     return ((resized - 0.5) * 2.0).astype(np.float32, copy=False)
 
 
@@ -127,4 +148,4 @@ def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarr
     Raises:
       InvalidImage / ImageTooLarge: see `decode_image`.
     """
-    return preprocess_array(decode_image(data, max_pixels=max_pixels))
+    return preprocess_array(_decode(data, max_pixels=max_pixels, draft=True))

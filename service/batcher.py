@@ -91,6 +91,10 @@ class Batcher:
             one group only, like per-model servers; kept for the benchmark's comparison).
         on_batch: stats hook `on_batch(size, groups, queue_wait_s, run_s)` called on the event
             loop after each batch; `queue_wait_s` has one entry per row. Errors in it are logged.
+        incoming: optional hint, how many rows callers are preparing right now (e.g. images
+            being decoded) that will be submitted soon. While it is 0 a waiting batch runs at
+            once: max_wait_ms is only worth waiting when more rows are known to be coming.
+            Call `poke()` when it drops to 0 without a submit.
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -106,6 +110,7 @@ class Batcher:
         executor: concurrent.futures.Executor | None = None,
         policy: str = "mixed",
         on_batch: OnBatch | None = None,
+        incoming: Callable[[], int] | None = None,
     ) -> None:
         if not callable(run_batch):
             raise TypeError("run_batch must be callable")
@@ -123,6 +128,7 @@ class Batcher:
         self._max_queue_rows = max_queue_rows
         self._policy = policy
         self._on_batch = on_batch
+        self._incoming = incoming
         self._own_executor = executor is None
         self._executor: concurrent.futures.Executor = executor or _single_thread_executor()
 
@@ -202,6 +208,12 @@ class Batcher:
         await self.close()
 
     # -- submitting -----------------------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Re-evaluate the waiting batch now (e.g. the `incoming` count dropped without a
+        submit). Safe to call from the event loop at any time."""
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     async def submit(self, payload: Any, *, group: str, deadline: float | None = None) -> Any:
         """Queue one row and wait for its result.
@@ -338,6 +350,9 @@ class Batcher:
         """Is a batch ready? Returns (ready, group or None for mixed, seconds until it will be)."""
         oldest = self._queue[0].row
         due_in = oldest.enqueued_s + self._max_wait_s - now
+        if self._incoming is not None and self._incoming() == 0:
+            # Nobody else is on the way: waiting out max_wait_ms would only add latency.
+            due_in = min(due_in, 0.0)
         if self._policy == "mixed":
             ready = self._closing or due_in <= 0 or len(self._queue) >= self._max_batch_size
             return ready, None, due_in

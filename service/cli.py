@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notice) is not for CLI users;
     # an explicit TF_CPP_MIN_LOG_LEVEL in the environment still wins.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # tf.keras = tf-keras (what tf-slim's layers use anyway) instead of Keras 3: nothing here
+    # uses tf.keras, and it makes `import tensorflow` about 0.5 s faster (measured: 3.3 -> 2.8 s).
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

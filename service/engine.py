@@ -156,7 +156,10 @@ class Engine:
         self.batcher = Batcher(self.run_batch, max_batch_size=settings.max_batch_size,
                                max_wait_ms=settings.max_wait_ms,
                                max_queue_rows=settings.max_queue_rows,
-                               policy=settings.batch_policy, on_batch=metrics.observe_batch)
+                               policy=settings.batch_policy, on_batch=metrics.observe_batch,
+                               incoming=lambda: self._incoming)
+        # Rows being decoded right now: the batcher waits max_wait_ms only while some are.
+        self._incoming = 0
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
 
     # -- the worker thread ------------------------------------------------------------------
@@ -236,10 +239,7 @@ class Engine:
         """
         self._check_count(len(images))
         heads = tuple(heads)
-        loop = asyncio.get_running_loop()
-        items = await asyncio.gather(*(
-            loop.run_in_executor(self.decode_pool, self._prepare, data, heads, top_k)
-            for data in images))
+        items = await self._prepare_all(self._prepare, images, heads, top_k)
         return await self._score_items(items, heads, deadline)
 
     async def classify_arrays(self, images: np.ndarray, heads: Sequence[Head], *,
@@ -261,11 +261,22 @@ class Engine:
         self._check_count(images.shape[0])
         images = np.ascontiguousarray(images, dtype=np.float32)
         heads = tuple(heads)
-        loop = asyncio.get_running_loop()
-        items = await asyncio.gather(*(
-            loop.run_in_executor(self.decode_pool, self._prepare_array, image, heads, top_k)
-            for image in images))
+        items = await self._prepare_all(self._prepare_array, images, heads, top_k)
         return await self._score_items(items, heads, deadline)
+
+    async def _prepare_all(self, prepare, inputs, heads: tuple[Head, ...],
+                           top_k: int) -> list[Item]:
+        """`prepare` of every input in the decode pool, counted as incoming rows meanwhile."""
+        loop = asyncio.get_running_loop()
+        self._incoming += len(inputs)
+        try:
+            return await asyncio.gather(*(
+                loop.run_in_executor(self.decode_pool, prepare, x, heads, top_k) for x in inputs))
+        finally:
+            # NOTE: no await between here and the caller's submit: the batcher wakes up after
+            # these rows are queued (or, if preparing failed, stops waiting for them).
+            self._incoming -= len(inputs)
+            self.batcher.poke()
 
     async def _score_items(self, items: Sequence[Item], heads: tuple[Head, ...],
                            deadline: float | None) -> list[list[Prediction]]:

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
+import threading
 
 from service.settings import Settings
 
@@ -41,6 +43,10 @@ def ensure_demo_trunk(settings: Settings) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    # Start importing TensorFlow (about 3 s) at once, beside the rest of start-up; the trunk
+    # build waits for it through the import lock.
+    threading.Thread(target=importlib.import_module, args=("tensorflow",), daemon=True,
+                     name="multihead-import-tf").start()
     from aiohttp import web
 
     from service.app import create_app

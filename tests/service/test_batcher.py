@@ -448,3 +448,28 @@ def test_invalid_arguments_are_refused_at_construction(kwargs, message):
     args = {"max_batch_size": 4, "max_wait_ms": 5, "max_queue_rows": 8, **kwargs}
     with pytest.raises(ValueError, match=message):
         Batcher(lambda rows: rows, **args)
+
+
+async def test_incoming_hint_skips_the_wait_when_nobody_else_is_coming():
+    """With nothing on the way, a lone row runs at once; while rows are being prepared it
+    waits for them (up to max_wait_ms) and they share its batch."""
+    incoming = [0]
+    fake = FakeRunBatch()
+    batcher = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=16,
+                      incoming=lambda: incoming[0])
+    try:
+        alone = await asyncio.wait_for(batcher.submit("a", group="g"), timeout=10)
+        assert alone == ("ok", "a") and len(fake.calls) == 1
+
+        incoming[0] = 1  # another row is being decoded
+        first = asyncio.ensure_future(batcher.submit("b", group="g"))
+        await asyncio.sleep(0.05)
+        assert not first.done() and len(fake.calls) == 1  # it waits for the coming row
+        incoming[0] = 0
+        second = asyncio.ensure_future(batcher.submit("c", group="h"))
+        batcher.poke()
+        assert await asyncio.wait_for(asyncio.gather(first, second), timeout=10) == [
+            ("ok", "b"), ("ok", "c")]
+        assert [len(call) for call in fake.calls] == [1, 2]
+    finally:
+        await batcher.close()
