@@ -750,9 +750,9 @@ class Bench:
             f"{result['starts'][-1]['ready_s']:.1f} s")
         result["note"] = (
             f"Saved-graph hook: `{hook}`. The target is the default restart (warm-up on: the "
-            f"server runs the trunk once at every batch size 1, 2, 4, ..., max before /readyz "
-            f"says ready). Times run from spawning the process, Python and TensorFlow imports "
-            f"included.")
+            f"server runs the trunk once before /readyz says ready: at batch 1 on a CPU, at "
+            f"every power-of-two batch size up to the max on a GPU). Times run from spawning "
+            f"the process, Python and TensorFlow imports included.")
 
     # -- 3. baselines ---------------------------------------------------------------------
 
