@@ -357,6 +357,7 @@ class Bench:
             images = np.stack([preprocess(self.jpegs[i % len(self.jpegs)])
                                for i in range(max(sizes))])  # [16, 299, 299, 3]
             trunk.features(images[:1])  # first run ever: graph-wide initialisation
+            rss_loaded = rss_bytes()
             matmul_before = measure_matmul(plan.matmul_n, plan.matmul_runs)
             times: dict[int, list[float]] = {size: [] for size in sizes}
             with _Bar(plan.progress, (plan.trunk_runs + 1) * len(sizes), "trunk") as bar:
@@ -396,6 +397,7 @@ class Bench:
             "efficiency_pct": 100.0 * best["images_per_s"] / ceiling,
             "build_s": timings.build_s,
             "restore_s": timings.restore_s,
+            "rss_after_load_bytes": rss_loaded,  # the whole bench process (TF runtime included)
             "note": "efficiency = best trunk images/s / (best matmul FLOP/s / FLOPs per image)",
         }
         _say(f"trunk best {best['images_per_s']:.2f} images/s at batch {best['batch_size']}; "

@@ -222,7 +222,9 @@ def render_markdown(results: Mapping, targets: list[Target] | None = None) -> st
                 f"trunk rate {_fmt(trunk.get('best_images_per_s'))} images/s (batch "
                 f"{trunk.get('best_batch_size')}) is {_fmt(trunk.get('efficiency_pct'))} % of it. "
                 f"Graph build {_fmt(trunk.get('build_s'))} s, restore "
-                f"{_fmt(trunk.get('restore_s'))} s.", ""]
+                f"{_fmt(trunk.get('restore_s'))} s. RSS of the benchmark process once the trunk "
+                f"is loaded and has run once: {_fmt((trunk.get('rss_after_load_bytes') or 0) / 1e6)}"
+                f" MB (TensorFlow runtime included).", ""]
 
     service = results.get("service")
     if service:

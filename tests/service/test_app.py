@@ -259,3 +259,20 @@ async def test_too_many_images_is_413(make_client):
     client = await make_client(max_images_per_request=2)
     resp = await client.post("/classify/alpha", data=multipart([_png((i, i, i)) for i in range(3)]))
     assert resp.status == 413 and (await resp.json())["code"] == "payload_too_large"
+
+
+async def test_corrupt_head_on_disk_is_500_and_other_bots_still_work(make_client, store, tmp_path):
+    """A registered bot whose files were damaged after registration: a clear 500, no crash."""
+    store.register("broken", *random_head(90, 3))
+    version_dir = store.heads_dir / "broken" / "v1"
+    for path in version_dir.iterdir():
+        if ".data-" in path.name:
+            path.write_bytes(b"\0" * path.stat().st_size)
+    client = await make_client()
+    resp = await client.post("/classify/broken", data=_png((5, 5, 5)),
+                             headers={"Content-Type": "image/png"})
+    body = await resp.json()
+    assert resp.status == 500 and body["code"] == "head_unavailable" and "broken" in body["error"]
+    ok = await client.post("/classify/alpha", data=_png((5, 5, 5)),
+                           headers={"Content-Type": "image/png"})
+    assert ok.status == 200
