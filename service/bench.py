@@ -682,27 +682,15 @@ class Bench:
     # -- 5. cold start --------------------------------------------------------------------
 
     def section_coldstart(self) -> None:
-        import dataclasses
-
-        from service.settings import Settings
-
         plan = self.plan
         store = self.tmp / "coldstart-store"
         store.mkdir(parents=True, exist_ok=True)
-        fields = {f.name for f in dataclasses.fields(Settings)}
-        # The saved-graph hook of `multihead serve`: `graph_cache` (on/off, the graph is kept in
-        # <store>/trunk/graph_cache) or, as first planned, `graph_cache_dir` (a directory).
-        hook = next((h for h in ("graph_cache", "graph_cache_dir") if h in fields), None)
-        cache_dir = self.tmp / "graph-cache"
 
         def cache_options(enabled: bool) -> dict:
-            if hook == "graph_cache":
-                return {"graph-cache": enabled}
-            if hook == "graph_cache_dir" and enabled:
-                return {"graph-cache-dir": str(cache_dir)}
-            return {}
+            # `multihead serve --graph-cache`: the graph is kept in <store>/trunk/graph_cache.
+            return {"graph-cache": enabled}
 
-        result: dict = {"graph_cache_hook": hook, "starts": []}
+        result: dict = {"starts": []}
         self.results["coldstart"] = result
 
         def start(label: str, notes: str = "", **options) -> dict:
@@ -719,26 +707,9 @@ class Bench:
             result["starts"].append(entry)
             return entry
 
-        earlier = [s for s in self.server_starts if s.get("ready_s")]
-        if plan.quick and hook is not None:
-            pass  # the first start below builds the graph from code too (and saves it)
-        elif plan.quick and earlier:
-            # Quick: every server of this run was a plain cold start already.
-            first = earlier[0]
-            result["starts"].append({
-                "label": f"plain start (server '{first['name']}' of this run)",
-                "healthz_s": first["healthz_s"], "ready_s": first["ready_s"],
-                "notes": "graph built from code, warm-up on"})
-        else:
+        if not plan.quick:  # quick: the first start below builds the graph from code too
             start("plain start, no saved graph", "graph built from code, warm-up on",
                   **cache_options(False))
-        if hook is None:
-            result["restart_with_saved_graph_s"] = None
-            result["note"] = (
-                "No saved-graph hook in this tree (Settings has neither `graph_cache` nor "
-                "`graph_cache_dir`): every restart rebuilds the graph from code, so the restart "
-                "target is not measured (FAIL).")
-            return
         start("first start with the graph cache (graph built from code, then saved)",
               "warm-up on", **cache_options(True))
         restart = start("restart with the saved graph", "default flags, warm-up on",
@@ -751,10 +722,10 @@ class Bench:
             f"{restart.get('restore_s', math.nan):.1f} s; with --no-warmup ready in "
             f"{result['starts'][-1]['ready_s']:.1f} s")
         result["note"] = (
-            f"Saved-graph hook: `{hook}`. The target is the default restart (warm-up on: the "
-            f"server runs the trunk once before /readyz says ready: at batch 1 on a CPU, at "
-            f"every power-of-two batch size up to the max on a GPU). Times run from spawning "
-            f"the process, Python and TensorFlow imports included.")
+            "Saved graph: `--graph-cache` (the default). The target is the default restart "
+            "(warm-up on: the server runs the trunk once before /readyz says ready: at batch 1 "
+            "on a CPU, at every power-of-two batch size up to the max on a GPU). Times run from "
+            "spawning the process, Python and TensorFlow imports included.")
 
     # -- 3. baselines ---------------------------------------------------------------------
 
@@ -821,23 +792,18 @@ def full_models_worker(prefix: str, jpegs: Sequence[bytes], k: int, requests: in
     cross-bot batching. Returns throughput, latency and VmRSS growth per model.
 
     Run it in a fresh process: TensorFlow's runtime is initialised first (not counted), then
-    VmRSS is read before and after each model is built. With `graph_cache_dir` (when the
-    backbone has it) models 2..K re-import the first one's saved graph instead of rebuilding
+    VmRSS is read before and after each model is built. With `graph_cache_dir` models 2..K
+    re-import the first one's saved graph instead of rebuilding
     it: the same graphs, sessions and weights in memory, only faster to set up.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import inspect
-
     import tensorflow as tf
 
     from backbone import Trunk, preprocess
     from service.bench_stats import ZipfSampler
 
     float(tf.reduce_sum(tf.ones([4, 4])))  # the runtime's own start-up memory, not a model's
-    options = {}
-    if graph_cache_dir and "graph_cache_dir" in inspect.signature(
-            Trunk.from_checkpoint).parameters:
-        options["graph_cache_dir"] = graph_cache_dir
+    options = {"graph_cache_dir": graph_cache_dir} if graph_cache_dir else {}
     models, rss_per_model = [], []
     try:
         for _ in range(k):

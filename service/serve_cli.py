@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import threading
 
 from service.settings import Settings

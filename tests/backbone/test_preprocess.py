@@ -1,5 +1,4 @@
 """Eval preprocessing: values, modes, EXIF, bad input, bombs, and closeness to TF's resize."""
-import io
 
 import numpy as np
 import pytest

@@ -11,7 +11,6 @@ import sys
 import time
 
 import aiohttp
-import numpy as np
 import pytest
 
 from backbone.checkpoint import write_checkpoint
