@@ -55,16 +55,11 @@ def _now() -> str:
 
 
 @dataclass(frozen=True)
-class BotInfo:
-    """What the registry knows about one bot (its active version unless stated otherwise)."""
+class BotInfo(VersionRow):
+    """What the registry knows about one bot: its active version's row, plus every version
+    still on disk (ascending)."""
 
-    bot_id: str
-    version: int
-    n_classes: int
-    labels: tuple[str, ...]
-    created: str
-    source: str
-    versions: list[int] = field(hash=False)  # every version still on disk, ascending
+    versions: list[int] = field(hash=False, default_factory=list)
 
 
 def _labels_arg(labels) -> tuple[str, ...]:

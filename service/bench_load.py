@@ -396,18 +396,7 @@ async def open_loop(url: str, workload: Workload, rate_per_s: float, count: int,
 async def sequential(url: str, requests: Sequence[tuple[str, bytes]],
                      progress: Callable[[int], None] | None = None) -> list[Record]:
     """Sends the (path, image) requests one after the other; path like "/classify/acme"."""
-    records = []
-    async with client_session(limit=1) as session:
-        for path, data in requests:
-            start = time.perf_counter()
-            try:
-                status = await post_image(session, f"{url}{path}", data)
-            except Exception:  # noqa: BLE001
-                status = -1
-            records.append(Record(start, time.perf_counter(), status))
-            if progress is not None:
-                progress(1)
-    return records
+    return await concurrent(url, requests, 1, progress)
 
 
 async def concurrent(url: str, requests: Sequence[tuple[str, bytes]], concurrency: int,
