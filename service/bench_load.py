@@ -341,14 +341,8 @@ async def closed_loop(url: str, workload: Workload, concurrency: int, requests: 
                 if issued == total:
                     last_issue[0] = time.perf_counter()
                 bot_id, data = workload.next()
-                start = time.perf_counter()
-                try:
-                    status = await post_image(session, f"{url}/classify/{bot_id}", data)
-                except Exception:  # noqa: BLE001 - a failed request is a data point
-                    status = -1
-                records.append(Record(start, time.perf_counter(), status))
-                if progress is not None:
-                    progress(1)
+                await _record_post(session, f"{url}/classify/{bot_id}", data,
+                                   time.perf_counter(), records, progress)
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
     ends = sorted(r.end for r in records)
@@ -371,13 +365,8 @@ async def open_loop(url: str, workload: Workload, rate_per_s: float, count: int,
 
     async with client_session() as session:
         async def one(scheduled: float, bot_id: str, data: bytes) -> None:
-            try:
-                status = await post_image(session, f"{url}/classify/{bot_id}", data)
-            except Exception:  # noqa: BLE001
-                status = -1
-            records.append(Record(scheduled, time.perf_counter(), status))
-            if progress is not None:
-                progress(1)
+            await _record_post(session, f"{url}/classify/{bot_id}", data, scheduled, records,
+                               progress)
 
         t0 = time.perf_counter()
         tasks = []
@@ -391,6 +380,19 @@ async def open_loop(url: str, workload: Workload, rate_per_s: float, count: int,
     out = _point_stats(records, None)
     out.update(mode="open", rate_per_s=rate_per_s, concurrency=None)
     return out
+
+
+async def _record_post(session, url: str, data: bytes, start: float, records: list,
+                       progress: Callable[[int], None] | None) -> None:
+    """POSTs one image and appends its Record (latency from `start`; status -1 on a transport
+    error: a failed request is a data point, not a crash)."""
+    try:
+        status = await post_image(session, url, data)
+    except Exception:  # noqa: BLE001
+        status = -1
+    records.append(Record(start, time.perf_counter(), status))
+    if progress is not None:
+        progress(1)
 
 
 async def sequential(url: str, requests: Sequence[tuple[str, bytes]],
@@ -408,14 +410,8 @@ async def concurrent(url: str, requests: Sequence[tuple[str, bytes]], concurrenc
         async def worker() -> None:
             while queue:
                 path, data = queue.pop()
-                start = time.perf_counter()
-                try:
-                    status = await post_image(session, f"{url}{path}", data)
-                except Exception:  # noqa: BLE001
-                    status = -1
-                records.append(Record(start, time.perf_counter(), status))
-                if progress is not None:
-                    progress(1)
+                await _record_post(session, f"{url}{path}", data, time.perf_counter(), records,
+                                   progress)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
