@@ -1,5 +1,6 @@
 # Two entry points for a fresh machine: `make serve` and `make test`. Both create .venv and
-# install the package (with its test extras) into it; nothing else needs to be installed by hand.
+# install the package (with its test and bench extras) into it; nothing else needs to be
+# installed by hand.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,14 +9,14 @@ STORE  ?= checkpoints
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: venv test serve demo bench clean browser-deps
+.PHONY: venv lint test serve demo bench clean browser-deps
 
 venv: $(STAMP)
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	touch $@
 
 # Debian's chromium and the chromedriver of the same build, for tests/service/test_browser.py
@@ -25,7 +26,11 @@ browser-deps:
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
 	fi
 
-test: $(STAMP) browser-deps
+# ruff, with the rules chosen in pyproject.toml; a finding fails `make test` (and CI).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint browser-deps
 	$(BIN)/python -m pytest
 
 # First run: demo trunk, generated images and demo bots (about 1-2 min); later runs reuse them.

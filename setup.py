@@ -13,8 +13,8 @@ setup(
     description="Serve many image classifiers that share one Inception-V4 trunk",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
-    packages=["backbone", "heads", "service"],
+    python_requires=">=3.11",  # asyncio.timeout (the batcher)
+    packages=["backbone", "heads", "service", "service.codecs", "service.cli", "bench"],
     package_data={"service": ["static/*"]},
     install_requires=[
         f"tensorflow=={TF_VERSION}",
@@ -26,10 +26,15 @@ setup(
         "pillow>=10.0",
         "prometheus_client>=0.20",
         "tqdm>=4.66",
-        "matplotlib>=3.8",
+        # multipart/form-data bodies parsed by the codecs, whatever the transport (strict,
+        # sans-I/O, no dependencies).
+        "multipart>=2.0.1,<3",
     ],
     extras_require={
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
+        # The benchmark's latency/throughput plot (`multihead bench`; JSON and Markdown
+        # reports need nothing more).
+        "bench": ["matplotlib>=3.8"],
         "test": [
             "pytest>=8.0",
             "pytest-aiohttp>=1.0",
@@ -37,7 +42,8 @@ setup(
             # Drives Debian's chromium through Debian's chromedriver (`make browser-deps`);
             # 4.52.0 needs a newer certifi than the package index here has.
             "selenium==4.51.0",
+            "ruff==0.17.5",
         ],
     },
-    entry_points={"console_scripts": ["multihead=service.cli:main"]},
+    entry_points={"console_scripts": ["multihead=service.cli.main:main"]},
 )

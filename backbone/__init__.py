@@ -4,9 +4,9 @@ Knows nothing of bots or HTTP. TensorFlow is imported lazily: `from backbone imp
 does not load it.
 """
 from backbone.errors import BackboneError, CheckpointError, ImageTooLarge, InvalidImage
-from backbone.inception_v4 import (FEATURE_DIM, IMAGE_SIZE, LOGITS_SCOPE, NUM_CLASSES, PRELOGITS,
-                                   SCOPE)
+from backbone.inception_v4 import LOGITS_SCOPE, NUM_CLASSES, PRELOGITS, SCOPE
 from backbone.preprocess import DEFAULT_MAX_PIXELS, decode_image, preprocess
+from backbone.spec import FEATURE_DIM, IMAGE_SIZE, INPUT, InputSpec
 
 _LAZY = {
     "Trunk": "backbone.trunk",
@@ -15,9 +15,14 @@ _LAZY = {
     "write_random_checkpoint": "backbone.checkpoint",
     "trunk_digest": "backbone.checkpoint",
     "default_trunk_checkpoint": "backbone.checkpoint",
-    "is_official": "backbone.checkpoint",
     "resolve_prefix": "backbone.checkpoint",
     "check_layout": "backbone.checkpoint",
+    "PrecisionUnsupported": "backbone.errors",
+    "RuntimeUnavailable": "backbone.errors",
+    "PRECISIONS": "backbone.precision",
+    "RUNTIMES": "backbone.precision",
+    "resolve_precision": "backbone.precision",
+    "resolve_runtime": "backbone.precision",
 }
 
 
@@ -30,5 +35,5 @@ def __getattr__(name):
 
 
 __all__ = ["BackboneError", "CheckpointError", "ImageTooLarge", "InvalidImage", "FEATURE_DIM",
-           "IMAGE_SIZE", "LOGITS_SCOPE", "NUM_CLASSES", "PRELOGITS", "SCOPE",
+           "IMAGE_SIZE", "INPUT", "InputSpec", "LOGITS_SCOPE", "NUM_CLASSES", "PRELOGITS", "SCOPE",
            "DEFAULT_MAX_PIXELS", "decode_image", "preprocess", *_LAZY]

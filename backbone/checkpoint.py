@@ -12,8 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from backbone.errors import CheckpointError
-from backbone.inception_v4 import (FEATURE_DIM, LOGITS_SCOPE, NUM_CLASSES, aux_logits_specs,
-                                   variable_specs)
+from backbone.inception_v4 import (
+    FEATURE_DIM,
+    LOGITS_SCOPE,
+    NUM_CLASSES,
+    aux_logits_specs,
+    variable_specs,
+)
 
 # Names inside a store (`<store>/trunk/...`): the official checkpoint wins when present.
 OFFICIAL_CHECKPOINT = "inception_v4.ckpt"
@@ -33,11 +38,6 @@ def default_trunk_checkpoint(store_dir: str | os.PathLike) -> str:
     if checkpoint_exists(official):
         return str(official)
     return str(trunk_dir / DEMO_CHECKPOINT)
-
-
-def is_official(prefix: str) -> bool:
-    """Whether a prefix names the official checkpoint file (by name, as dropped into a store)."""
-    return Path(prefix).name == OFFICIAL_CHECKPOINT
 
 
 def resolve_prefix(path: str | os.PathLike) -> str:
@@ -68,7 +68,7 @@ def _reader(prefix: str):
 
     try:
         return tf.train.load_checkpoint(prefix)
-    except Exception as exc:  # tf raises several types (DataLoss, NotFound, ...) for bad files
+    except Exception as exc:  # noqa: BLE001 - tf raises DataLoss, NotFound, ... for bad files
         raise CheckpointError(f"cannot read checkpoint '{prefix}': {exc}") from None
 
 
@@ -163,7 +163,8 @@ def write_checkpoint(prefix: str, values: dict[str, np.ndarray]) -> str:
 
 def write_random_checkpoint(out_prefix: str, seed: int = 0, *, num_classes: int = NUM_CLASSES,
                             aux_logits: bool = True) -> str:
-    """Writes a seeded random Inception-V4 checkpoint (trunk, Logits, AuxLogits); returns its prefix.
+    """Writes a seeded random Inception-V4 checkpoint (trunk, Logits, AuxLogits); returns its
+    prefix.
 
     This is what `multihead init-trunk` writes; tests and the demo use it in place of the
     official checkpoint, which cannot be downloaded on these machines.

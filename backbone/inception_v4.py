@@ -11,15 +11,13 @@ Only graph mode (tf.compat.v1) is supported: call inside `with graph.as_default(
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from backbone.compat import import_slim
+from backbone.spec import FEATURE_DIM
 
 # Scope strings are the checkpoint's keys: defined once here.
 SCOPE = "InceptionV4"
 LOGITS_SCOPE = f"{SCOPE}/Logits/Logits"
-IMAGE_SIZE = 299
-FEATURE_DIM = 1536
 NUM_CLASSES = 1001
 PRELOGITS = "PreLogitsFlatten"
 
@@ -62,7 +60,7 @@ class Split:
     right: Conv
 
 
-Layer = Union[Conv, Pool, Split]
+Layer = Conv | Pool | Split
 Branch = tuple  # tuple[Layer, ...]
 
 VALID = "VALID"

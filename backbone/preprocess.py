@@ -28,9 +28,9 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from backbone.errors import ImageTooLarge, InvalidImage
-from backbone.inception_v4 import IMAGE_SIZE
+from backbone.spec import IMAGE_SIZE, INPUT
 
-CENTRAL_FRACTION = 0.875
+CENTRAL_FRACTION = INPUT.central_fraction
 # Refuse images with more pixels than this before decoding them (decompression bombs).
 DEFAULT_MAX_PIXELS = 40_000_000
 # The draft size keeps at least this many source pixels per output pixel after the crop.

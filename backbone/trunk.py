@@ -21,8 +21,13 @@ import numpy as np
 
 from backbone.checkpoint import check_layout, resolve_prefix
 from backbone.errors import CheckpointError
-from backbone.inception_v4 import (FEATURE_DIM, IMAGE_SIZE, LOGITS_SCOPE, PRELOGITS,
-                                   build_inception_v4)
+from backbone.inception_v4 import (
+    FEATURE_DIM,
+    IMAGE_SIZE,
+    LOGITS_SCOPE,
+    PRELOGITS,
+    build_inception_v4,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,8 @@ def select_device(device: str = "auto", gpu_memory_limit_mb: int | None = None) 
                 tf.config.experimental.set_memory_growth(gpu, True)
             if gpu_memory_limit_mb:
                 tf.config.set_logical_device_configuration(
-                    gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=gpu_memory_limit_mb)])
+                    gpus[0],
+                    [tf.config.LogicalDeviceConfiguration(memory_limit=gpu_memory_limit_mb)])
         except RuntimeError:  # already initialised by an earlier Trunk: keep its settings
             log.info("GPU already initialised; memory settings of the first trunk stay")
     return device
@@ -106,7 +112,7 @@ class Trunk:
                         with_logits: bool = False,
                         gpu_memory_limit_mb: int | None = None,
                         warmup_batch_sizes: tuple[int, ...] = (1,),
-                        graph_cache_dir: str | os.PathLike | None = None) -> "Trunk":
+                        graph_cache_dir: str | os.PathLike | None = None) -> Trunk:
         """Builds the trunk graph once, restores it from a checkpoint and warms it up.
 
         Args:
@@ -157,7 +163,7 @@ class Trunk:
             # NOTE: inside the graph: outside it, TF2's Saver takes its eager path.
             with graph.as_default():
                 saver.restore(session, prefix)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - TF raises many types; all mean a bad file
             session.close()
             raise CheckpointError(f"cannot restore trunk from '{prefix}': {exc}") from None
         t2 = time.perf_counter()
@@ -265,7 +271,7 @@ class GraphCache:
                 saver = tf.compat.v1.train.import_meta_graph(str(self.path))
             end_points = {k: graph.get_tensor_by_name(v) for k, v in names.items()}
             inputs = graph.get_tensor_by_name(f"{INPUT_NAME}:0")
-        except Exception as exc:  # a corrupt or foreign file: rebuild, never fail on the cache
+        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: rebuild, never fail
             log.warning("ignoring unusable graph cache %s: %s", self.path, exc)
             return None
         self.hit = True

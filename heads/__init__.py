@@ -9,16 +9,25 @@ TF graph. `import heads` does not import TensorFlow (only writing/reading checkp
     head = store.get("acme")
     head.top_k(trunk.features(images), k=3)
 """
-from heads.errors import (HeadLoadError, HeadsError, InvalidBotId, InvalidHead,
-                          InvalidTrainingData, TrunkMismatch, UnknownBot, UnknownVersion)
+from heads.errors import (
+                          HeadLoadError,
+                          HeadsError,
+                          InvalidBotId,
+                          InvalidHead,
+                          InvalidTrainingData,
+                          TrunkMismatch,
+                          UnknownBot,
+                          UnknownVersion,
+)
 from heads.files import read_labels
-from heads.head import FEATURE_DIM, Head, validate_bot_id
+from heads.head import Head, top_indices, validate_bot_id
 from heads.store import BotInfo, HeadStore
 from heads.train import TrainResult, extract_features, scan_image_folder, train_head
 
 __all__ = [
-    "BotInfo", "FEATURE_DIM", "Head", "HeadLoadError", "HeadStore", "HeadsError", "InvalidBotId",
+    "BotInfo", "Head", "HeadLoadError", "HeadStore", "HeadsError", "InvalidBotId",
     "InvalidHead", "InvalidTrainingData", "TrainResult", "TrunkMismatch", "UnknownBot",
-    "UnknownVersion", "extract_features", "read_labels", "scan_image_folder", "train_head",
+    "UnknownVersion", "extract_features", "read_labels", "scan_image_folder",
+    "top_indices", "train_head",
     "validate_bot_id",
 ]

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 
+from backbone.spec import FEATURE_DIM
 from heads.errors import InvalidBotId, InvalidHead
-
-# NOTE: equals `backbone.FEATURE_DIM` (Inception-V4 `PreLogitsFlatten`); repeated here so that
-# `import heads` never imports TensorFlow. tests/heads checks that the two agree.
-FEATURE_DIM = 1536
 
 _BOT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -89,6 +86,14 @@ def validate_head_arrays(
     if len(labels_t) != n:
         raise InvalidHead(f"{len(labels_t)} labels given for a head with {n} classes")
     return w, b, labels_t
+
+
+def top_indices(p: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of p [n] (k clipped to n), largest first; ties keep
+    class index order."""
+    k = min(int(k), p.shape[-1])
+    top = np.argpartition(-p, k - 1)[:k]
+    return top[np.lexsort((top, -p[top]))]
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -167,23 +172,7 @@ class Head:
         if k < 1:
             raise ValueError("k must be >= 1")
         p = self.probabilities(features)  # [N, n]
-        k = min(int(k), self.n_classes)
-        if k < self.n_classes:
-            idx = np.argpartition(-p, k - 1, axis=1)[:, :k]  # [N, k], unordered
-        else:
-            idx = np.broadcast_to(np.arange(self.n_classes), p.shape)
-        rows = np.arange(p.shape[0])[:, None]
-        order = np.argsort(-p[rows, idx], axis=1, kind="stable")
-        idx = idx[rows, order]  # [N, k], best first
-        return [[(self.labels[j], float(p[i, j])) for j in idx[i]] for i in range(p.shape[0])]
+        return [[(self.labels[j], float(row[j])) for j in top_indices(row, k)] for row in p]
 
     def __repr__(self) -> str:
         return f"Head(bot_id={self.bot_id!r}, version={self.version}, n_classes={self.n_classes})"
-
-
-def head_from_arrays(
-    bot_id: str, version: int, weights: np.ndarray, biases: np.ndarray, labels: Sequence[str]
-) -> Head:
-    """Validate and build a `Head` (the in-memory twin of a registered version)."""
-    w, b, labels_t = validate_head_arrays(weights, biases, labels)
-    return Head(validate_bot_id(bot_id), int(version), labels_t, w, b)

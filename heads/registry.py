@@ -22,10 +22,10 @@ import json
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS bots (
@@ -218,19 +218,6 @@ class Registry:
             except sqlite3.OperationalError:
                 return []
         return [(int(r[1]), _version_row(r), all_versions.get(r[0], [])) for r in active]
-
-    def version_row(self, bot_id: str, version: int) -> VersionRow | None:
-        with self._read() as conn:
-            if conn is None:
-                return None
-            try:
-                row = conn.execute(
-                    "SELECT bot_id, version, n_classes, labels, created, source FROM versions "
-                    "WHERE bot_id = ? AND version = ?", (bot_id, version),
-                ).fetchone()
-            except sqlite3.OperationalError:  # file created, schema not committed yet
-                row = None
-        return None if row is None else _version_row(row)
 
     def history(self, bot_id: str) -> list[dict]:
         with self._read() as conn:

@@ -21,10 +21,10 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -51,7 +51,7 @@ def _step(name: str) -> None:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,16 @@ class BotInfo(VersionRow):
     still on disk (ascending)."""
 
     versions: list[int] = field(hash=False, default_factory=list)
+
+    def to_dict(self, *, with_source: bool = True) -> dict:
+        """JSON-ready fields. `with_source=False` for public answers: a training source is a
+        path on the server."""
+        out = {"bot_id": self.bot_id, "version": self.version, "n_classes": self.n_classes,
+               "labels": list(self.labels), "created": self.created,
+               "versions": list(self.versions)}
+        if with_source:
+            out["source"] = self.source
+        return out
 
 
 def _labels_arg(labels) -> tuple[str, ...]:
@@ -389,7 +399,7 @@ class HeadStore:
         self._registry.close()
         self._cache.clear()
 
-    def __enter__(self) -> "HeadStore":
+    def __enter__(self) -> HeadStore:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -28,8 +28,9 @@ import concurrent.futures
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from service.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
 
@@ -139,7 +140,6 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._close_task: asyncio.Task | None = None
         self._closing = False
-        self._running_rows = 0
         self._batches_run = 0
         self._rows_expired = 0
         self._run_s_avg: float | None = None  # moving average of run_s, for Retry-After
@@ -150,11 +150,6 @@ class Batcher:
     def queue_depth(self) -> int:
         """Rows waiting for a batch (not counting the running batch)."""
         return len(self._queue)
-
-    @property
-    def running_rows(self) -> int:
-        """Rows in the batch that is running now (0 when idle)."""
-        return self._running_rows
 
     @property
     def batches_run(self) -> int:
@@ -197,15 +192,6 @@ class Batcher:
         if self._close_task is None:
             self._close_task = asyncio.get_running_loop().create_task(self._close(timeout_s))
         await asyncio.shield(self._close_task)
-
-    drain = close  # the same thing, under the name some callers expect
-
-    async def __aenter__(self) -> "Batcher":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     # -- submitting -----------------------------------------------------------------------------
 
@@ -430,7 +416,6 @@ class Batcher:
         rows = [e.row for e in batch]
         start = time.monotonic()
         queue_wait_s = [start - r.enqueued_s for r in rows]
-        self._running_rows = len(rows)
         self._batches_run += 1
         try:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
@@ -443,8 +428,6 @@ class Batcher:
             self._fail(batch, exc)
         else:
             self._deliver(batch, results)
-        finally:
-            self._running_rows = 0
         run_s = time.monotonic() - start
         self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s
         if self._on_batch is not None:

@@ -7,7 +7,6 @@ bot is retrained when the trunk it was trained on is no longer the store's trunk
 """
 from __future__ import annotations
 
-import argparse
 import io
 import logging
 import time
@@ -62,8 +61,12 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
     Args:
       trunk: a built Trunk to use (tests); else one is built from the store's trunk.
     """
-    from backbone.checkpoint import (checkpoint_exists, default_trunk_checkpoint, trunk_digest,
-                                     write_random_checkpoint)
+    from backbone.checkpoint import (
+        checkpoint_exists,
+        default_trunk_checkpoint,
+        trunk_digest,
+        write_random_checkpoint,
+    )
     from heads import HeadStore, UnknownBot
     from heads.train import extract_features, scan_image_folder, train_head
 
@@ -111,35 +114,3 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
             if own_trunk and trunk is not None:
                 trunk.close()
     return bots
-
-
-def add_subcommands(sub) -> None:
-    parser = sub.add_parser(
-        "demo",
-        help="create the demo trunk, images and bots in a store (only what is missing)",
-        description=(
-            "Create what the demo needs under --store: the seeded demo trunk (unless "
-            "trunk/inception_v4.ckpt, the official checkpoint, is there), generated labelled "
-            f"images ({', '.join(KINDS)}) under demo_images/, and one bot per kind trained on "
-            "them. Reuses everything already there; a demo bot is retrained when the store's "
-            "trunk changed. `make serve` runs this before `multihead serve`."),
-    )
-    parser.add_argument("--store", default="checkpoints", help="store directory (default: "
-                        "checkpoints)")
-    parser.add_argument("--per-class", type=int, default=PER_CLASS,
-                        help=f"training images per class (default: {PER_CLASS})")
-    parser.set_defaults(func=run_demo)
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if args.per_class < 5:
-        raise ValueError("--per-class must be >= 5")
-    start = time.perf_counter()
-    bots = ensure_demo(args.store, per_class=args.per_class)
-    for bot in bots:
-        state = (f"trained, held-out accuracy {bot.held_out_accuracy:.3f}" if bot.trained
-                 else "already there")
-        print(f"demo bot '{bot.bot_id}' v{bot.version}: {state}")
-    print(f"demo ready in {time.perf_counter() - start:.1f}s")
-    return 0

@@ -16,13 +16,14 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
-from backbone import FEATURE_DIM, IMAGE_SIZE, preprocess
-from heads import Head
+from backbone import preprocess
+from backbone.spec import FEATURE_DIM, INPUT
+from heads import Head, top_indices
 from service.batcher import Batcher, Row
 from service.errors import BadRequest, PayloadTooLarge
 from service.metrics import Metrics
@@ -35,6 +36,18 @@ log = logging.getLogger(__name__)
 _ARRAY_DIGEST_PERSON = b"multihead-fp32"
 # Preprocessed images are in [-1, 1]; the slack forgives rounding in a client's own resize.
 _ARRAY_RANGE_SLACK = 1e-3
+
+
+@dataclass(frozen=True)
+class Images:
+    """The images of one request, as a protocol delivers them: encoded bytes (JPEG, PNG, ...),
+    or float32 [N, 299, 299, 3] already preprocessed (see `backbone.spec.INPUT`)."""
+
+    encoded: Sequence[bytes] | None = None
+    arrays: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.arrays) if self.arrays is not None else len(self.encoded or ())
 
 
 @dataclass(frozen=True)
@@ -92,13 +105,6 @@ class FeatureCache:
 
     def __len__(self) -> int:
         return len(self._data)
-
-
-def top_indices(p: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest entries of p [n] (k clipped to n), largest first."""
-    k = min(int(k), p.shape[-1])
-    top = np.argpartition(-p, k - 1)[:k]
-    return top[np.argsort(-p[top], kind="stable")]
 
 
 def score(features: np.ndarray, items: Sequence[Item]) -> list[list[Prediction] | Exception]:
@@ -205,16 +211,15 @@ class Engine:
         Args:
           image: float32 [299, 299, 3], C-contiguous.
         """
-        # NaN fails this comparison too.
-        if not (np.abs(image) <= 1.0 + _ARRAY_RANGE_SLACK).all():
+        low, high = INPUT.value_range
+        # NaN fails these comparisons too.
+        if not ((image >= low - _ARRAY_RANGE_SLACK) & (image <= high + _ARRAY_RANGE_SLACK)).all():
             finite = image[np.isfinite(image)]
             seen = (f"values in [{finite.min():.4g}, {finite.max():.4g}]" if finite.size
                     else "no finite value")
             if finite.size < image.size:
                 seen += " and NaN/Inf"
-            raise BadRequest(f"a preprocessed image must be float32 in [-1, 1] (Inception "
-                             f"preprocessing: central crop, resize to {IMAGE_SIZE}x{IMAGE_SIZE}, "
-                             f"(x - 0.5) * 2); got {seen}")
+            raise BadRequest(f"a preprocessed image must be {INPUT.describe()}; got {seen}")
         digest = hashlib.blake2b(image, digest_size=20, person=_ARRAY_DIGEST_PERSON).digest()
         cached = self.cache.get(digest)
         self.metrics.observe_cache(hit=cached is not None)
@@ -255,9 +260,9 @@ class Engine:
           images), then as `classify`.
         """
         images = np.asarray(images)
-        if images.ndim != 4 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3):
-            raise BadRequest(f"preprocessed images must have shape [N, {IMAGE_SIZE}, "
-                             f"{IMAGE_SIZE}, 3], got {list(images.shape)}")
+        if images.ndim != 4 or images.shape[1:] != INPUT.shape:
+            raise BadRequest(f"preprocessed images must have shape [N, "
+                             f"{', '.join(map(str, INPUT.shape))}], got {list(images.shape)}")
         self._check_count(images.shape[0])
         images = np.ascontiguousarray(images, dtype=np.float32)
         heads = tuple(heads)

@@ -12,7 +12,7 @@ error classes are still being written. Subclasses map like their nearest listed 
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 
 class ServiceError(Exception):
@@ -21,6 +21,10 @@ class ServiceError(Exception):
 
 class BadRequest(ServiceError):
     """A request parameter or body is malformed (`top_k=abc`, a multipart without images)."""
+
+
+class NotFound(ServiceError):
+    """No such route or operation (`:classify` where only `:predict` is served)."""
 
 
 class PayloadTooLarge(ServiceError):
@@ -79,6 +83,7 @@ _TABLE: Mapping[str, tuple[int, str]] = {
     f"{__name__}.BadRequest": (400, "bad_request"),
     f"{__name__}.Unauthorized": (401, "unauthorized"),
     f"{__name__}.Forbidden": (403, "forbidden"),
+    f"{__name__}.NotFound": (404, "not_found"),
     f"{__name__}.PayloadTooLarge": (413, "payload_too_large"),
     f"{__name__}.UnsupportedMediaType": (415, "unsupported_media_type"),
     f"{__name__}.Overloaded": (503, "overloaded"),

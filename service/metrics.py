@@ -13,7 +13,7 @@ label cardinality.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,

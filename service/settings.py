@@ -10,14 +10,22 @@ import argparse
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
+from service.batcher import POLICIES as BATCH_POLICIES
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "MULTIHEAD_"
-BATCH_POLICIES = ("mixed", "per_group")
 MIB = 1024 * 1024
+
+
+
+class InvalidSettings(ValueError):
+    """A setting (flag, environment variable or field) has an invalid value."""
+
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -32,8 +40,8 @@ class Settings:
     """Every option of `multihead serve`, with safe defaults.
 
     Construct it with `Settings.from_env_and_args(...)`, or directly in tests
-    (`Settings(max_batch_size=4)`); construction validates and raises `ValueError` naming the
-    field and the value.
+    (`Settings(max_batch_size=4)`); construction validates and raises `InvalidSettings` (a
+    ValueError) naming the field and the value.
     """
 
     host: str = field(default="127.0.0.1", metadata=_help("address to listen on"))
@@ -131,21 +139,23 @@ class Settings:
     # -- validation -------------------------------------------------------------------------
 
     def validate(self) -> None:
-        """Raise `ValueError("<field> must be ...: <value>")` for the first invalid field."""
+        """Raise `InvalidSettings("<field> must be ...: <value>")` for the first invalid field."""
         for f in dataclasses.fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
 
         _at_least("port", self.port, 0)
         if self.port > 65535:
-            raise ValueError(f"port must be <= 65535, got {self.port}")
+            raise InvalidSettings(f"port must be <= 65535, got {self.port}")
         if not self.host:
-            raise ValueError("host must not be empty")
+            raise InvalidSettings("host must not be empty")
         if not self.store:
-            raise ValueError("store must not be empty")
+            raise InvalidSettings("store must not be empty")
         if self.trunk_checkpoint is not None and not self.trunk_checkpoint:
-            raise ValueError("trunk_checkpoint must not be empty (leave it unset for the default)")
+            raise InvalidSettings("trunk_checkpoint must not be empty (leave it unset for the "
+                                  "default)")
         if not _valid_device(self.device):
-            raise ValueError(f"device must be auto, cpu, gpu or gpu:N, got {self.device!r}")
+            raise InvalidSettings(f"device must be auto, cpu, gpu or gpu:N, got "
+                                  f"{self.device!r}")
         _at_least("max_batch_size", self.max_batch_size, 1)
         _at_least("max_wait_ms", self.max_wait_ms, 0)
         _at_least("max_queue_rows", self.max_queue_rows, 1)
@@ -155,7 +165,7 @@ class Settings:
         _at_least("max_images_per_request", self.max_images_per_request, 1)
         if self.max_queue_rows < self.max_images_per_request:
             # Otherwise a request within the limits could never be accepted, even when idle.
-            raise ValueError(
+            raise InvalidSettings(
                 f"max_queue_rows ({self.max_queue_rows}) must be >= max_images_per_request "
                 f"({self.max_images_per_request})"
             )
@@ -166,10 +176,10 @@ class Settings:
             not self.admin_token or any(c.isspace() for c in self.admin_token)
         ):
             # Never echo the token itself.
-            raise ValueError("admin_token must be non-empty and contain no whitespace")
+            raise InvalidSettings("admin_token must be non-empty and contain no whitespace")
         _at_least("preprocess_threads", self.preprocess_threads, 1)
         if self.batch_policy not in BATCH_POLICIES:
-            raise ValueError(
+            raise InvalidSettings(
                 f"batch_policy must be one of {', '.join(BATCH_POLICIES)}, "
                 f"got {self.batch_policy!r}"
             )
@@ -178,18 +188,10 @@ class Settings:
     # -- derived values ---------------------------------------------------------------------
 
     @property
-    def max_wait_s(self) -> float:
-        return self.max_wait_ms / 1000.0
-
-    @property
-    def heads_memory_budget_bytes(self) -> int:
-        return self.heads_memory_mb * MIB
-
-    @property
     def admin_enabled(self) -> bool:
         return self.admin_token is not None
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -212,11 +214,11 @@ class Settings:
         cls,
         args: argparse.Namespace | None = None,
         environ: Mapping[str, str] = os.environ,
-    ) -> "Settings":
+    ) -> Settings:
         """Defaults, overridden by `MULTIHEAD_<FIELD>` variables, overridden by CLI flags.
 
         A flag counts as given when its value in `args` is not None (`add_arguments` makes every
-        default None for that reason). Raises `ValueError` naming the variable or field.
+        default None for that reason). Raises `InvalidSettings` naming the variable or field.
         """
         values: dict[str, Any] = {}
         names = {f.name: f for f in dataclasses.fields(cls)}
@@ -227,7 +229,7 @@ class Settings:
                     values[name] = _parse(environ[var], f.type)
                 except ValueError as exc:
                     shown = "***" if name == "admin_token" else repr(environ[var])
-                    raise ValueError(f"{var}={shown}: {exc}") from None
+                    raise InvalidSettings(f"{var}={shown}: {exc}") from None
         known_vars = {cls.env_var(n) for n in names}
         for var in environ:
             if var.startswith(ENV_PREFIX) and var not in known_vars:
@@ -300,17 +302,17 @@ def _parse(text: str, annotation: Any) -> Any:
             return True
         if low in _FALSE:
             return False
-        raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+        raise InvalidSettings("expected one of 1/0, true/false, yes/no, on/off")
     if kind is int:
         try:
             return int(stripped)
         except ValueError:
-            raise ValueError("expected an integer") from None
+            raise InvalidSettings("expected an integer") from None
     if kind is float:
         try:
             return float(stripped)
         except ValueError:
-            raise ValueError("expected a number") from None
+            raise InvalidSettings("expected a number") from None
     return text
 
 
@@ -326,17 +328,17 @@ def _check_type(name: str, value: Any, annotation: Any) -> None:
         ok = isinstance(value, kind)
     if not ok:
         shown = "***" if name == "admin_token" else repr(value)
-        raise ValueError(f"{name} must be {kind.__name__}, got {shown}")
+        raise InvalidSettings(f"{name} must be {kind.__name__}, got {shown}")
 
 
 def _at_least(name: str, value: float, low: float) -> None:
     if value != value or value < low:  # NaN fails too
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+        raise InvalidSettings(f"{name} must be >= {low}, got {value}")
 
 
 def _positive(name: str, value: float) -> None:
     if value != value or value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+        raise InvalidSettings(f"{name} must be > 0, got {value}")
 
 
 def _valid_device(device: str) -> bool:

@@ -16,7 +16,7 @@ def trunk_checkpoint(tmp_path_factory) -> str:
 
     Like the official file it holds the trunk, the 1001-way Logits and the AuxLogits.
     """
-    from service.cli import main
+    from service.cli.main import main
 
     # The demo trunk's file name: /readyz then reports "demo (seeded random weights)".
     out = str(tmp_path_factory.mktemp("trunk") / "demo_inception_v4.ckpt")

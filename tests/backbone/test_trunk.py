@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 
 from backbone import CheckpointError, Trunk, preprocess
-from backbone.checkpoint import (check_layout, random_variables, trunk_digest,
-                                 write_checkpoint, write_random_checkpoint)
+from backbone.checkpoint import (
+    check_layout,
+    random_variables,
+    trunk_digest,
+    write_checkpoint,
+    write_random_checkpoint,
+)
 from backbone.inception_v4 import aux_logits_specs, variable_specs
 from tests.backbone.helpers import encode, pattern
 

@@ -1,9 +1,9 @@
-"""Synthetic benchmark results (the shape `service.bench.Bench.run` produces), all targets met."""
+"""Synthetic benchmark results (the shape `bench.runner.Bench.run` produces), all targets met."""
 from __future__ import annotations
 
 import copy
 
-from service.bench import FLOPS_PER_IMAGE, SECTIONS
+from bench.runner import FLOPS_PER_IMAGE, SECTIONS
 
 
 def _latency(p50: float, n: int = 10) -> dict:

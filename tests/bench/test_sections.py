@@ -12,11 +12,21 @@ import math
 import numpy as np
 import pytest
 
-from service import bench
-from service.bench_load import (ServerProcess, Workload, closed_loop, make_jpeg, make_jpegs,
-                                open_loop, scrape_metrics, serve_command)
-from service.bench_report import evaluate_targets, write_reports
-from service.bench_stats import rss_bytes
+from backbone import FEATURE_DIM
+from bench import runner
+from bench.load import (
+    ServerProcess,
+    Workload,
+    client_session,
+    closed_loop,
+    make_jpeg,
+    make_jpegs,
+    open_loop,
+    scrape_metrics,
+    serve_command,
+)
+from bench.report import evaluate_targets, write_reports
+from bench.stats import rss_bytes
 
 
 @pytest.fixture(scope="module")
@@ -45,40 +55,46 @@ def test_server_command_is_multihead_serve_with_the_options(tmp_path):
         assert part in joined
 
 
-def _plan(**overrides) -> bench.Plan:
+def _plan(**overrides) -> runner.Plan:
     values = dict(concurrency=(1, 2), closed_min_requests=3, closed_requests_per_client=1,
                   poisson_requests=3, poisson_rate=20.0, fanout_bots=3, fanout_requests=1,
                   scale_levels=(3, 6), cold_samples=2, classes=5, progress=False)
     values.update(overrides)
-    return bench.Plan(**values)
+    return runner.Plan(**values)
 
 
 async def _serve(aiohttp_server, trunk, store_dir, **settings):
-    from heads import HeadStore
-    from service.app import RUNTIME, create_app
-    from service.settings import Settings
-
+    """The service app in this process around the session's trunk; returns (url, store) once
+    its /readyz says 200, as the benchmark would see it."""
     import asyncio
+
+    from heads import HeadStore
+    from service.app import create_app
+    from service.settings import Settings
 
     store = HeadStore(store_dir)
     app = create_app(Settings(store=str(store_dir), warmup=False, max_wait_ms=2.0, **settings),
                      trunk=trunk, store=store)
     server = await aiohttp_server(app)
-    for _ in range(500):
-        if app[RUNTIME].ready:
-            break
-        await asyncio.sleep(0.01)
-    assert app[RUNTIME].ready, app[RUNTIME].error
-    return str(server.make_url("")).rstrip("/"), store
+    url = str(server.make_url("")).rstrip("/")
+    async with client_session() as session:
+        for _ in range(500):
+            async with session.get(f"{url}/readyz") as response:
+                status, body = response.status, await response.text()
+            if status == 200 or '"failed"' in body:
+                break
+            await asyncio.sleep(0.01)
+    assert status == 200, body
+    return url, store
 
 
 async def test_service_points_and_fanout_measure_a_real_server(aiohttp_server, trunk, jpegs,
                                                                tmp_path):
-    bots = bench.register_bots(tmp_path / "store", 5, classes=5, seed=0)
-    assert bots == [bench.bot_id(i) for i in range(5)]
+    bots = runner.register_bots(tmp_path / "store", 5, classes=5, seed=0)
+    assert bots == [runner.bot_id(i) for i in range(5)]
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "store")
     try:
-        b = bench.Bench(_plan(), tmp_path / "out")
+        b = runner.Bench(_plan(), tmp_path / "out")
         b.jpegs = list(jpegs)
         data = {"points": []}
         b.results["service"] = {"policies": {"mixed": data}}
@@ -103,7 +119,7 @@ async def test_service_points_and_fanout_measure_a_real_server(aiohttp_server, t
 
 
 async def test_workload_spreads_requests_over_zipf_bots(aiohttp_server, trunk, jpegs, tmp_path):
-    bots = bench.register_bots(tmp_path / "store", 3, classes=4, seed=1)
+    bots = runner.register_bots(tmp_path / "store", 3, classes=4, seed=1)
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "store")
     try:
         workload = Workload(jpegs, bots, zipf_s=1.0, seed=0)
@@ -120,13 +136,13 @@ async def test_workload_spreads_requests_over_zipf_bots(aiohttp_server, trunk, j
 
 async def test_scale_registers_levels_and_touches_every_bot(aiohttp_server, trunk, jpegs,
                                                              tmp_path):
-    b = bench.Bench(_plan(), tmp_path / "out")
+    b = runner.Bench(_plan(), tmp_path / "out")
     b.jpegs = list(jpegs)
     result = b.register_levels(tmp_path / "scale")
     assert [lv["bots"] for lv in result["levels"]] == [3, 6]
     assert [lv["register"]["n"] for lv in result["levels"]] == [3, 3]
     assert result["registrations"] == 6 and result["registration_p50_ms"] > 0
-    assert result["weight_bytes_per_bot"] == (1536 * 5 + 5) * 4
+    assert result["weight_bytes_per_bot"] == (FEATURE_DIM * 5 + 5) * 4
 
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "scale")
     try:
@@ -146,6 +162,6 @@ async def test_scale_registers_levels_and_touches_every_bot(aiohttp_server, trun
 
 
 def test_random_heads_are_seeded_and_shaped():
-    w, bias, labels = bench.random_head(np.random.default_rng(0), 7)
-    assert w.shape == (1536, 7) and w.dtype == np.float32 and bias.shape == (7,)
+    w, bias, labels = runner.random_head(np.random.default_rng(0), 7)
+    assert w.shape == (FEATURE_DIM, 7) and w.dtype == np.float32 and bias.shape == (7,)
     assert len(labels) == 7 == len(set(labels))

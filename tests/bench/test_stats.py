@@ -7,9 +7,19 @@ import math
 import numpy as np
 import pytest
 
-from service.bench_stats import (Histogram, ZipfSampler, get_path, parse_gauges,
-                                 parse_histograms, percentile, poisson_arrivals, ratio,
-                                 rss_bytes, summarize, zipf_weights)
+from bench.stats import (
+    Histogram,
+    ZipfSampler,
+    get_path,
+    parse_gauges,
+    parse_histograms,
+    percentile,
+    poisson_arrivals,
+    ratio,
+    rss_bytes,
+    summarize,
+    zipf_weights,
+)
 
 
 @pytest.mark.parametrize("q, expected", [(0, 1.0), (50, 3.0), (100, 5.0), (25, 2.0), (90, 4.6)])
@@ -93,8 +103,8 @@ def test_poisson_arrivals_refuse_bad_arguments(rate, count):
 
 
 def _exposition(observations: list[float]) -> str:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram as PHistogram
-    from prometheus_client import generate_latest
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+    from prometheus_client import Histogram as PHistogram
 
     registry = CollectorRegistry()
     h = PHistogram("batch_size", "rows", namespace="multihead", buckets=(1, 2, 4, 8, 16),

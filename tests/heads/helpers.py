@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-FEATURE_DIM = 1536
+from backbone.spec import FEATURE_DIM
 
 
 def random_head(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:

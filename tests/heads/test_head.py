@@ -6,7 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from heads import FEATURE_DIM, Head, InvalidBotId, InvalidHead, UnknownBot, validate_bot_id
+from backbone.spec import FEATURE_DIM
+from heads import Head, InvalidBotId, InvalidHead, UnknownBot, validate_bot_id
 from heads.head import validate_head_arrays
 from tests.heads.helpers import random_head
 
@@ -16,10 +17,14 @@ def make_head(n=5, seed=0, version=1) -> Head:
     return Head("acme", version, tuple(labels), w, b)
 
 
-def test_feature_dim_matches_the_trunk():
-    import backbone
+def test_feature_dim_is_the_official_logits_input():
+    import json
+    from pathlib import Path
 
-    assert FEATURE_DIM == backbone.FEATURE_DIM
+    contract = json.loads((Path(__file__).parents[1] / "data" /
+                           "inception_v4_contract.json").read_text())
+    (weights,) = [v for v in contract["logits_variables"] if v["name"].endswith("/weights")]
+    assert weights["shape"][0] == FEATURE_DIM
 
 
 def test_logits_equal_float64_reference():

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import heads.store
-from heads import (HeadLoadError, HeadStore, InvalidBotId, InvalidHead, UnknownBot,
-                   UnknownVersion)
+from heads import HeadLoadError, HeadStore, InvalidBotId, InvalidHead, UnknownBot, UnknownVersion
 from tests.heads.helpers import random_head, save_checkpoint, tree_digest, write_labels
 
 REPO = Path(__file__).resolve().parents[2]
@@ -251,7 +250,7 @@ def test_store_lru_respects_budget_and_pins(tmp_path):
         one = probe.get("bot0").nbytes  # about 0.6 MiB
     budget_mb = 3.5 * one / 2**20
     with HeadStore(root, heads_memory_mb=budget_mb, pinned=["bot0"]) as s:
-        for rounds in range(2):
+        for _ in range(2):
             for i in range(6):
                 head = s.get(f"bot{i}")
                 np.testing.assert_array_equal(head.weights, random_head(100, seed=i)[0])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-import heads.cli
 from heads import HeadStore, TrunkMismatch
+from service.cli import bots as bots_cli
 from tests.heads.helpers import tree_digest, write_labels
 
 IMAGENET_LABELS = ["background"] + [f"imagenet class {i}" for i in range(1, 1001)]
@@ -20,7 +20,7 @@ IMAGENET_LABELS = ["background"] + [f"imagenet class {i}" for i in range(1, 1001
 
 def parse(argv):
     parser = argparse.ArgumentParser(prog="multihead")
-    heads.cli.add_subcommands(parser.add_subparsers(dest="command", required=True))
+    bots_cli.add_commands(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 
@@ -61,7 +61,7 @@ def test_slim_import_with_another_trunk_is_refused_unless_forced(
     before = tree_digest(root)
     argv = ["register", "ft", "--from-slim-checkpoint", finetuned_checkpoint, "--labels", labels,
             "--store", str(root), "--trunk-checkpoint", trunk_checkpoint]
-    from service.cli import main
+    from service.cli.main import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -127,7 +127,7 @@ def test_train_on_generated_images_beats_chance(trunk, tmp_path, capsys):
     recording = RecordingTrunk(trunk)
     args = parse(["train", "colours", "--images", str(folder), "--store", str(store_dir),
                   "--val-fraction", "0.25", "--no-progress", "--batch-size", "12"])
-    assert heads.cli.cmd_train(args, trunk=recording) == 0
+    assert bots_cli.cmd_train(args, trunk=recording) == 0
     out, err = capsys.readouterr()
     assert "skipped" in err and "broken.jpg" in err
     assert [len(f) for f in recording.features_seen] == [12, 12, 12]  # batched, 36 images

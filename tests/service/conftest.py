@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from heads import HeadStore
-from service.app import RUNTIME, create_app
+from service.app import SERVICE, create_app
 from service.settings import Settings
 from tests.backbone.helpers import encode, pattern
 
@@ -80,10 +80,10 @@ def make_client(aiohttp_client, trunk, store, tmp_path):
         client = await aiohttp_client(app)
         if wait_ready:
             for _ in range(500):
-                if app[RUNTIME].ready:
+                if app[SERVICE].readiness.ready:
                     break
                 await asyncio.sleep(0.01)
-            assert app[RUNTIME].ready, app[RUNTIME].error
+            assert app[SERVICE].readiness.ready, app[SERVICE].readiness.error
         return client
 
     return make

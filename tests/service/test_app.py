@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.app import RUNTIME
+from service.app import SERVICE
 from tests.backbone.helpers import encode
 from tests.service.conftest import BOTS, GatedTrunk, random_head
 
@@ -232,7 +232,7 @@ async def test_overload_is_503_and_queued_requests_survive(make_client, trunk):
         await asyncio.sleep(0.01)
     queued = [post(img) for img in images[1:4]]  # fills the queue (3 rows)
     app = client.server.app
-    while app[RUNTIME].engine.batcher.queue_depth < 3:
+    while app[SERVICE].engine.batcher.queue_depth < 3:
         await asyncio.sleep(0.01)
     rejected = await client.post("/classify/alpha", data=images[4],
                                  headers={"Content-Type": "image/png"})

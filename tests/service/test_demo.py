@@ -7,8 +7,8 @@ import io
 import pytest
 
 from heads import HeadStore
-from service.app import RUNTIME, create_app
-from service.cli import main
+from service.app import SERVICE, create_app
+from service.cli.main import main
 from service.demo import ensure_demo
 from service.demo_images import KINDS, demo_image
 from service.settings import Settings
@@ -42,8 +42,8 @@ async def test_demo_setup_and_tour(trunk, trunk_checkpoint, tmp_path, aiohttp_cl
     # Serve the store and classify held-out images of each demo kind over HTTP.
     app = create_app(Settings(store=str(store_dir), warmup=False), trunk=trunk)
     client = await aiohttp_client(app)
-    while not app[RUNTIME].ready:
-        assert app[RUNTIME].error is None
+    while not app[SERVICE].readiness.ready:
+        assert app[SERVICE].readiness.error is None
         import asyncio
         await asyncio.sleep(0.01)
     correct = total = 0
@@ -59,8 +59,8 @@ async def test_demo_setup_and_tour(trunk, trunk_checkpoint, tmp_path, aiohttp_cl
 
     # `multihead train` a new bot from a folder of images (the CLI parser and handler, with
     # the session's trunk instead of building another one).
-    from heads.cli import cmd_train
-    from service.cli import build_parser
+    from service.cli.bots import cmd_train
+    from service.cli.main import build_parser
 
     args = build_parser().parse_args(["train", "my-scenes", "--images",
                                       str(store_dir / "demo_images" / "scenes"),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from backbone import preprocess
-from service.interop import HEADER_LENGTH
+from service.codecs.oip import HEADER_LENGTH
 from tests.service.conftest import GatedTrunk, random_head
 
 pytestmark = pytest.mark.timeout(300)

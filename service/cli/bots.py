@@ -1,4 +1,4 @@
-"""`multihead register|train|bots` (owned by the heads work).
+"""`multihead register|train|bots`: register, train and administer bots in a store.
 
 Every handler validates its arguments and inputs before it opens the store, so a refusal
 (raised as a `HeadsError` and printed by `service.cli.main` as one line, exit 2) leaves the
@@ -13,21 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_STORE = "checkpoints"
-STORE_ENV = "MULTIHEAD_STORE"
+from service.cli.options import store_dir, store_option, trunk_option, trunk_prefix
+
 BOT_HELP = "bot id: 1-64 characters of A-Z a-z 0-9 . _ -, a letter or digit first"
 
 
-def add_subcommands(sub) -> None:
+def add_commands(sub) -> None:
     """Add `register`, `train` and `bots {list,show,remove,rollback}` to `multihead`."""
-    store = argparse.ArgumentParser(add_help=False)
-    store.add_argument(
-        "--store", metavar="DIR", default=None,
-        help=f"store directory (default: ${STORE_ENV}, else '{DEFAULT_STORE}')")
-    trunk = argparse.ArgumentParser(add_help=False)
-    trunk.add_argument(
-        "--trunk-checkpoint", metavar="PREFIX", default=None,
-        help="serving trunk checkpoint prefix (default: the store's, <store>/trunk/...)")
+    store, trunk = store_option(), trunk_option()
     fmt = argparse.RawDescriptionHelpFormatter
 
     p = sub.add_parser(
@@ -132,22 +125,10 @@ def add_subcommands(sub) -> None:
     p.set_defaults(func=cmd_rollback)
 
 
-def store_dir(args: argparse.Namespace) -> str:
-    return args.store or os.environ.get(STORE_ENV) or DEFAULT_STORE
-
-
 def _open_store(args: argparse.Namespace):
     from heads.store import HeadStore
 
     return HeadStore(store_dir(args))
-
-
-def _trunk_prefix(args: argparse.Namespace) -> str:
-    if args.trunk_checkpoint:
-        return args.trunk_checkpoint
-    from backbone import default_trunk_checkpoint
-
-    return default_trunk_checkpoint(store_dir(args))
 
 
 # -- register ------------------------------------------------------------------------------------
@@ -170,7 +151,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 weights_name=args.weights_name or "weights",
                 biases_name=args.biases_name or "biases")
     else:
-        serving = _trunk_prefix(args)
+        serving = trunk_prefix(args)
         if not Path(f"{serving}.index").exists() and not Path(serving).is_dir():
             if not args.force:
                 from heads.errors import HeadLoadError
@@ -213,7 +194,7 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
     if own_trunk:
         from backbone import Trunk
 
-        trunk = Trunk.from_checkpoint(_trunk_prefix(args))
+        trunk = Trunk.from_checkpoint(trunk_prefix(args))
     try:
         data = extract_features(folder, trunk, batch_size=args.batch_size,
                                 progress=not args.no_progress)
@@ -257,17 +238,11 @@ def _print_accuracy(result) -> None:
 # -- bots ----------------------------------------------------------------------------------------
 
 
-def _info_dict(info) -> dict:
-    return {"bot_id": info.bot_id, "version": info.version, "n_classes": info.n_classes,
-            "labels": list(info.labels), "created": info.created, "source": info.source,
-            "versions": list(info.versions)}
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
         bots = store.list()
     if args.json:
-        print(json.dumps([_info_dict(b) for b in bots], indent=2))
+        print(json.dumps([b.to_dict() for b in bots], indent=2))
         return 0
     if not bots:
         print(f"no bots registered in {store_dir(args)}")
@@ -289,7 +264,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         info = store.info(bot_id)
         history = store.history(bot_id)
     if args.json:
-        print(json.dumps({**_info_dict(info), "history": history}, indent=2))
+        print(json.dumps({**info.to_dict(), "history": history}, indent=2))
         return 0
     shown = ", ".join(info.labels[:20]) + (f", ... (+{info.n_classes - 20} more)"
                                            if info.n_classes > 20 else "")

@@ -1,4 +1,4 @@
-"""`multihead bench`: the shared-trunk design against the naive ones, measured in ONE run.
+"""The benchmark run: the shared-trunk design against the naive ones, measured in ONE run.
 
 Sections (`--sections`, all by default; they run in this order):
 
@@ -17,53 +17,46 @@ Sections (`--sections`, all by default; they run in this order):
 Writes `<output>/bench.json`, `bench.md` (the tables, dated, with the machine) and `bench.png`
 (latency vs throughput of the service load points, mixed vs per-bot batching), plus one log per
 server process. `--check` prints every target of issue 6 with its measured value and exits 1
-when one is missed. Runnable as `multihead bench ...` or `python -m service.bench ...`.
+when one is missed. The flags and the command are in `bench.cli` (`multihead bench ...` or
+`python -m bench ...`); this module is the run itself.
 
 Everything is real: the real Inception-V4 trunk (a seeded random checkpoint in the official
 layout unless `--trunk-checkpoint` is given; random weights cost exactly what the real ones do),
 real server processes, real HTTP, real JPEG decoding. Nothing heavy is imported at module
-level: `multihead --help` imports this module.
+level (`backbone` without TensorFlow, numpy): `multihead --help` imports this module.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import math
 import os
-import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
-from service.bench_report import (evaluate_targets, format_target_line, render_markdown,
-                                  targets_failed, write_reports)
-from service.bench_stats import machine_facts, ratio, rss_bytes, summarize
+from backbone import FEATURE_DIM
+from bench.report import write_reports
+from bench.stats import machine_facts, ratio, rss_bytes, summarize
 
 # Cost of one 299x299 image through Inception-V4 up to PreLogitsFlatten (the trunk), in FLOPs
 # (1 multiply-add = 2 FLOPs): `flops_per_image.to_PreLogitsFlatten` of the shared contract
 # (/work/shared/inception_v4_contract.json, TF profiler float_operation count on the official
-# graph; = 12,274,991,520 multiply-adds, 99.8 % of it Conv2D).
+# graph; = 12,274,991,520 multiply-adds, 99.8 % of it Conv2D). A copy, because the benchmark
+# is installed without the tests' data; tests/bench checks it against the contract file.
 FLOPS_PER_IMAGE = 24_549_983_040
 
 SECTIONS = ("trunk", "service", "fanout", "scale", "coldstart", "baselines")
-DESCRIPTION = (
-    "Measure the shared-trunk design against the naive ones (rebuild per request, one full "
-    "model per bot) on this machine, in one run: raw trunk, the service over HTTP with many "
-    "bots, fan-out, bot scale, cold start. Writes bench.json, bench.md and bench.png. "
-    f"Sections: {', '.join(SECTIONS)}.")
-FEATURE_DIM = 1536
 MIB = 1024 * 1024
 
 
@@ -103,7 +96,7 @@ class Plan:
     progress: bool = True
 
     @classmethod
-    def quick_plan(cls, **overrides) -> "Plan":
+    def quick_plan(cls, **overrides) -> Plan:
         values = dict(quick=True, concurrency=(1, 16), closed_min_requests=16,
                       closed_requests_per_client=4, poisson_requests=24, trunk_runs=5,
                       matmul_runs=5, scale_levels=(10, 100, 1000), cold_samples=20,
@@ -146,7 +139,7 @@ class _Bar:
         if self._bar is not None:
             self._bar.close()
 
-    def __enter__(self) -> "_Bar":
+    def __enter__(self) -> _Bar:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -243,14 +236,14 @@ class Bench:
     def run(self) -> dict:
         """Runs the selected sections in order; a failing section is recorded and the run goes
         on. Returns the results dict (also written to `<out_dir>/bench.json` as it fills)."""
-        from service.bench_load import make_jpegs, stop_all_servers
+        from bench.load import make_jpegs, stop_all_servers
 
         started = time.monotonic()
         plan = self.plan
         self.out_dir.mkdir(parents=True, exist_ok=True)
         meta = self.results["meta"]
         meta.update(
-            date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             command=self.command, quick=plan.quick,
             sections=[s for s in SECTIONS if s in plan.sections],
             machine=machine_facts(tf_version()),
@@ -326,7 +319,7 @@ class Bench:
         link.symlink_to(shared, target_is_directory=True)
 
     def _server(self, name: str, store: Path, **options):
-        from service.bench_load import ServerProcess
+        from bench.load import ServerProcess
 
         opts = {"max-batch-size": self.plan.max_batch_size}
         if self.plan.max_wait_ms is not None:
@@ -417,7 +410,11 @@ class Bench:
                    "policies": {}}
         if want_service:
             self.results["service"] = service
-        policies = ["mixed", "per_group"] if want_service else ["mixed"]
+        from service.settings import BATCH_POLICIES
+
+        # Mixed first: the open-loop rate both policies face is taken from its throughput.
+        policies = (sorted(BATCH_POLICIES, key=lambda p: p != "mixed") if want_service
+                    else ["mixed"])
         for policy in policies:
             server = self._server(f"service-{policy}", store, **{
                 "batch-policy": policy, "feature-cache-size": 0})
@@ -444,7 +441,7 @@ class Bench:
 
     async def _warm_up(self, url: str, bots: Sequence[str]) -> None:
         """One concurrent burst (not measured): connections, thread pools, batch shapes."""
-        from service.bench_load import Workload, closed_loop
+        from bench.load import Workload, closed_loop
 
         workload = Workload(self.jpegs, bots, self.plan.zipf_s, seed=self.plan.seed + 99)
         await closed_loop(url, workload, concurrency=min(16, self.plan.max_batch_size),
@@ -452,7 +449,7 @@ class Bench:
 
     async def _service_points(self, url: str, bots: Sequence[str], policy: str,
                               data: dict) -> None:
-        from service.bench_load import Workload, closed_loop, open_loop, scrape_metrics
+        from bench.load import Workload, closed_loop, open_loop, scrape_metrics
 
         plan = self.plan
         trunk_best = (self.results.get("trunk") or {}).get("best_images_per_s")
@@ -476,7 +473,7 @@ class Bench:
             size = after["multihead_batch_size"].minus(before.get("multihead_batch_size"))
             groups = after["multihead_batch_bots"].minus(before.get("multihead_batch_bots"))
 
-            def server_mean_ms(name: str) -> float:
+            def server_mean_ms(name: str, after=after, before=before) -> float:
                 if name not in after:
                     return math.nan
                 return 1000.0 * after[name].minus(before.get(name)).mean
@@ -529,7 +526,7 @@ class Bench:
         return rate
 
     async def _fanout(self, url: str, bots: Sequence[str]) -> None:
-        from service.bench_load import sequential
+        from bench.load import sequential
 
         plan = self.plan
         n_bots = min(plan.fanout_bots, len(bots))
@@ -602,7 +599,7 @@ class Bench:
                 for level in levels:
                     times: list[float] = []
 
-                    def on_each(dt: float) -> None:
+                    def on_each(dt: float, times: list[float] = times) -> None:
                         times.append(dt)
                         bar.update()
 
@@ -624,7 +621,7 @@ class Bench:
         """Loads the registered bots into the server level by level, through HTTP, with ONE
         image whose features are cached after the first request: what each request costs, and
         what the server's RSS (`read_rss()`) grows by, is the head alone. Fills `result`."""
-        from service.bench_load import concurrent, scrape_metrics, sequential
+        from bench.load import concurrent, scrape_metrics, sequential
 
         plan = self.plan
         weight_bytes = result["weight_bytes_per_bot"]
@@ -694,12 +691,13 @@ class Bench:
         self.results["coldstart"] = result
 
         def start(label: str, notes: str = "", **options) -> dict:
+            # INFO: the server log then shows its start-up steps, for whoever reads it.
             server = self._server(f"coldstart-{len(result['starts'])}", store, log_level="INFO",
                                   **options)
             self._start(server)
             server.stop()
             entry = {"label": label, "healthz_s": server.healthz_s, "ready_s": server.ready_s,
-                     **server.log_timings()}
+                     **coldstart_timings(server.server_timings())}
             if "build_s" in entry:
                 notes = (notes + "; " if notes else "") + (
                     f"graph {entry['build_s']:.1f} s, restore {entry['restore_s']:.1f} s")
@@ -800,7 +798,7 @@ def full_models_worker(prefix: str, jpegs: Sequence[bytes], k: int, requests: in
     import tensorflow as tf
 
     from backbone import Trunk, preprocess
-    from service.bench_stats import ZipfSampler
+    from bench.stats import ZipfSampler
 
     float(tf.reduce_sum(tf.ones([4, 4])))  # the runtime's own start-up memory, not a model's
     options = {"graph_cache_dir": graph_cache_dir} if graph_cache_dir else {}
@@ -842,156 +840,17 @@ def full_models_worker(prefix: str, jpegs: Sequence[bytes], k: int, requests: in
                       + ("; models 2..K re-imported model 1's saved graph" if options else "")}
 
 
+def coldstart_timings(server_timings: dict[str, float]) -> dict[str, float]:
+    """What a cold start records of the server's own /readyz timings: `build_s`, `restore_s`
+    and `server_ready_s` (the server's seconds from its start to ready), when it reported them."""
+    out = {key: server_timings[key] for key in ("build_s", "restore_s") if key in server_timings}
+    if "ready_s" in server_timings:
+        out["server_ready_s"] = server_timings["ready_s"]
+    return out
+
+
 def _label(point: dict) -> str:
     if point.get("mode") == "open":
         return f"Poisson {point.get('rate_per_s')}/s"
     clients = point.get("concurrency")
     return f"{clients} client{'' if clients == 1 else 's'}"
-
-
-# -- command line ---------------------------------------------------------------------------
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'")
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got '{text}'")
-    return values
-
-
-def _sections(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    unknown = [n for n in names if n not in SECTIONS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown section(s) {', '.join(unknown) or '(none)'}; choose from "
-            f"{','.join(SECTIONS)}")
-    return names
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sections", type=_sections, default=SECTIONS,
-                        help=f"comma-separated sections to run (default: all = "
-                             f"{','.join(SECTIONS)})")
-    parser.add_argument("--output", default="bench-out", metavar="DIR",
-                        help="where bench.json, bench.md, bench.png and server logs go "
-                             "(default: bench-out)")
-    parser.add_argument("--quick", action="store_true",
-                        help="reduced counts (concurrency 1 and 16, up to 1,000 bots, fewer "
-                             "repetitions): a few minutes on 2 cores")
-    parser.add_argument("--check", action="store_true",
-                        help="print every target with its measured value and PASS/FAIL; exit 1 "
-                             "when a target of a selected section is missed")
-    parser.add_argument("--trunk-checkpoint", metavar="PREFIX",
-                        help="trunk checkpoint to use (default: a seeded random one in the "
-                             "official layout, written to a temp dir)")
-    parser.add_argument("--bots", type=int, default=None, metavar="B",
-                        help="bots of the service section (default: 100)")
-    parser.add_argument("--classes", type=int, default=None, metavar="N",
-                        help="classes per head (default: 100)")
-    parser.add_argument("--zipf-s", type=float, default=None, metavar="S",
-                        help="Zipf exponent of bot popularity (default: 1.0)")
-    parser.add_argument("--concurrency", type=_int_list, default=None, metavar="C,C,...",
-                        help="closed-loop client counts (default: 1,4,16,32; quick: 1,16)")
-    parser.add_argument("--poisson-rate", type=float, default=None, metavar="PER_S",
-                        help="open-loop arrival rate (default: 70%% of the 16-client "
-                             "throughput of the mixed policy)")
-    parser.add_argument("--scale-levels", type=_int_list, default=None, metavar="N,N,...",
-                        help="registered bot counts (default: 10,100,1000,10000; quick: up to "
-                             "1000)")
-    parser.add_argument("--scale-touch-max", type=int, default=None, metavar="N",
-                        help="most bots loaded through the server for the RSS measure "
-                             "(default: 2000)")
-    parser.add_argument("--full-models", type=int, default=None, metavar="K",
-                        help="full models of the one-model-per-bot baseline (default: 4)")
-    parser.add_argument("--max-wait-ms", type=float, default=None, metavar="MS",
-                        help="the servers' --max-wait-ms (default: the server default)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and load (0)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def plan_from_args(args: argparse.Namespace) -> Plan:
-    overrides = {"sections": args.sections, "seed": args.seed,
-                 "progress": not args.no_progress}
-    for name, attr in (("bots", "bots"), ("classes", "classes"), ("zipf_s", "zipf_s"),
-                       ("concurrency", "concurrency"), ("poisson_rate", "poisson_rate"),
-                       ("scale_levels", "scale_levels"), ("scale_touch_max", "scale_touch_max"),
-                       ("full_models", "full_models"), ("max_wait_ms", "max_wait_ms")):
-        value = getattr(args, attr, None)
-        if value is not None:
-            overrides[name] = value
-    if overrides.get("classes", 2) < 2:
-        raise ValueError("--classes must be >= 2")
-    if overrides.get("bots", 10) < 10:
-        raise ValueError("--bots must be >= 10 (the fan-out scores 10 bots)")
-    return Plan.quick_plan(**overrides) if args.quick else Plan(**overrides)
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """Runs the benchmark; returns 1 when `--check` finds a missed target, else 0."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    plan = plan_from_args(args)
-
-    def _terminate(signum, frame):
-        raise SystemExit(128 + signum)  # unwinds, so the server processes get stopped
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    try:
-        return _run_and_report(args, plan)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _run_and_report(args: argparse.Namespace, plan: Plan) -> int:
-    command = getattr(args, "command_line", None)
-    if command is None:
-        invoked = Path(sys.argv[0]).name == "multihead" and sys.argv[1:2] == ["bench"]
-        command = "multihead " + shlex.join(sys.argv[1:]) if invoked else "multihead bench"
-    bench = Bench(plan, args.output, trunk_checkpoint=args.trunk_checkpoint, command=command)
-    results = bench.run()
-    targets = evaluate_targets(results, set(plan.sections))
-    written = write_reports(args.output, results, targets)
-    print(render_markdown(results, targets))
-    if args.check:
-        print("Targets:")
-        for target in targets:
-            print("  " + format_target_line(target))
-    print("wrote " + ", ".join(str(p) for p in written.values()))
-    if args.check and targets_failed(targets):
-        return 1
-    return 0
-
-
-def add_subcommands(sub) -> None:
-    parser = sub.add_parser(
-        "bench",
-        help="benchmark the shared trunk against the naive designs (writes json, md, png)",
-        description=DESCRIPTION,
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run_bench)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m service.bench [options]`."""
-    parser = argparse.ArgumentParser(prog="python -m service.bench",
-                                     description=DESCRIPTION)
-    add_arguments(parser)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    args.command_line = "python -m service.bench " + shlex.join(argv)
-    try:
-        return run_bench(args)
-    except KeyboardInterrupt:
-        return 130
-    except ValueError as exc:
-        print(f"python -m service.bench: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

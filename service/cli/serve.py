@@ -9,7 +9,7 @@ import threading
 from service.settings import Settings
 
 
-def add_subcommands(sub) -> None:
+def add_commands(sub) -> None:
     parser = sub.add_parser(
         "serve",
         help="run the HTTP service (classify, bots, admin, health, metrics)",
@@ -28,8 +28,11 @@ def add_subcommands(sub) -> None:
 
 def ensure_demo_trunk(settings: Settings) -> None:
     """Creates the store's demo trunk checkpoint when no trunk is configured or present."""
-    from backbone.checkpoint import (checkpoint_exists, default_trunk_checkpoint,
-                                     write_random_checkpoint)
+    from backbone.checkpoint import (
+        checkpoint_exists,
+        default_trunk_checkpoint,
+        write_random_checkpoint,
+    )
 
     if settings.trunk_checkpoint:
         return
@@ -46,17 +49,11 @@ def run_serve(args: argparse.Namespace) -> int:
     # build waits for it through the import lock.
     threading.Thread(target=importlib.import_module, args=("tensorflow",), daemon=True,
                      name="multihead-import-tf").start()
-    from aiohttp import web
-
-    from service.app import create_app
+    from service.app import run_app  # aiohttp: imported only by the command that serves
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env_and_args(args)
     ensure_demo_trunk(settings)
-    app = create_app(settings)
-    # run_app turns SIGTERM/SIGINT into a graceful shutdown: stop accepting, drain, close.
-    web.run_app(app, host=settings.host, port=settings.port, shutdown_timeout=
-                settings.request_timeout_s, print=lambda msg: logging.getLogger(__name__).info(
-                    msg.strip()))
+    run_app(settings)
     return 0

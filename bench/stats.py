@@ -8,11 +8,10 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
-
 
 # -- latency summaries ---------------------------------------------------------------------------
 
@@ -93,7 +92,7 @@ class Histogram:
     sum: float
     count: float
 
-    def minus(self, earlier: "Histogram | None") -> "Histogram":
+    def minus(self, earlier: Histogram | None) -> Histogram:
         """What was observed between `earlier` and this scrape."""
         if earlier is None:
             return self

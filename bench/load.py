@@ -1,15 +1,15 @@
 """The benchmark's outside view of the service: a real `multihead serve` process on loopback,
 and HTTP load against it (closed loop at fixed concurrency, open loop with Poisson arrivals).
 
-Nothing here imports TensorFlow; aiohttp is imported by the load functions only.
+Nothing here imports TensorFlow or the service; aiohttp is imported by the load functions only.
 """
 from __future__ import annotations
 
 import asyncio
 import io
 import itertools
+import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -17,14 +17,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from service.bench_stats import (Histogram, ZipfSampler, parse_gauges, parse_histograms,
-                                 poisson_arrivals, rss_bytes, summarize)
+from bench.stats import (
+    Histogram,
+    ZipfSampler,
+    parse_gauges,
+    parse_histograms,
+    poisson_arrivals,
+    rss_bytes,
+    summarize,
+)
 
 # -- images ---------------------------------------------------------------------------------
 
@@ -70,14 +77,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def serve_command() -> list[str]:
-    """`multihead serve` of this interpreter's environment (the console script when installed)."""
+    """`multihead serve` of this interpreter's environment: the console script when installed,
+    else `python -m service.cli serve` (the same entry point)."""
     script = Path(sys.executable).with_name("multihead")
     if script.exists():
         return [str(script), "serve"]
     return [sys.executable, "-m", "service.cli", "serve"]
 
 
-_LIVE: set["ServerProcess"] = set()
+_LIVE: set[ServerProcess] = set()
 
 
 def stop_all_servers() -> None:
@@ -110,6 +118,7 @@ class ServerProcess:
     port: int = 0
     healthz_s: float | None = None
     ready_s: float | None = None
+    _timings: dict = field(default_factory=dict)
     _proc: subprocess.Popen | None = None
     _log: object = None
 
@@ -142,10 +151,13 @@ class ServerProcess:
                 cmd += [f"--{key}", str(value)]
         return cmd
 
-    def start(self, timeout_s: float = 300.0) -> "ServerProcess":
+    def start(self, timeout_s: float = 300.0) -> ServerProcess:
         """Starts the process and waits for /readyz 200; records seconds to /healthz and /readyz
-        from just before the process was spawned."""
+        from just before the process was spawned, and the server's own timings from the body of
+        that 200 (see `server_timings`)."""
         self.port = free_port()
+        self.healthz_s = self.ready_s = None
+        self._timings = {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("MULTIHEAD_")}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["PYTHONUNBUFFERED"] = "1"
@@ -172,6 +184,7 @@ class ServerProcess:
                     status, body = _get(f"{self.url}/readyz")
                     if status == 200:
                         self.ready_s = time.monotonic() - t0
+                        self._timings = _readyz_timings(body)
                         return self
                     if b'"failed"' in body:
                         raise ServerError(f"server '{self.name}' failed to load: "
@@ -191,20 +204,12 @@ class ServerProcess:
             return ""
         return " | ".join(text.strip().splitlines()[-lines:])
 
-    def log_timings(self) -> dict[str, float]:
-        """build/restore seconds and the server's own ready time, from its INFO log lines."""
-        try:
-            text = self.log_path.read_text("utf-8", errors="replace")
-        except OSError:
-            return {}
-        out = {}
-        m = re.search(r"build ([0-9.]+)s restore ([0-9.]+)s", text)
-        if m:
-            out.update(build_s=float(m.group(1)), restore_s=float(m.group(2)))
-        m = re.search(r"ready: trunk .* in ([0-9.]+)s", text)
-        if m:
-            out["server_ready_s"] = float(m.group(1))
-        return out
+    def server_timings(self) -> dict[str, float]:
+        """The server's own start-up timings, as its /readyz answered when it became ready:
+        `import_s`, `build_s`, `restore_s`, `warmup_s` and `ready_s` (seconds from the app's
+        start to ready). Only the keys the server reported (none from a server whose /readyz
+        has no "timings"); empty before `start()` has seen ready."""
+        return dict(self._timings)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM (graceful: drain, close), then SIGKILL if it does not exit in time."""
@@ -221,7 +226,7 @@ class ServerProcess:
             self._log = None
         _LIVE.discard(self)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -236,6 +241,18 @@ def _get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
     except (urllib.error.URLError, OSError):
         return 0, b""
+
+
+def _readyz_timings(body: bytes) -> dict[str, float]:
+    """The numeric entries of "timings" in a /readyz JSON body ({} when absent or not JSON)."""
+    try:
+        timings = json.loads(body).get("timings")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(timings, dict):
+        return {}
+    return {str(k): float(v) for k, v in timings.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _get_status(url: str) -> int:

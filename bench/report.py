@@ -1,18 +1,21 @@
 """The benchmark's targets (`--check`) and its report files: bench.json, bench.md, bench.png.
 
-Everything here works on the plain results dict that `service.bench` fills in (JSON types
-only), so it can be tested on synthetic results without running anything.
+Everything here works on the plain results dict that `bench.runner` fills in (JSON types
+only), so it can be tested on synthetic results without running anything. matplotlib is
+optional (the `bench` extra): it is imported only to draw bench.png, and without it the JSON
+and Markdown reports are still written.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
 
-from service.bench_stats import get_path, ratio
+from bench.stats import get_path, ratio
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
@@ -203,7 +206,8 @@ def render_markdown(results: Mapping, targets: list[Target] | None = None) -> st
         f"at start {machine.get('load_average_at_start')}.")
     out.append(
         f"Run: `{meta.get('command', 'multihead bench')}` "
-        f"({'quick' if meta.get('quick') else 'full'} mode), sections {', '.join(meta.get('sections', []))}, "
+        f"({'quick' if meta.get('quick') else 'full'} mode), sections "
+        f"{', '.join(meta.get('sections', []))}, "
         f"{_fmt(meta.get('duration_s'))} s. Trunk: {meta.get('trunk_kind', '?')}.")
     out.append("")
 
@@ -223,8 +227,9 @@ def render_markdown(results: Mapping, targets: list[Target] | None = None) -> st
                 f"{trunk.get('best_batch_size')}) is {_fmt(trunk.get('efficiency_pct'))} % of it. "
                 f"Graph build {_fmt(trunk.get('build_s'))} s, restore "
                 f"{_fmt(trunk.get('restore_s'))} s. RSS of the benchmark process once the trunk "
-                f"is loaded and has run once: {_fmt((trunk.get('rss_after_load_bytes') or 0) / 1e6)}"
-                f" MB (TensorFlow runtime included).", ""]
+                f"is loaded and has run once: "
+                f"{_fmt((trunk.get('rss_after_load_bytes') or 0) / 1e6)} MB (TensorFlow runtime "
+                f"included).", ""]
 
     service = results.get("service")
     if service:
@@ -326,7 +331,8 @@ def render_markdown(results: Mapping, targets: list[Target] | None = None) -> st
                        "resident heads"], rows)
         cold, warm = scale.get("cold", {}), scale.get("warm", {})
         out += ["", f"RSS: {scale.get('method', '')} Overall "
-                f"{_kb(scale.get('rss_growth_per_bot_bytes'))} per bot = {_fmt(scale.get('rss_growth_ratio'))} × weight bytes. "
+                f"{_kb(scale.get('rss_growth_per_bot_bytes'))} per bot = "
+                f"{_fmt(scale.get('rss_growth_ratio'))} × weight bytes. "
                 f"Registration p50 over all {scale.get('registrations')} registrations: "
                 f"{_fmt(scale.get('registration_p50_ms'))} ms (p99 "
                 f"{_fmt(scale.get('registration_p99_ms'))} ms).",
@@ -385,14 +391,33 @@ def write_json(path: Path, results: Mapping, targets: list[Target] | None) -> No
     os.replace(tmp, path)
 
 
+_said_no_matplotlib = False
+
+
+def _import_matplotlib():
+    """matplotlib, or None (saying so once per process) when it is not installed."""
+    global _said_no_matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        if not _said_no_matplotlib:
+            _said_no_matplotlib = True
+            print("[bench] bench.png not drawn: matplotlib is not installed "
+                  "(pip install 'multihead[bench]')", file=sys.stderr)
+        return None
+    return matplotlib
+
+
 def plot_latency_throughput(path: Path, results: Mapping) -> bool:
     """Latency (p50, bar to p95) against throughput of every service load point, one line per
     batching policy, with the raw trunk's best rate and the matmul ceiling as vertical lines.
-    Returns False (and writes nothing) when there is nothing to plot."""
+    Returns False (and writes nothing) when there is nothing to plot or no matplotlib."""
     policies = get_path(results, "service.policies", {}) or {}
     if not any(p.get("points") for p in policies.values()):
         return False
-    import matplotlib
+    matplotlib = _import_matplotlib()
+    if matplotlib is None:
+        return False
 
     matplotlib.use("Agg")  # no display here; must precede pyplot
     import matplotlib.pyplot as plt
@@ -454,7 +479,8 @@ def plot_latency_throughput(path: Path, results: Mapping) -> bool:
 
 def write_reports(out_dir: str | os.PathLike, results: Mapping,
                   targets: list[Target] | None) -> dict[str, Path]:
-    """Writes bench.json, bench.md and (when there are service points) bench.png into out_dir.
+    """Writes bench.json, bench.md and (when there are service points and matplotlib is
+    installed) bench.png into out_dir.
 
     Returns the paths written, by kind ("json", "md", "png").
     """

@@ -1,0 +1,6 @@
+"""`python -m service.cli ...` = `multihead ...`."""
+import sys
+
+from service.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""Transport-neutral request, reply and endpoint types, and `dispatch` (see `service.codecs`)."""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from service.auth import check_admin
+from service.errors import ServiceError, error_body, error_status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from service.runtime import Service
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a codec sees of one request, whatever the transport.
+
+    Attributes:
+        method: upper-case HTTP method.
+        path: the request path (for messages and metrics only).
+        params: path parameters of the matched route (`bot_id`, `version`, ...).
+        query: query parameters (first value of each name).
+        headers: header names lower-cased.
+        read_body: reads the whole body (the transport enforces its size limit and admission);
+            a codec calls it only after everything that can fail without it was checked.
+    """
+
+    method: str
+    path: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    read_body: Callable[[], Awaitable[bytes]] | None = None
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    @property
+    def content_type(self) -> str:
+        """The media type without parameters, lower-cased ('' when absent)."""
+        raw = self.header("content-type") or ""
+        return raw.split(";", 1)[0].strip().lower()
+
+    async def body(self) -> bytes:
+        if self.read_body is None:
+            return b""
+        return await self.read_body()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response, whatever the transport: status, body bytes, content type, extra headers."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = JSON
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def json_reply(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:
+    return Reply(status, json.dumps(obj).encode(), JSON, dict(headers or {}))
+
+
+def error_reply(exc: BaseException) -> Reply:
+    """Any exception as the JSON error body with its status and headers (Retry-After, ...).
+
+    Unknown exceptions are logged with their traceback and answered with a generic 500 that
+    names no internals.
+    """
+    status, _, headers = error_status(exc)
+    if status >= 500 and not isinstance(exc, ServiceError):
+        log.error("internal error", exc_info=exc)
+    return json_reply(error_body(exc), status, headers)
+
+
+Handler = Callable[["Service", Request], Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route of one protocol.
+
+    Attributes:
+        method: HTTP method.
+        path: route template, `{name}` or `{name:regex}` for path parameters.
+        name: operation id, unique across protocols (metrics, logs, API description).
+        handle: parse -> service call -> render.
+        admin: needs the admin bearer token (checked by `dispatch`, before `handle`).
+        summary: one line for the API description.
+    """
+
+    method: str
+    path: str
+    name: str
+    handle: Handler
+    admin: bool = False
+    summary: str = ""
+
+
+async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Reply:
+    """Runs one endpoint for one request: admin check, handler, errors mapped to a Reply."""
+    try:
+        if endpoint.admin:
+            check_admin(service.settings.admin_token, request.header("authorization"))
+        return await endpoint.handle(service, request)
+    except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
+        return error_reply(exc)
+

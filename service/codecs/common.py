@@ -1,0 +1,108 @@
+"""Parsing rules shared by several protocols: JSON bodies, base64, `top_k`, model versions."""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from heads import BotInfo, Head, UnknownVersion
+from service.codecs.base import Request
+from service.engine import Images, Prediction
+from service.errors import BadRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from service.runtime import Service
+
+
+# A bot id as a path parameter of the interop routes: no '/', no ':' (TF Serving's `:predict`).
+BOT_PARAM = "{bot_id:[^{}/:]+}"
+VERSION_PARAM = "{version:[^{}/:]+}"
+
+
+def model_paths(prefix: str) -> list[tuple[str, str]]:
+    """(operation suffix, path) of a model route without and with a version:
+    `{prefix}/{bot}` and `{prefix}/{bot}/versions/{v}`."""
+    return [("", f"{prefix}/{BOT_PARAM}"),
+            ("_version", f"{prefix}/{BOT_PARAM}/versions/{VERSION_PARAM}")]
+
+
+def parse_json_object(raw: bytes | str, what: str) -> dict:
+    """A JSON object, or BadRequest naming `what`."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadRequest(f"{what} is not valid JSON (or nests too deep)") from None
+    if not isinstance(obj, dict):
+        raise BadRequest(f"{what} must be a JSON object")
+    return obj
+
+
+def b64decode(value: Any, where: str) -> bytes:
+    """Standard or URL-safe base64 text -> bytes."""
+    if not isinstance(value, str):
+        raise BadRequest(f"{where} must be a base64 string, got {type(value).__name__}")
+    altchars = b"-_" if ("-" in value or "_" in value) else None
+    try:
+        return base64.b64decode(value, altchars=altchars, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{where} is not valid base64") from None
+
+
+def float_array(data: Any, where: str) -> np.ndarray:
+    """JSON numbers (flat or nested) -> float32 array; the shape is checked by the caller."""
+    try:
+        return np.asarray(data, dtype=np.float32)
+    except (TypeError, ValueError, RecursionError):
+        raise BadRequest(f"{where} must be numbers (flat, or nested to the same depth)") \
+            from None
+
+
+def parse_top_k(query: Mapping[str, str], default: int) -> int:
+    """`?top_k=` as an integer >= 1, or `default` when absent."""
+    raw = query.get("top_k")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"top_k must be an integer >= 1, got '{raw[:32]}'") from None
+    if value < 1:
+        raise BadRequest(f"top_k must be an integer >= 1, got {value}")
+    return value
+
+
+def check_version(bot_id: str, active: int, raw: str | None) -> None:
+    """A version named in the path must be the bot's active one: only that one is served."""
+    if raw is None:
+        return
+    if not raw.isdigit():
+        raise BadRequest(f"model version must be a number, got '{raw[:32]}'")
+    if int(raw) != active:
+        raise UnknownVersion(f"bot '{bot_id}' version {int(raw)} is not served: only its active "
+                             f"version {active} is")
+
+
+# -- model-as-bot lookups shared by the interop protocols (OIP v2, TF Serving) -----------------
+
+async def active_info(service: Service, request: Request) -> BotInfo:
+    """The registry's view of the bot in the path (no head load), its version checked."""
+    info = await service.info(request.params["bot_id"])
+    check_version(info.bot_id, info.version, request.params.get("version"))
+    return info
+
+
+async def active_head(service: Service, request: Request) -> Head:
+    """The active head of the bot in the path, its version checked."""
+    head = await service.head(request.params["bot_id"])
+    check_version(head.bot_id, head.version, request.params.get("version"))
+    return head
+
+
+async def classify_with(service: Service, head: Head, images: Images,
+                        top_k: int) -> list[Prediction]:
+    """Every image under one head, in order."""
+    return [r[0] for r in await service.classify(images, [head], top_k=top_k)]

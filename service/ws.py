@@ -1,0 +1,36 @@
+"""`GET /ws/classify/{bot_id}` (aiohttp WebSocket): one image per binary message, one JSON
+reply per image, in order; the native codec renders each answer and each error."""
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from service.codecs.base import error_reply
+from service.codecs.common import parse_top_k
+from service.codecs.native import render_bot_result
+from service.engine import Images
+from service.runtime import Service
+
+
+async def classify_ws(service: Service, request: web.Request) -> web.WebSocketResponse:
+    bot_id = request.match_info["bot_id"]
+    await service.head(bot_id)  # 404 before the upgrade
+    top_k = parse_top_k(request.query, service.settings.top_k_default)
+    ws = web.WebSocketResponse(max_msg_size=service.settings.max_body_bytes, heartbeat=30)
+    await ws.prepare(request)
+    async for message in ws:
+        if message.type != web.WSMsgType.BINARY:
+            await ws.send_json({"error": "send each image as one binary message",
+                                "code": "bad_request", "status": 400})
+            continue
+        try:
+            # Resolved per message: a long-lived socket follows the bot's active version.
+            head = await service.head(bot_id)
+            results = await service.classify(Images(encoded=[message.data]), [head],
+                                             top_k=top_k)
+            await ws.send_json(render_bot_result([results[0][0]]))
+        except Exception as exc:  # noqa: BLE001 - answer this message, keep the socket
+            reply = error_reply(exc)
+            await ws.send_json({**json.loads(reply.body), "status": reply.status})
+    return ws

@@ -1,0 +1,170 @@
+"""The import layers of the project, checked by parsing every module's imports (lazy ones in
+functions and `TYPE_CHECKING` ones included):
+
+    backbone  <-  heads  <-  service core  <-  service.codecs  <-  service.routes
+                                                                 <-  transports (service.app, service.ws)
+                                                                 <-  service.cli  ->  bench
+
+No import cycle among modules; aiohttp only in the transports and the benchmark client;
+matplotlib only in the benchmark's report; no private name imported from another module.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("backbone", "heads", "service", "bench")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import statement in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found.append((base, [alias.name for alias in node.names], node.lineno))
+    return found
+
+
+def _edges() -> dict[str, set[str]]:
+    """Module -> project modules it imports (`from pkg import mod` counts as pkg.mod)."""
+    edges: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, path in MODULES.items():
+        for module, names, _ in _imports(name, path):
+            targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES]
+            if len(targets) < len(names) or not names:
+                targets.append(module)
+            edges[name].update(t for t in targets if t in MODULES and t != name)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _layer(module: str) -> int:
+    """Lower layers must not import higher ones."""
+    if module.startswith("backbone"):
+        return 0
+    if module.startswith("heads"):
+        return 1
+    if module.startswith("service.codecs") or module == "service.routes":
+        return 3
+    if module in ("service.app", "service.ws"):
+        return 4
+    if module.startswith("service.cli"):
+        return 6
+    if module.startswith("bench"):
+        return 5
+    return 2  # service core: errors, settings, batcher, metrics, engine, runtime, demo
+
+
+def test_the_parser_sees_every_package_and_edges():
+    assert {"backbone.trunk", "heads.store", "service.app", "service.codecs.native",
+            "bench.runner"} <= set(MODULES)
+    assert "service.engine" in _edges()["service.runtime"]
+
+
+def test_no_import_cycle():
+    assert _cycles(_edges()) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_lower_layers_never_import_higher_ones():
+    wrong = sorted((src, dst) for src, dsts in _edges().items() for dst in dsts
+                   if _layer(dst) > _layer(src))
+    assert wrong == []
+
+
+AIOHTTP_ALLOWED = ("service.app", "service.ws", "bench.")
+MATPLOTLIB_ALLOWED = ("bench.report",)
+
+
+@pytest.mark.parametrize("library,allowed", [("aiohttp", AIOHTTP_ALLOWED),
+                                             ("matplotlib", MATPLOTLIB_ALLOWED),
+                                             ("tensorflow", ("backbone.", "heads.files",
+                                                             "heads.store", "heads.train",
+                                                             "bench.runner"))])
+def test_heavy_libraries_stay_where_they_belong(library, allowed):
+    users = sorted({name for name, path in MODULES.items()
+                    for module, _, _ in _imports(name, path)
+                    if module == library or module.startswith(f"{library}.")})
+    assert users, f"nobody imports {library}: the check is not looking"
+    assert [u for u in users if not u.startswith(allowed)] == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    private = sorted(f"{name}:{line} imports {module}.{n}"
+                     for name, path in MODULES.items()
+                     for module, names, line in _imports(name, path)
+                     if module in MODULES and module != name
+                     for n in names if n.startswith("_") and not n.startswith("__"))
+    assert private == []
+
+
+def test_a_plain_install_brings_no_matplotlib():
+    requires = importlib.metadata.requires("multihead") or []
+    plain = [r for r in requires if "extra ==" not in r]
+    assert any(r.startswith("tensorflow") for r in plain), requires
+    assert not [r for r in plain if r.lower().startswith("matplotlib")]
+    assert [r for r in requires if r.lower().startswith("matplotlib")], \
+        "matplotlib should be in the bench extra"
