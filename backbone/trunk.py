@@ -21,13 +21,8 @@ import numpy as np
 
 from backbone.checkpoint import check_layout, resolve_prefix
 from backbone.errors import CheckpointError
-from backbone.inception_v4 import (
-    FEATURE_DIM,
-    IMAGE_SIZE,
-    LOGITS_SCOPE,
-    PRELOGITS,
-    build_inception_v4,
-)
+from backbone.inception_v4 import LOGITS_SCOPE, PRELOGITS, build_inception_v4
+from backbone.spec import FEATURE_DIM, IMAGE_SIZE
 
 log = logging.getLogger(__name__)
 
