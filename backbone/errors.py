@@ -15,3 +15,11 @@ class ImageTooLarge(InvalidImage):
 
 class CheckpointError(BackboneError):
     """A trunk checkpoint is missing, unreadable or does not match the Inception-V4 layout."""
+
+
+class PrecisionUnsupported(BackboneError):
+    """The requested trunk precision cannot run natively on this device (never emulated)."""
+
+
+class RuntimeUnavailable(BackboneError):
+    """The requested trunk runtime is not installed or cannot run on this device."""

@@ -1,0 +1,241 @@
+"""The trunk on OpenVINO: the restored tf-slim graph, frozen in memory and compiled in-process.
+
+tf-slim stays the one definition of the net. `Trunk.from_checkpoint(runtime="openvino")`
+builds and restores the TF graph exactly as for runtime "tf", then `freeze` turns the restored
+session into a GraphDef (variables become constants; input placeholder with a dynamic batch,
+output `PreLogitsFlatten` and optionally `Logits`), `compile_graph` hands it to OpenVINO's
+TensorFlow frontend and the CPU plugin, and `CompiledCache` keeps the compiled blob next to the
+graph cache, so a restart imports it (no TensorFlow, no conversion).
+
+Imported lazily: `import backbone` imports neither this module nor OpenVINO.
+
+Choices (this machine: 2 cores AMD EPYC Zen 3, AVX2 only, no bf16; the machine was shared
+and loaded during measurement, so the numbers below are ratios within one run, not rates):
+  - PERFORMANCE_HINT LATENCY: one stream over both cores, OPTIMAL_NUMBER_OF_INFER_REQUESTS 1.
+    THROUGHPUT makes two one-core streams, which only pays with >= 2 concurrent callers; the
+    service feeds the trunk from one thread with cross-bot batches, so LATENCY is the fit.
+  - requests: a pool of infer requests, one per concurrent caller, created on demand and
+    reused. With one stream, concurrent requests queue inside the plugin, so the pool adds no
+    throughput; it makes `features` safe from many threads (a request is not) and costs one
+    request's activations per concurrent caller, so a single serving thread uses one.
+  - the batch dimension is dynamic and compiled once (shapes 1..16 all run on one model).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import io
+import json
+import logging
+import os
+import queue
+from pathlib import Path
+
+import numpy as np
+
+from backbone.errors import PrecisionUnsupported
+
+log = logging.getLogger(__name__)
+
+DEVICE = "CPU"
+PERFORMANCE_HINT = "LATENCY"
+_OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+
+
+def _ov():
+    import openvino
+
+    return openvino
+
+
+def version() -> str:
+    return _ov().__version__
+
+
+OUTPUT_PREFIX = "multihead_output_"
+
+
+def freeze(session, graph, outputs):
+    """A GraphDef of the restored graph with every variable folded into a constant.
+
+    Each output tensor gets an Identity node `multihead_output_<i>` (in the order given), so
+    every output is a terminal node: OpenVINO's frontend only exposes terminal nodes as model
+    outputs, and the features feed the Logits layer.
+
+    Args:
+      session: the restored TF session.
+      graph: its graph.
+      outputs: the output tensors (features, and optionally logits).
+
+    Returns:
+      (GraphDef, names of the output tensors for `compile_graph`).
+    """
+    import tensorflow as tf
+
+    graph_def = graph.as_graph_def()
+    names = []
+    for i, tensor in enumerate(outputs):
+        node = graph_def.node.add(name=f"{OUTPUT_PREFIX}{i}", op="Identity", input=[tensor.name])
+        node.attr["T"].type = tensor.dtype.as_datatype_enum
+        names.append(node.name)
+    output_names = [f"{name}:0" for name in names]  # the frontend names tensors, not nodes
+    # NOTE: keeps only the nodes the outputs need (the Saver, AuxLogits etc. are dropped).
+    # TF logs once that this v1 API is deprecated: it is the one for a v1 graph and session.
+    frozen = tf.compat.v1.graph_util.convert_variables_to_constants(session, graph_def, names)
+    return frozen, output_names
+
+
+def compile_graph(graph_def, *, input_name: str, output_names: list[str], precision: str,
+                  image_size: int, threads: int | None = None):
+    """Converts a frozen GraphDef with OpenVINO's TF frontend and compiles it for the CPU.
+
+    Returns:
+      An `openvino.CompiledModel` with a dynamic batch dimension.
+    """
+    ov = _ov()
+    model = ov.convert_model(graph_def, input=[(input_name, [-1, image_size, image_size, 3])],
+                             output=output_names)
+    config = compile_config(precision, threads)
+    return _checked(ov.Core().compile_model(model, DEVICE, config), precision)
+
+
+def compile_config(precision: str, threads: int | None = None) -> dict:
+    """OpenVINO CPU properties for a resolved precision ("fp32" or "bf16")."""
+    if precision not in _OV_PRECISION:
+        raise PrecisionUnsupported(f"precision {precision!r} is not available on OpenVINO's CPU "
+                                   f"plugin: use 'fp32' or 'bf16'")
+    config = {"PERFORMANCE_HINT": PERFORMANCE_HINT,
+              "INFERENCE_PRECISION_HINT": _OV_PRECISION[precision]}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    return config
+
+
+def _checked(compiled, precision: str):
+    """Refuses a compiled model that does not run in the requested precision.
+
+    NOTE: on a CPU without bf16 the plugin silently compiles bf16 as f32; the trunk's own
+    check (CPU flags) refuses first, this one catches anything that slips past it.
+    """
+    got = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+    want = _OV_PRECISION[precision]
+    if want not in got.lower().replace("float32", "f32").replace("bfloat16", "bf16"):
+        raise PrecisionUnsupported(f"OpenVINO compiled the trunk in {got}, not {precision}: "
+                                   f"this CPU does not support {precision}")
+    return compiled
+
+
+class CompiledCache:
+    """The compiled trunk exported by OpenVINO (`<dir>/inception_v4-ov-<key>.blob`) + metadata.
+
+    Keyed by everything the blob depends on: the weights (the V2 checkpoint's `.index`, whose
+    entries hold every tensor's crc32c, and the data shard sizes; a V1 file's full bytes), the
+    precision, the outputs, the network and freezing source, and the TensorFlow and OpenVINO
+    versions. A hit starts the trunk without TensorFlow. A corrupt entry is ignored and
+    rewritten; a read-only directory only costs the cache.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, prefix: str, precision: str,
+                 with_logits: bool):
+        from backbone import inception_v4
+
+        digest = hashlib.sha256()
+        for part in (version(), _dist_version("tensorflow"), precision, str(with_logits),
+                     PERFORMANCE_HINT):
+            digest.update(part.encode() + b"|")
+        for source in (inspect.getsourcefile(inception_v4), __file__):
+            digest.update(Path(source).read_bytes())
+        digest.update(checkpoint_fingerprint(prefix).encode())
+        key = digest.hexdigest()[:16]
+        self.path = Path(directory) / f"inception_v4-ov-{key}.blob"
+        self.meta_path = self.path.with_suffix(".json")
+        self.hit = False
+
+    def load(self, precision: str, threads: int | None = None):
+        """(compiled model, metadata dict) or None."""
+        if not (self.path.exists() and self.meta_path.exists()):
+            return None
+        try:
+            meta = json.loads(self.meta_path.read_text())
+            compiled = _ov().Core().import_model(self.path.read_bytes(), DEVICE,
+                                                 compile_config(precision, threads))
+            compiled = _checked(compiled, precision)
+        except PrecisionUnsupported:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign blob: recompile
+            log.warning("ignoring unusable compiled-trunk cache %s: %s", self.path, exc)
+            return None
+        self.hit = True
+        return compiled, meta
+
+    def save(self, compiled, meta: dict) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            stream = io.BytesIO()  # NOTE: export_model() without a stream also returns one
+            compiled.export_model(stream)
+            tmp.write_bytes(stream.getbuffer())
+            del stream
+            tmp_meta = self.meta_path.with_name(f".{self.meta_path.name}.{os.getpid()}.tmp")
+            tmp_meta.write_text(json.dumps(meta))
+            os.replace(tmp_meta, self.meta_path)  # metadata first: the blob's arrival commits
+            os.replace(tmp, self.path)
+        except Exception as exc:  # noqa: BLE001 - e.g. a read-only store: never stop the service
+            log.warning("cannot write compiled-trunk cache %s: %s", self.path, exc)
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def checkpoint_fingerprint(prefix: str) -> str:
+    """A digest that changes whenever the checkpoint's tensors do, read without TensorFlow.
+
+    V2: the `.index` file (names, shapes, offsets and a crc32c of every tensor) and the sizes
+    of the data shards. V1 (one file, like the official `inception_v4.ckpt`): all its bytes.
+    """
+    digest = hashlib.sha256()
+    index = Path(f"{prefix}.index")
+    if index.exists():
+        digest.update(index.read_bytes())
+        for shard in sorted(index.parent.glob(f"{index.name[:-len('.index')]}.data-*")):
+            digest.update(f"{shard.name}:{shard.stat().st_size}".encode())
+    else:
+        with open(prefix, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+class OpenVinoRunner:
+    """Runs a compiled trunk from many threads: a pool of infer requests, one per caller.
+
+    A caller takes an idle request (or creates one when all are busy) and gives it back after
+    the run, so N concurrent callers use at most N requests and a single serving thread uses
+    one. `infer` releases the GIL; outputs are copied out of the request before it is reused.
+    """
+
+    def __init__(self, compiled):
+        self._compiled = compiled
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle.put(compiled.create_infer_request())
+
+    def run(self, images: np.ndarray) -> list[np.ndarray]:
+        """Every output of the model for a float32 batch [N, H, W, 3], as float32 arrays."""
+        try:
+            request = self._idle.get_nowait()
+        except queue.Empty:
+            request = self._compiled.create_infer_request()
+        try:
+            result = request.infer({0: images}, share_inputs=True, share_outputs=False)
+            return [np.asarray(result[i], dtype=np.float32) for i in range(len(result))]
+        finally:
+            self._idle.put(request)
+
+    def close(self) -> None:
+        self._compiled = None
+        self._idle = queue.SimpleQueue()

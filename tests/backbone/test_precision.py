@@ -1,0 +1,337 @@
+"""Precision and runtime of the trunk: resolution rules, refusals, and fidelity bounds.
+
+Every runtime x precision this machine can run is held to a bound against the TF fp32 trunk
+(the session's `trunk`), on the same 16 structured images:
+  - fp32 runtimes: max |diff| <= 1e-4 x max(1, max |reference|). Both sides compute the same
+    float32 net; only the summation order of ~12 G multiply-adds differs, which moves features
+    of order 1 by ~1e-6 (measured 2e-6 for OpenVINO). The bound is relative to the feature
+    scale so that real weights (features up to ~10) and seeded ones are held alike.
+  - bf16 (bf16 matmuls/convs, fp32 accumulation): min cosine >= 0.9999 per image.
+  - a random 100-way head agrees on top-1 for >= 99 % of the images (all 16 here).
+Each extra trunk is built once per module; tests assert bounds, never timings.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from backbone import PrecisionUnsupported, RuntimeUnavailable, Trunk, preprocess
+from backbone.precision import (
+    cpu_flags,
+    cpu_has_bf16,
+    openvino_available,
+    resolve_precision,
+    resolve_runtime,
+    session_config,
+)
+from tests.backbone.helpers import encode, pattern
+
+HAS_BF16 = cpu_has_bf16(cpu_flags())
+HAS_OPENVINO = openvino_available()
+NO_BF16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has neither avx512_bf16 nor amx_bf16")
+NO_OPENVINO = pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+
+FP32_TOLERANCE = 1e-4
+BF16_MIN_COSINE = 0.9999
+TOP1_AGREEMENT = 0.99
+
+# (runtime, precision) besides the reference tf/fp32 one.
+VARIANTS = [
+    pytest.param(("openvino", "fp32"), marks=NO_OPENVINO, id="openvino-fp32"),
+    pytest.param(("tf", "bf16"), marks=NO_BF16, id="tf-bf16"),
+    pytest.param(("openvino", "bf16"), marks=[NO_OPENVINO, NO_BF16], id="openvino-bf16"),
+]
+
+
+# --- resolution rules, with fake CPUs and devices ---------------------------------------------
+
+ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"
+SAPPHIRE_RAPIDS = "flags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8\n"
+ZEN4 = "flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"
+
+
+def test_cpu_flags_parse_proc_cpuinfo():
+    assert cpu_flags(ZEN3) == {"fpu", "sse2", "avx", "avx2", "fma", "f16c"}
+    assert cpu_flags("model name : x\n") == frozenset()
+    assert not cpu_has_bf16(cpu_flags(ZEN3))
+    assert cpu_has_bf16(cpu_flags(ZEN4)) and cpu_has_bf16(cpu_flags(SAPPHIRE_RAPIDS))
+    assert cpu_has_bf16({"amx_bf16"})
+
+
+@pytest.mark.parametrize("requested, device, cpuinfo, want", [
+    ("auto", "/CPU:0", ZEN3, "fp32"),
+    ("auto", "/CPU:0", ZEN4, "bf16"),
+    ("auto", "/CPU:0", SAPPHIRE_RAPIDS, "bf16"),
+    ("auto", "/GPU:0", ZEN3, "fp16"),
+    ("auto", "/GPU:0", ZEN4, "fp16"),
+    ("fp32", "/CPU:0", ZEN3, "fp32"),
+    ("fp32", "/GPU:0", ZEN4, "fp32"),
+    ("bf16", "/CPU:0", ZEN4, "bf16"),
+    ("BF16", "/CPU:0", SAPPHIRE_RAPIDS, "bf16"),
+    ("fp16", "/GPU:0", ZEN3, "fp16"),
+])
+def test_precision_resolution(requested, device, cpuinfo, want):
+    assert resolve_precision(requested, device=device, flags=cpu_flags(cpuinfo)) == want
+
+
+@pytest.mark.parametrize("requested, device, cpuinfo, match", [
+    ("bf16", "/CPU:0", ZEN3, "avx512_bf16 or amx_bf16"),
+    ("fp16", "/CPU:0", ZEN4, "needs a GPU"),
+    ("fp16", "/CPU:0", ZEN3, "needs a GPU"),
+    ("bf16", "/GPU:0", ZEN4, "use 'fp16'"),
+])
+def test_unsupported_precision_is_refused_not_emulated(requested, device, cpuinfo, match):
+    with pytest.raises(PrecisionUnsupported, match=match) as err:
+        resolve_precision(requested, device=device, flags=cpu_flags(cpuinfo))
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_precision_and_runtime_names():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("int8", device="/CPU:0", flags=frozenset())
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        resolve_runtime("onnx", device="/CPU:0", openvino=True)
+
+
+@pytest.mark.parametrize("requested, device, openvino, want", [
+    ("auto", "/CPU:0", True, "openvino"),
+    ("auto", "/CPU:0", False, "tf"),
+    ("auto", "/GPU:0", True, "tf"),
+    ("tf", "/CPU:0", True, "tf"),
+    ("openvino", "/CPU:0", True, "openvino"),
+])
+def test_runtime_resolution(requested, device, openvino, want):
+    assert resolve_runtime(requested, device=device, openvino=openvino) == want
+
+
+@pytest.mark.parametrize("device, openvino, match", [
+    ("/GPU:0", True, "CPU only"),
+    ("/CPU:0", False, "needs the openvino package"),
+])
+def test_unavailable_runtime_is_refused(device, openvino, match):
+    with pytest.raises(RuntimeUnavailable, match=match):
+        resolve_runtime("openvino", device=device, openvino=openvino)
+
+
+def test_session_config_per_precision():
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    on, default = rewriter_config_pb2.RewriterConfig.ON, rewriter_config_pb2.RewriterConfig.DEFAULT
+    fp32 = session_config("/CPU:0", "fp32", 2, 1)
+    assert fp32.intra_op_parallelism_threads == 2 and fp32.inter_op_parallelism_threads == 1
+    assert fp32.allow_soft_placement and fp32.gpu_options.allow_growth
+    rewrite = fp32.graph_options.rewrite_options
+    assert rewrite.auto_mixed_precision_onednn_bfloat16 == default
+    assert rewrite.auto_mixed_precision == default
+
+    bf16 = session_config("/CPU:0", "bf16").graph_options.rewrite_options
+    assert bf16.auto_mixed_precision_onednn_bfloat16 == on
+    assert bf16.auto_mixed_precision == default
+
+    fp16 = session_config("/GPU:0", "fp16").graph_options.rewrite_options
+    assert fp16.auto_mixed_precision == on  # TF's CUDA fp16 rewriter
+    assert fp16.auto_mixed_precision_onednn_bfloat16 == default
+    assert fp16.auto_mixed_precision_cpu == default  # never the CPU fp16 emulation
+    with pytest.raises(ValueError):
+        session_config("/CPU:0", "auto")
+
+
+def test_fp16_on_the_cpu_is_refused_before_any_build(trunk_checkpoint):
+    with pytest.raises(PrecisionUnsupported, match="fp16"):
+        Trunk.from_checkpoint(trunk_checkpoint, device="cpu", precision="fp16")
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has native bf16")
+def test_bf16_on_a_cpu_without_it_is_refused(trunk_checkpoint):
+    for runtime in ("tf", "openvino") if HAS_OPENVINO else ("tf",):
+        with pytest.raises(PrecisionUnsupported, match="avx512_bf16"):
+            Trunk.from_checkpoint(trunk_checkpoint, device="cpu", precision="bf16",
+                                  runtime=runtime)
+
+
+def test_default_trunk_reports_tf_fp32(trunk):
+    assert (trunk.runtime, trunk.precision) == ("tf", "fp32")
+
+
+def test_import_backbone_loads_neither_tensorflow_nor_openvino():
+    code = ("import sys, backbone, backbone.trunk, backbone.precision; "
+            "print('tensorflow' in sys.modules, 'openvino' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+# --- fidelity of every runtime x precision against TF fp32 ------------------------------------
+
+@pytest.fixture(scope="module")
+def images():
+    """Sixteen structured images, preprocessed: [16, 299, 299, 3]."""
+    return np.stack([preprocess(encode(pattern(100 + seed))) for seed in range(16)])
+
+
+@pytest.fixture(scope="module")
+def reference(trunk, images):
+    """TF fp32 features of the images: [16, 1536]."""
+    return np.concatenate([trunk.features(images[i:i + 8]) for i in (0, 8)])
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("trunk_cache")
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def variant(request, trunk_checkpoint, cache_dir):
+    """A trunk per (runtime, precision), built once, with the Logits layer and a cache dir."""
+    runtime, precision = request.param
+    built = Trunk.from_checkpoint(trunk_checkpoint, device="cpu", runtime=runtime,
+                                  precision=precision, with_logits=True,
+                                  graph_cache_dir=cache_dir)
+    yield built
+    built.close()
+
+
+@pytest.fixture(scope="module")
+def variant_features(variant, images):
+    """The variant's features of the images, in two batches of 8: [16, 1536]."""
+    return np.concatenate([variant.features(images[i:i + 8]) for i in (0, 8)])
+
+
+def _cosines(got, want):  # [N]
+    return (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+
+
+def assert_faithful(precision: str, got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.isfinite(got).all()
+    if precision == "fp32":
+        bound = FP32_TOLERANCE * max(1.0, float(np.abs(want).max()))
+        assert float(np.abs(got - want).max()) <= bound
+    else:
+        assert float(_cosines(got, want).min()) >= BF16_MIN_COSINE
+
+
+def test_variant_reports_what_it_runs(variant):
+    assert variant.device.startswith("/CPU")
+    assert variant.runtime in ("tf", "openvino") and variant.precision in ("fp32", "bf16")
+    assert variant.variables[:596] and variant.num_classes == 1001
+
+
+def test_features_within_bound_of_tf_fp32(variant, variant_features, reference):
+    assert_faithful(variant.precision, variant_features, reference)
+
+
+def test_random_head_top1_agrees(variant_features, reference):
+    got = variant_features
+    rng = np.random.default_rng(7)
+    weights = rng.standard_normal((1536, 100)).astype(np.float32) / np.float32(np.sqrt(1536))
+    biases = rng.standard_normal(100).astype(np.float32) * np.float32(0.1)
+    agree = ((got @ weights + biases).argmax(1) == (reference @ weights + biases).argmax(1))
+    assert agree.mean() >= TOP1_AGREEMENT
+
+
+def test_logits_are_the_checkpoint_layer(variant, trunk, images):
+    features, logits = variant.features_and_logits(images[:2])
+    want_features, want_logits = trunk.features_and_logits(images[:2])
+    assert logits.shape == (2, 1001) and logits.dtype == np.float32
+    assert_faithful(variant.precision, features, want_features)
+    assert_faithful(variant.precision, logits, want_logits)
+
+
+def test_batch_invariance(variant, images):
+    batch = variant.features(images[:4])
+    alone = variant.features(images[3:4])
+    assert_faithful(variant.precision, alone, batch[3:4])
+
+
+def test_concurrent_calls_equal_serial_calls(variant, images):
+    serial = [variant.features(images[2 * i:2 * i + 2]) for i in range(4)]
+    results = [None] * 4
+    start = threading.Barrier(4)
+
+    def work(i):
+        start.wait()
+        results[i] = variant.features(images[2 * i:2 * i + 2])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got, want in zip(results, serial):
+        assert_faithful("fp32", got, want)  # same runtime, same precision: run to run equal
+
+
+def test_closed_variant_refuses(trunk_checkpoint, variant, cache_dir, images):
+    # A fresh instance (from the module's cache: cheap), not the shared one.
+    other = Trunk.from_checkpoint(trunk_checkpoint, device="cpu", runtime=variant.runtime,
+                                  precision=variant.precision, warmup_batch_sizes=(),
+                                  graph_cache_dir=cache_dir)
+    other.close()
+    other.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        other.features(images[:1])
+
+
+# --- the compiled-model cache -----------------------------------------------------------------
+
+@NO_OPENVINO
+@pytest.mark.parametrize("precision", [
+    "fp32", pytest.param("bf16", marks=NO_BF16)])
+def test_openvino_restart_imports_the_compiled_trunk(trunk_checkpoint, cache_dir, images,
+                                                     reference, precision):
+    """A second start with the same cache dir imports the compiled model: no build, no restore,
+    no conversion; same features. (The module's variant trunk wrote the entry.)"""
+    first = Trunk.from_checkpoint(trunk_checkpoint, device="cpu", runtime="openvino",
+                                  precision=precision, with_logits=True,
+                                  graph_cache_dir=cache_dir)
+    second = Trunk.from_checkpoint(trunk_checkpoint, device="cpu", runtime="openvino",
+                                   precision=precision, with_logits=True,
+                                   graph_cache_dir=cache_dir)
+    try:
+        assert list(cache_dir.glob("inception_v4-ov-*.blob"))
+        assert second.compiled_from_cache and second.graph_from_cache
+        assert second.timings.build_s == 0 and second.timings.restore_s == 0
+        assert second.variables == first.variables and second.end_points == first.end_points
+        assert second.num_classes == 1001
+        np.testing.assert_array_equal(second.features(images[:2]), first.features(images[:2]))
+        assert_faithful(precision, second.features(images[:2]), reference[:2])
+    finally:
+        first.close()
+        second.close()
+
+
+@NO_OPENVINO
+def test_compiled_cache_key_follows_the_weights_and_precision(tmp_path, trunk_checkpoint):
+    from backbone.openvino_runtime import CompiledCache, checkpoint_fingerprint
+
+    base = CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32", with_logits=False)
+    assert base.path == CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32",
+                                      with_logits=False).path
+    assert base.path != CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="bf16",
+                                      with_logits=False).path
+    assert base.path != CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32",
+                                      with_logits=True).path
+    # V2: the index (a crc32c per tensor) names the content; V1: the bytes themselves.
+    (tmp_path / "a.ckpt.index").write_bytes(b"index one")
+    (tmp_path / "a.ckpt.data-00000-of-00001").write_bytes(b"x" * 10)
+    first = checkpoint_fingerprint(str(tmp_path / "a.ckpt"))
+    (tmp_path / "a.ckpt.index").write_bytes(b"index two")
+    assert checkpoint_fingerprint(str(tmp_path / "a.ckpt")) != first
+    (tmp_path / "v1.ckpt").write_bytes(b"weights one")
+    v1 = checkpoint_fingerprint(str(tmp_path / "v1.ckpt"))
+    (tmp_path / "v1.ckpt").write_bytes(b"weights two")
+    assert checkpoint_fingerprint(str(tmp_path / "v1.ckpt")) != v1
+
+
+@NO_OPENVINO
+def test_corrupt_compiled_cache_entry_is_ignored(tmp_path, trunk_checkpoint):
+    from backbone.openvino_runtime import CompiledCache
+
+    cache = CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32", with_logits=False)
+    cache.path.write_bytes(b"garbage")
+    cache.meta_path.write_text("{}")
+    assert cache.load("fp32") is None and not cache.hit
