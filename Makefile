@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine: `make serve` and `make test`. Both create .venv and
-# install the package (with its test and bench extras) into it; nothing else needs to be
+# install the package (with its test, bench and openvino extras) into it; nothing else needs to be
 # installed by hand.
 PYTHON ?= python3
 VENV   := .venv
@@ -9,14 +9,14 @@ STORE  ?= checkpoints
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: venv lint test serve demo bench clean browser-deps
+.PHONY: venv lint test serve demo bench clean browser-deps mutation fuzz
 
 venv: $(STAMP)
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,openvino]'
 	touch $@
 
 # Debian's chromium and the chromedriver of the same build, for tests/service/test_browser.py
@@ -39,6 +39,22 @@ demo: $(STAMP)
 
 serve: demo
 	$(BIN)/multihead serve --store $(STORE) --host $(HOST) --port $(PORT)
+
+# Mutation testing of the core modules with mutmut (its own target: about half an hour on 2
+# cores, not part of `make test` or CI). Fresh run each time, then a score per module (>= 85%).
+MUTATION_CHILDREN ?= 2
+mutation: $(STAMP)
+	test -x $(BIN)/mutmut || $(BIN)/python -m pip install -q -e '.[test,mutation]'
+	rm -rf mutants
+	@start=$$(date +%s); \
+	$(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) > mutmut-run.log 2>&1 \
+	  || { tail -40 mutmut-run.log; exit 1; }; \
+	echo "mutmut run: $$(( $$(date +%s) - start )) s (log: mutmut-run.log)"
+	$(BIN)/python tests/mutation_report.py --survivors
+
+# The fuzz tests with 20,000 hostile HTTP requests instead of `make test`'s 2,000.
+fuzz: $(STAMP)
+	MULTIHEAD_FUZZ_CASES=20000 $(BIN)/python -m pytest -q tests/fuzz
 
 bench: $(STAMP)
 	$(BIN)/multihead bench --quick --output bench-out

@@ -21,7 +21,9 @@ setup(
         "tf-slim==1.1.0",
         # Same minor version as TensorFlow: tf-slim's layers need tf_keras' legacy layers.
         "tf-keras==2.21.0",
-        "aiohttp>=3.9,<4",
+        # NOTE: service.app replaces aiohttp's RequestHandler.handle_error (JSON answers to
+        # unparseable requests); re-check that hook when moving past 3.14.
+        "aiohttp>=3.14,<3.15",
         "numpy>=1.26,<3",
         "pillow>=10.0",
         "prometheus_client>=0.20",
@@ -43,7 +45,14 @@ setup(
             # 4.52.0 needs a newer certifi than the package index here has.
             "selenium==4.51.0",
             "ruff==0.17.5",
+            # Property tests of the codecs (tests/fuzz).
+            "hypothesis==6.170.15",
         ],
+        # The trunk on OpenVINO (`--runtime openvino`), compiled in-process from the restored
+        # tf-slim graph.
+        "openvino": ["openvino==2026.4.1"],
+        # `make mutation`: mutmut 3 (mutants in a `mutants/` copy, per-function test selection).
+        "mutation": ["mutmut==3.8.1"],
     },
     entry_points={"console_scripts": ["multihead=service.cli.main:main"]},
 )

@@ -137,6 +137,11 @@ class Transaction:
         )
 
 
+def _no_schema_yet(exc: sqlite3.OperationalError) -> bool:
+    """The registry file exists but its first writer has not committed the tables yet."""
+    return str(exc).startswith("no such table")
+
+
 class Registry:
     """Thread-safe access to `registry.sqlite`. Creates nothing on disk until the first write."""
 
@@ -192,8 +197,10 @@ class Registry:
             try:
                 rows = conn.execute("SELECT bot_id, active_version FROM bots")
                 return {b: int(v) for b, v in rows}
-            except sqlite3.OperationalError:  # file created, schema not committed yet
-                return {}
+            except sqlite3.OperationalError as exc:
+                if _no_schema_yet(exc):  # file created, schema not committed yet
+                    return {}
+                raise  # a locked or broken database is not an empty store
 
     def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
         """(active version, its row, all committed versions) per bot, ordered by bot id."""
@@ -215,7 +222,9 @@ class Registry:
                     params,
                 ):
                     all_versions.setdefault(b, []).append(int(v))
-            except sqlite3.OperationalError:
+            except sqlite3.OperationalError as exc:
+                if not _no_schema_yet(exc):
+                    raise
                 return []
         return [(int(r[1]), _version_row(r), all_versions.get(r[0], [])) for r in active]
 
@@ -228,7 +237,9 @@ class Registry:
                     "SELECT action, version, previous, at, source FROM history WHERE bot_id = ? "
                     "ORDER BY id", (bot_id,),
                 ).fetchall()
-            except sqlite3.OperationalError:  # file created, schema not committed yet
+            except sqlite3.OperationalError as exc:
+                if not _no_schema_yet(exc):
+                    raise
                 rows = []
         keys = ("action", "version", "previous", "at", "source")
         return [dict(zip(keys, r)) for r in rows]

@@ -15,9 +15,11 @@ that bot sweeps away; version numbers are never reused.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -33,6 +35,8 @@ from heads.cache import HeadCache
 from heads.errors import HeadLoadError, InvalidHead, TrunkMismatch, UnknownBot, UnknownVersion
 from heads.head import Head, validate_bot_id, validate_head_arrays, validate_labels
 from heads.registry import Registry, VersionRow
+
+log = logging.getLogger(__name__)
 
 REGISTRY_NAME = "registry.sqlite"
 LOCK_NAME = "registry.lock"
@@ -158,13 +162,20 @@ class HeadStore:
         with self._refresh_lock:
             if not force and now < self._next_check_s:
                 return  # another thread just checked
-            version = self._registry.data_version()
-            if force or version != self._data_version:
-                # Read the version before the rows: a commit in between is seen twice, never missed.
-                active = self._registry.active_map()
-                self._active = active
-                self._data_version = version
-                self._cache.retain(lambda h: active.get(h.bot_id) == h.version)
+            try:
+                version = self._registry.data_version()
+                if force or version != self._data_version:
+                    # Read the version before the rows: a commit in between is seen twice,
+                    # never missed.
+                    active = self._registry.active_map()
+                    self._active = active
+                    self._data_version = version
+                    self._cache.retain(lambda h: active.get(h.bot_id) == h.version)
+            except sqlite3.OperationalError as exc:
+                # NOTE: a locked or failing registry must not make every bot unknown: keep
+                # serving the last known state and read again at the next poll.
+                log.warning("registry %s unreadable (%s): keeping the last known bots",
+                            self._registry.db_path, exc)
             self._next_check_s = time.monotonic() + self.change_poll_s
 
     def _load(self, bot_id: str, version: int) -> Head:

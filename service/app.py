@@ -10,19 +10,23 @@ at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped acce
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
 
-from aiohttp import web
+from aiohttp import web, web_protocol
 
 from heads import HeadStore
 from service import ws
+from service.admission import Reservation
 from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
-from service.errors import PayloadTooLarge
+from service.errors import INTERNAL_MESSAGE, PayloadTooLarge
 from service.routes import ENDPOINTS
 from service.runtime import Service
 from service.settings import Settings
+
+log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -37,15 +41,43 @@ def service_of(app: web.Application) -> Service:
     return app[SERVICE]
 
 
-def to_request(request: web.Request) -> Request:
-    """The codecs' view of an aiohttp request; the body is read only when a codec asks."""
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body over the limit of {limit} bytes")
+
+
+def admit(request: web.Request, held: Reservation) -> None:
+    """Admission before the body is read: a declared Content-Length over the per-request limit
+    is 413, one that does not fit the in-flight budget 503 + Retry-After (nothing read)."""
+    length = request.content_length
+    if length:
+        limit = request.app[SERVICE].settings.max_body_bytes
+        if length > limit:
+            raise _too_large(limit)
+        held.take(length)
+
+
+def to_request(request: web.Request, held: Reservation) -> Request:
+    """The codecs' view of an aiohttp request; the body is read only when a codec asks.
+
+    A body without Content-Length (chunked) is counted against the budget as it streams and
+    cut at the per-request limit (413).
+    """
     limit = request.app[SERVICE].settings.max_body_bytes
 
     async def read_body() -> bytes:
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise PayloadTooLarge(f"request body over the limit of {limit} bytes") from None
+        if request.content_length is not None:  # admitted whole by `admit`
+            try:
+                return await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise _too_large(limit) from None
+        chunks, total = [], 0
+        async for chunk in request.content.iter_any():
+            total += len(chunk)
+            if total > limit:
+                raise _too_large(limit)
+            held.take(len(chunk))
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     return Request(
         method=request.method,
@@ -65,7 +97,11 @@ def to_response(reply: Reply) -> web.Response:
 
 def _handler(endpoint: Endpoint):
     async def handle(request: web.Request) -> web.Response:
-        reply = await dispatch(request.app[SERVICE], endpoint, to_request(request))
+        service = request.app[SERVICE]
+        # NOTE: held until the answer is built: the body's bytes live that long.
+        with Reservation(service.inflight) as held:
+            admit(request, held)
+            reply = await dispatch(service, endpoint, to_request(request, held))
         return to_response(reply)
 
     handle.__name__ = endpoint.name
@@ -85,9 +121,8 @@ async def transport_middleware(request: web.Request, handler):
         if exc.status < 400:
             raise
         if isinstance(exc, web.HTTPRequestEntityTooLarge):
-            limit = request.app[SERVICE].settings.max_body_bytes
-            response = to_response(error_reply(PayloadTooLarge(
-                f"request body over the limit of {limit} bytes")))
+            response = to_response(error_reply(_too_large(
+                request.app[SERVICE].settings.max_body_bytes)))
         else:
             response = web.json_response(
                 {"error": exc.reason, "code": _HTTP_CODES.get(exc.status, "http_error")},
@@ -98,10 +133,40 @@ async def transport_middleware(request: web.Request, handler):
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         response = to_response(error_reply(exc))
     elapsed_s = time.perf_counter() - start
-    if not response.prepared:  # a WebSocket answer is already on the wire
-        response.headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
+    if isinstance(response, web.WebSocketResponse):
+        # A socket's lifetime is not a request's latency: count it, keep it out of the histogram.
+        request.app[SERVICE].metrics.observe_request(route, response.status, None)
+        return response
+    response.headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
     request.app[SERVICE].metrics.observe_request(route, response.status, elapsed_s)
     return response
+
+
+def _protocol_error(self, request, status: int = 500, exc: BaseException | None = None,
+                    message: str | None = None) -> web.StreamResponse:
+    """aiohttp's answer to a request it could not parse (request line, headers, framing),
+    as the JSON error body instead of text/plain; logged as one line, not a traceback."""
+    if status >= 500:
+        response = _aiohttp_handle_error(self, request, status, exc, message)
+        body = {"error": INTERNAL_MESSAGE, "code": "internal"}
+    else:
+        reason = (message or getattr(exc, "message", None) or "").strip().splitlines()
+        log.info("malformed HTTP request from %s: %s", request.remote,
+                 reason[0][:200] if reason else status)
+        detail = f": {reason[0][:100]}" if reason else ""
+        body = {"error": f"malformed HTTP request{detail}",
+                "code": _HTTP_CODES.get(status, "bad_request")}
+    response = web.Response(status=status, content_type="application/json",
+                            body=b"" if request.method == "HEAD" else json.dumps(body).encode())
+    response.force_close()
+    return response
+
+
+# NOTE: aiohttp answers requests it cannot parse before any app code runs (no middleware sees
+# them). Its hook for that answer is RequestHandler.handle_error, which every server of this
+# process shares; replacing it makes those answers JSON too, like every other error.
+_aiohttp_handle_error = web_protocol.RequestHandler.handle_error
+web_protocol.RequestHandler.handle_error = _protocol_error
 
 
 async def _lifecycle(app: web.Application):
@@ -140,7 +205,6 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
 
 def run_app(settings: Settings) -> None:
     """Serves until SIGTERM/SIGINT, then shuts down gracefully: stop accepting, drain, close."""
-    log = logging.getLogger(__name__)
     web.run_app(create_app(settings), host=settings.host, port=settings.port,
                 shutdown_timeout=settings.request_timeout_s,
                 print=lambda msg: log.info(msg.strip()))

@@ -32,7 +32,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
+from service.errors import (
+    BadRequest,
+    BatchError,
+    DeadlineExceeded,
+    Overloaded,
+    ShuttingDown,
+    copy_for_waiter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +103,8 @@ class Batcher:
             being decoded) that will be submitted soon. While it is 0 a waiting batch runs at
             once: max_wait_ms is only worth waiting when more rows are known to be coming.
             Call `poke()` when it drops to 0 without a submit.
+        clock: the monotonic clock of arrivals, waits, deadlines and batch times (tests pass
+            a controlled one; a change of time is noticed on the next submit or `poke()`).
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -112,6 +121,7 @@ class Batcher:
         policy: str = "mixed",
         on_batch: OnBatch | None = None,
         incoming: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not callable(run_batch):
             raise TypeError("run_batch must be callable")
@@ -130,6 +140,7 @@ class Batcher:
         self._policy = policy
         self._on_batch = on_batch
         self._incoming = incoming
+        self._clock = clock
         self._own_executor = executor is None
         self._executor: concurrent.futures.Executor = executor or _single_thread_executor()
 
@@ -287,11 +298,11 @@ class Batcher:
                 f"{n} images in one request exceed the queue bound "
                 f"max_queue_rows={self._max_queue_rows}"
             )
-        now = time.monotonic()
+        now = self._clock()
         if deadline is not None and deadline <= now:
             raise DeadlineExceeded("the request's deadline passed before it was queued")
         if len(self._queue) + n > self._max_queue_rows:
-            raise Overloaded(retry_after_s=self._retry_after_s())
+            raise Overloaded(retry_after_s=self.retry_after_s())
         assert self._loop is not None and self._wakeup is not None
         was_empty = not self._queue
         entries = [
@@ -324,7 +335,7 @@ class Batcher:
         if self._group_rows[g] <= 0:
             del self._group_rows[g]
 
-    def _retry_after_s(self) -> float:
+    def retry_after_s(self) -> float:
         """Estimate of when the queue will have room: batches ahead x the recent batch time."""
         per_batch = self._run_s_avg if self._run_s_avg is not None else max(self._max_wait_s, 0.1)
         batches_ahead = math.ceil(len(self._queue) / self._max_batch_size) + 1
@@ -390,7 +401,7 @@ class Batcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            now = time.monotonic()
+            now = self._clock()
             ready, group, due_in = self._ready_group(now)
             if ready:
                 return self._take(group, now)
@@ -414,7 +425,7 @@ class Batcher:
     async def _run(self, batch: list[_Entry]) -> None:
         assert self._loop is not None
         rows = [e.row for e in batch]
-        start = time.monotonic()
+        start = self._clock()
         queue_wait_s = [start - r.enqueued_s for r in rows]
         self._batches_run += 1
         try:
@@ -428,7 +439,7 @@ class Batcher:
             self._fail(batch, exc)
         else:
             self._deliver(batch, results)
-        run_s = time.monotonic() - start
+        run_s = self._clock() - start
         self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s
         if self._on_batch is not None:
             try:
@@ -452,7 +463,8 @@ class Batcher:
                 continue
             try:
                 if isinstance(result, BaseException):
-                    e.future.set_exception(result)
+                    # score() hands one head's exception to each of its rows: copy it per row.
+                    e.future.set_exception(copy_for_waiter(result))
                 else:
                     e.future.set_result(result)
             except Exception as exc:  # noqa: BLE001 - e.g. set_exception(StopIteration())
@@ -463,7 +475,7 @@ class Batcher:
         for e in batch:
             e.state = _FINISHED
             if not e.future.done():
-                e.future.set_exception(exc)
+                e.future.set_exception(copy_for_waiter(exc))
 
     def _on_task_done(self, task: asyncio.Task) -> None:
         if task.cancelled():
@@ -479,7 +491,7 @@ class Batcher:
             self._forget(e)
             e.state = _FINISHED
             if not e.future.done():
-                e.future.set_exception(exc)
+                e.future.set_exception(copy_for_waiter(exc))
 
     async def _close(self, timeout_s: float | None) -> None:
         if self._wakeup is not None:

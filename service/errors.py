@@ -11,6 +11,7 @@ error classes are still being written. Subclasses map like their nearest listed 
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 
@@ -54,6 +55,9 @@ class Overloaded(ServiceError):
     def __init__(self, retry_after_s: float = 1.0, message: str | None = None) -> None:
         self.retry_after_s = float(retry_after_s)
         super().__init__(message or f"server overloaded, retry after {self.retry_after_s:.1f} s")
+
+    def __reduce__(self):  # copy/pickle keep the estimate (args hold only the message)
+        return (type(self), (self.retry_after_s, str(self)))
 
 
 class DeadlineExceeded(ServiceError):
@@ -110,6 +114,25 @@ _TABLE: Mapping[str, tuple[int, str]] = {
 
 _INTERNAL = (500, "internal")
 INTERNAL_MESSAGE = "internal server error"
+
+
+def copy_for_waiter(exc: BaseException) -> BaseException:
+    """A copy of `exc` to raise in ONE waiting request.
+
+    Raising one exception instance in several tasks makes them share and extend one
+    `__traceback__` (and `__context__`); each waiter gets its own copy, which starts from the
+    original's traceback (where it failed) and cause. An exception that cannot be copied is
+    wrapped in a `BatchError` whose cause is the original.
+    """
+    try:
+        clone = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - any constructor quirk: wrap instead of copying
+        clone = BatchError(INTERNAL_MESSAGE)
+        clone.__cause__ = exc
+    else:
+        clone.__cause__ = exc.__cause__
+    clone.__traceback__ = exc.__traceback__
+    return clone
 
 
 def _qualname(cls: type) -> str:

@@ -149,6 +149,10 @@ class Metrics:
         self.queue_depth = Gauge(
             "queue_depth", "rows waiting in the batcher queue", namespace=ns, registry=r,
         )
+        self.inflight_bytes = Gauge(
+            "inflight_bytes", "request bytes admitted and not yet answered (the admission "
+            "budget in use)", namespace=ns, registry=r,
+        )
         self.resident_heads = Gauge(
             "resident_heads", "heads loaded in memory", namespace=ns, registry=r,
         )
@@ -208,6 +212,10 @@ class Metrics:
     def set_resident_heads(self, count: int, total_bytes: int) -> None:
         self.resident_heads.set(count)
         self.resident_head_bytes.set(total_bytes)
+
+    def bind_inflight_bytes(self, read: Callable[[], float]) -> None:
+        """Read the admission budget in use at scrape time."""
+        self.inflight_bytes.set_function(read)
 
     def bind_queue_depth(self, read: Callable[[], float]) -> None:
         """Read the queue depth at scrape time (e.g. `lambda: batcher.queue_depth`)."""

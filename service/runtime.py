@@ -12,6 +12,8 @@ order. Readiness is decided here, in one place, and every protocol reports it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +25,7 @@ import numpy as np
 
 from backbone.spec import INPUT
 from heads import BotInfo, Head, HeadLoadError, HeadStore
+from service.admission import ByteBudget
 from service.engine import Engine, Images, Prediction
 from service.errors import HeadUnavailable, NotReady
 from service.metrics import Metrics
@@ -98,7 +101,14 @@ class Service:
         self.trunk_kind = "unknown"
         self.engine: Engine | None = None
         self.readiness = Readiness()
+        # Admission: every transport of this process reserves request bytes here first.
+        self.inflight = ByteBudget(settings.max_inflight_bytes)
+        self.metrics.bind_inflight_bytes(lambda: self.inflight.used_bytes)
         self._bring_up_task: asyncio.Task | None = None
+        # NOTE: head lookups (the hot path, milliseconds at most) get their own threads, so
+        # they never queue behind body parsing or registrations on the default executor.
+        self._lookups = concurrent.futures.ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="multihead-lookup")
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -158,6 +168,8 @@ class Service:
             await self._bring_up_task
         if self.engine is not None:
             await self.engine.close()
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self._lookups.shutdown, wait=True))
         if self._own_store:
             self.store.close()
         if self._given_trunk is None and self.trunk is not None:
@@ -189,24 +201,28 @@ class Service:
     # -- the store, off the event loop -----------------------------------------------------------
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the default executor (parsing, registrations, file writes)."""
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def _lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._lookups, fn, *args)
 
     async def head(self, bot_id: str) -> Head:
         """The active head of a bot (UnknownBot -> 404, before any work on the request)."""
         # NOTE: resolved once per request: the request keeps this version even if the bot is
         # replaced or removed while it waits in the queue.
         try:
-            return await self.run_blocking(self.store.get, bot_id)
+            return await self._lookup(self.store.get, bot_id)
         except HeadLoadError as exc:
             log.error("bot %r cannot be loaded: %s", bot_id, exc)
             raise HeadUnavailable(f"bot '{bot_id}' is registered but its head cannot be "
                                   f"loaded") from None
 
     async def info(self, bot_id: str) -> BotInfo:
-        return await self.run_blocking(self.store.info, bot_id)
+        return await self._lookup(self.store.info, bot_id)
 
     async def bots(self) -> list[BotInfo]:
-        return await self.run_blocking(self.store.list)
+        return await self._lookup(self.store.list)
 
     # -- classification ---------------------------------------------------------------------------
 

@@ -74,6 +74,21 @@ class Settings:
     max_body_bytes: int = field(
         default=20 * MIB, metadata=_help("largest accepted request body, in bytes (413 beyond)")
     )
+    max_inflight_bytes: int = field(
+        default=256 * MIB,
+        metadata=_help(
+            "budget of request bytes in flight across all requests (bodies being read or "
+            "served, plus each open WebSocket's message size); a request that does not fit is "
+            "refused with 503 + Retry-After BEFORE its body is read"
+        ),
+    )
+    max_ws_message_bytes: int = field(
+        default=4 * MIB,
+        metadata=_help(
+            "largest WebSocket message (one image), in bytes; each open socket holds this much "
+            "of the in-flight budget"
+        ),
+    )
     max_image_pixels: int = field(
         default=40_000_000,
         metadata=_help("largest decoded image, in pixels (413 beyond; decompression-bomb guard)"),
@@ -161,6 +176,12 @@ class Settings:
         _at_least("max_queue_rows", self.max_queue_rows, 1)
         _positive("request_timeout_s", self.request_timeout_s)
         _at_least("max_body_bytes", self.max_body_bytes, 1)
+        _at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1)
+        for name in ("max_body_bytes", "max_ws_message_bytes"):
+            if getattr(self, name) > self.max_inflight_bytes:
+                # Otherwise a request within the limits could never be admitted, even when idle.
+                raise InvalidSettings(f"{name} ({getattr(self, name)}) must be <= "
+                                      f"max_inflight_bytes ({self.max_inflight_bytes})")
         _at_least("max_image_pixels", self.max_image_pixels, 1)
         _at_least("max_images_per_request", self.max_images_per_request, 1)
         if self.max_queue_rows < self.max_images_per_request:
@@ -255,7 +276,7 @@ class Settings:
             flag = "--" + f.name.replace("_", "-")
             default = defaults[f.name].default
             shown = "unset" if default is None else default
-            if f.name == "max_body_bytes":
+            if f.name.endswith("_bytes"):
                 shown = f"{default} = {default // MIB} MiB"
             text = f"{f.metadata.get('help', '')} (env {cls.env_var(f.name)}; default: {shown})"
             text = text.replace("%", "%%")

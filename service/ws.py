@@ -6,6 +6,7 @@ import json
 
 from aiohttp import web
 
+from service.admission import Reservation
 from service.codecs.base import error_reply
 from service.codecs.common import parse_top_k
 from service.codecs.native import render_bot_result
@@ -17,9 +18,22 @@ async def classify_ws(service: Service, request: web.Request) -> web.WebSocketRe
     bot_id = request.match_info["bot_id"]
     await service.head(bot_id)  # 404 before the upgrade
     top_k = parse_top_k(request.query, service.settings.top_k_default)
-    ws = web.WebSocketResponse(max_msg_size=service.settings.max_body_bytes, heartbeat=30)
+    with Reservation(service.inflight) as held:
+        # NOTE: an open socket may be receiving a message of up to its size limit at any time:
+        # it holds that much of the in-flight budget for its whole life (503 if none is left).
+        held.take(service.settings.max_ws_message_bytes)
+        return await _serve(service, request, bot_id, top_k)
+
+
+async def _serve(service: Service, request: web.Request, bot_id: str,
+                 top_k: int) -> web.WebSocketResponse:
+    ws = web.WebSocketResponse(max_msg_size=service.settings.max_ws_message_bytes, heartbeat=30)
     await ws.prepare(request)
     async for message in ws:
+        if message.type == web.WSMsgType.ERROR:
+            # A protocol error or a message over max_ws_message_bytes: aiohttp has already
+            # closed the socket with the right close code (1002, 1009, ...).
+            break
         if message.type != web.WSMsgType.BINARY:
             await ws.send_json({"error": "send each image as one binary message",
                                 "code": "bad_request", "status": 400})

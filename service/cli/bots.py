@@ -151,8 +151,12 @@ def cmd_register(args: argparse.Namespace) -> int:
                 weights_name=args.weights_name or "weights",
                 biases_name=args.biases_name or "biases")
     else:
+        from backbone.checkpoint import checkpoint_exists
+
         serving = trunk_prefix(args)
-        if not Path(f"{serving}.index").exists() and not Path(serving).is_dir():
+        # NOTE: checkpoint_exists knows both layouts: a V2 prefix (.index) and the official
+        # model-zoo V1 single file.
+        if not checkpoint_exists(serving) and not Path(serving).is_dir():
             if not args.force:
                 from heads.errors import HeadLoadError
 

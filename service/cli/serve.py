@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import threading
 
 from service.settings import Settings
@@ -18,33 +19,41 @@ def add_commands(sub) -> None:
             "bot of the store over HTTP. Each option can also be set with the environment "
             "variable named in its help (flags win). Without --trunk-checkpoint the store's "
             "trunk is used: <store>/trunk/inception_v4.ckpt (the official checkpoint) if "
-            "present, else <store>/trunk/demo_inception_v4.ckpt, created with seeded random "
-            "weights when missing."),
+            "present, else <store>/trunk/demo_inception_v4.ckpt (written by `multihead demo`); "
+            "with neither, serve refuses to start."),
     )
     Settings.add_arguments(parser)
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     parser.set_defaults(func=run_serve)
 
 
-def ensure_demo_trunk(settings: Settings) -> None:
-    """Creates the store's demo trunk checkpoint when no trunk is configured or present."""
-    from backbone.checkpoint import (
-        checkpoint_exists,
-        default_trunk_checkpoint,
-        write_random_checkpoint,
-    )
+def require_trunk(settings: Settings) -> str:
+    """The trunk checkpoint to serve; refuses (CheckpointError, one line) when there is none.
+
+    NOTE: `serve` never creates a trunk: a random-weight trunk served by accident answers
+    nonsense with full confidence. Only `multihead demo` (and so `make serve`) writes the demo
+    trunk.
+    """
+    from backbone.checkpoint import checkpoint_exists, default_trunk_checkpoint
+    from backbone.errors import CheckpointError
 
     if settings.trunk_checkpoint:
-        return
+        if not checkpoint_exists(settings.trunk_checkpoint) and \
+                not os.path.isdir(settings.trunk_checkpoint):
+            raise CheckpointError(f"trunk checkpoint not found: '{settings.trunk_checkpoint}'")
+        return settings.trunk_checkpoint
     prefix = default_trunk_checkpoint(settings.store)
     if not checkpoint_exists(prefix):
-        logging.getLogger(__name__).info(
-            "no trunk checkpoint in %s/trunk: writing seeded random weights to %s (drop the "
-            "official inception_v4.ckpt there to use real weights)", settings.store, prefix)
-        write_random_checkpoint(prefix, seed=0)
+        raise CheckpointError(
+            f"no trunk checkpoint in '{settings.store}/trunk': drop the official "
+            f"inception_v4.ckpt there, pass --trunk-checkpoint, or create the demo trunk and "
+            f"bots with `multihead demo --store {settings.store}`")
+    return prefix
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    settings = Settings.from_env_and_args(args)
+    require_trunk(settings)
     # Start importing TensorFlow (about 3 s) at once, beside the rest of start-up; the trunk
     # build waits for it through the import lock.
     threading.Thread(target=importlib.import_module, args=("tensorflow",), daemon=True,
@@ -53,7 +62,5 @@ def run_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env_and_args(args)
-    ensure_demo_trunk(settings)
     run_app(settings)
     return 0

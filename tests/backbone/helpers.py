@@ -19,3 +19,21 @@ def pattern(seed: int, size=(320, 240)) -> Image.Image:
     big = np.kron(blocks, np.ones((height // 6 + 1, width // 8 + 1, 1), np.uint8))[:height, :width]
     ramp = np.linspace(0, 60, width, dtype=np.float32)[None, :, None]
     return Image.fromarray(np.clip(big + ramp, 0, 255).astype(np.uint8), "RGB")
+
+
+def write_v1_checkpoint(source_prefix: str, path) -> str:
+    """Copies the trunk, Logits and AuxLogits of a checkpoint into a V1 single-file checkpoint
+    at `path`, the format of the official model-zoo `inception_v4.ckpt`. Returns its path."""
+    import tensorflow as tf
+
+    from backbone.inception_v4 import aux_logits_specs, variable_specs
+
+    reader = tf.train.load_checkpoint(source_prefix)
+    graph = tf.Graph()
+    with graph.as_default():
+        for name, _ in variable_specs(num_classes=1001) + aux_logits_specs():
+            tf.compat.v1.get_variable(name, initializer=reader.get_tensor(name))
+        saver = tf.compat.v1.train.Saver(write_version=tf.compat.v1.train.SaverDef.V1)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            return saver.save(session, str(path), write_meta_graph=False)

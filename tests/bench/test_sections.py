@@ -7,6 +7,7 @@ times in the whole module.
 """
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -132,6 +133,22 @@ async def test_workload_spreads_requests_over_zipf_bots(aiohttp_server, trunk, j
     assert opened["errors"] == 0 and opened["requests"] == 3
     assert histograms["multihead_batch_size"].count >= 1
     assert gauges["multihead_resident_heads"] >= 1
+
+
+def test_workload_draws_bots_with_zipf_popularity_and_cycles_images():
+    """Zipf s=1 over 3 bots: shares 6/11, 3/11, 2/11 (bot k drawn in proportion to 1/k)."""
+    workload = Workload([b"i0", b"i1", b"i2"], ["a", "b", "c"], zipf_s=1.0, seed=0)
+    draws = [workload.next() for _ in range(6000)]
+    counts = collections.Counter(bot for bot, _ in draws)
+    for bot, share in zip("abc", (6 / 11, 3 / 11, 2 / 11)):
+        # 4.5 standard deviations of a binomial share: a statistical slack, no flake in practice.
+        sigma = math.sqrt(share * (1 - share) / len(draws))
+        assert abs(counts[bot] / len(draws) - share) < 4.5 * sigma, counts
+    assert [image for _, image in draws[:4]] == [b"i0", b"i1", b"i2", b"i0"]
+    again = Workload([b"i0"], ["a", "b", "c"], zipf_s=1.0, seed=0)
+    assert [again.next()[0] for _ in range(50)] == [bot for bot, _ in draws[:50]]  # seeded
+    with pytest.raises(ValueError):
+        Workload([], ["a"])
 
 
 async def test_scale_registers_levels_and_touches_every_bot(aiohttp_server, trunk, jpegs,

@@ -41,13 +41,33 @@ async def test_admin_routes_are_403_without_a_configured_token(make_client, tmp_
     assert (await client.get("/bots/alpha")).status == 200  # nothing removed
 
 
-@pytest.mark.parametrize("headers,status", [({}, 401), ({"Authorization": "Bearer wrong"}, 403),
-                                            ({"Authorization": f"Basic {TOKEN}"}, 401)])
-async def test_admin_auth(make_client, headers, status):
+ADMIN_ROUTES = [("PUT", "/bots/alpha"), ("POST", "/bots/alpha/rollback"), ("DELETE", "/bots/alpha")]
+BEARER_CHALLENGE = 'Bearer realm="multihead"'
+
+
+@pytest.mark.parametrize("method,path", ADMIN_ROUTES, ids=["put", "rollback", "delete"])
+@pytest.mark.parametrize("headers,status,code", [
+    ({}, 401, "unauthorized"),
+    ({"Authorization": "Bearer wrong"}, 403, "forbidden"),
+    ({"Authorization": f"Basic {TOKEN}"}, 401, "unauthorized"),
+    ({"Authorization": "Bearer "}, 401, "unauthorized"),
+], ids=["none", "wrong-token", "basic", "empty-bearer"])
+async def test_admin_auth(make_client, store, tmp_path, method, path, headers, status, code):
+    """Every admin route checks the token: 401 + a Bearer challenge without credentials, 403
+    for a wrong token, and nothing changes either way (the upload is valid, and alpha has a v1
+    to roll back to, so a missing check would show as a new active version)."""
+    store.register("alpha", *random_head(40, 2))  # v2 active
     client = await make_client(admin_token=TOKEN)
-    resp = await client.delete("/bots/alpha", headers=headers)
-    assert resp.status == status and (await resp.json())["code"] in ("unauthorized", "forbidden")
-    assert (await client.get("/bots/alpha")).status == 200
+    data = head_upload(tmp_path, 41, 3) if method == "PUT" else None
+    resp = await client.request(method, path, data=data, headers=headers)
+    body = await resp.json()
+    assert (resp.status, body["code"]) == (status, code), body
+    if status == 401:
+        assert resp.headers["WWW-Authenticate"] == BEARER_CHALLENGE
+    else:
+        assert "WWW-Authenticate" not in resp.headers
+    info = await client.get("/bots/alpha")
+    assert info.status == 200 and (await info.json())["version"] == 2
 
 
 async def test_put_rollback_delete_over_http(make_client, tmp_path, jpegs):
@@ -95,6 +115,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics")
+
+
 def _multihead(*args, **kwargs):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run([sys.executable, "-m", "service.cli", *args], env=env,
@@ -105,7 +132,8 @@ async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
         trunk_checkpoint, tmp_path, jpegs):
     store_dir = tmp_path / "live-store"
     port = _free_port()
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MULTIHEAD_MAX_WAIT_MS": "200"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MULTIHEAD_MAX_WAIT_MS": "200",
+           "MULTIHEAD_MAX_BATCH_SIZE": "1", "MULTIHEAD_FEATURE_CACHE_SIZE": "0"}
     server = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--store", str(store_dir),
          "--trunk-checkpoint", trunk_checkpoint, "--port", str(port), "--no-warmup"],
@@ -139,14 +167,24 @@ async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
                                      headers={"Content-Type": "image/jpeg"}) as r:
                     if r.status == 200:
                         break
-                assert time.monotonic() - registered < 1.0, "not served within 1 s"
+                # The contract is 1 s (the registry's change poll); 4 s of slack for a loaded
+                # 2-core machine, where this process competes with the server for the CPU.
+                assert time.monotonic() - registered < 5.0, "not served within 1 s (+4 s slack)"
                 await asyncio.sleep(0.05)
 
-            # SIGTERM with requests in the queue: they are answered, then the process exits 0.
+            # SIGTERM with rows still in the queue (max_batch_size 1: one image at a time in the
+            # trunk, the others queued): they are answered, then the process exits 0.
             posts = [asyncio.ensure_future(http.post(
                 f"{base}/classify/cli-bot", data=j, headers={"Content-Type": "image/jpeg"}))
-                for j in jpegs[1:5]]
-            await asyncio.sleep(0.1)
+                for j in jpegs[1:7]]
+            depth = 0.0
+            for _ in range(300):
+                async with http.get(f"{base}/metrics") as r:
+                    depth = _gauge(await r.text(), "multihead_queue_depth")
+                if depth >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert depth >= 2, "the requests never queued"
             server.send_signal(signal.SIGTERM)
             for resp in await asyncio.gather(*posts):
                 assert resp.status == 200, await resp.text()

@@ -13,6 +13,20 @@ from service.app import SERVICE
 from tests.backbone.helpers import encode
 from tests.service.conftest import BOTS, GatedTrunk, random_head
 
+
+class CountingTrunk:
+    """The real trunk, recording the batch size of every call."""
+
+    def __init__(self, trunk):
+        self._trunk = trunk
+        self.batch_sizes: list[int] = []
+        self.checkpoint_prefix = trunk.checkpoint_prefix
+        self.device = trunk.device
+
+    def features(self, images):
+        self.batch_sizes.append(len(images))
+        return self._trunk.features(images)
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -74,23 +88,62 @@ async def test_top_k_is_capped_at_the_class_count(make_client):
     assert scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-5
 
 
-async def test_websocket_answers_in_order(make_client, store, jpegs, features_of):
-    client = await make_client()
+async def test_websocket_answers_in_order(make_client, trunk, store, jpegs, features_of):
+    """A slow image (its trunk call held at a gate) then a fast one (cached features): the fast
+    one's answer must not overtake the slow one's; replies come one per image, in order."""
+    gated = GatedTrunk(trunk)
+    gated.gate.set()
+    client = await make_client(trunk_obj=gated)
+    warm = await client.post("/classify/bravo", data=jpegs[1],
+                             headers={"Content-Type": "image/jpeg"})  # caches jpegs[1]
+    assert warm.status == 200
+    gated.gate.clear()
+    gated.entered.clear()
     async with client.ws_connect("/ws/classify/bravo?top_k=2") as ws:
-        for jpeg in jpegs[:3]:
-            await ws.send_bytes(jpeg)
-        replies = [await ws.receive_json(timeout=60) for _ in range(3)]
-        await ws.send_str("not an image")
-        error = await ws.receive_json(timeout=60)
-    for reply, jpeg in zip(replies, jpegs[:3]):
+        await ws.send_bytes(jpegs[0])  # a cache miss: waits at the gate
+        while not gated.entered.is_set():
+            await asyncio.sleep(0.01)
+        await ws.send_bytes(jpegs[1])  # a cache hit: could be answered at once
+        with pytest.raises(asyncio.TimeoutError):
+            await ws.receive_json(timeout=0.5)  # nothing may arrive before the first answer
+        gated.gate.set()
+        replies = [await ws.receive_json(timeout=60) for _ in range(2)]
+    for reply, jpeg in zip(replies, jpegs[:2]):
         assert_predictions(reply["results"][0], expected(store, "bravo", features_of[jpeg], 2))
-    assert error["code"] == "bad_request"
+
+
+async def test_websocket_errors_keep_the_socket_open(make_client, store, jpegs, features_of):
+    client = await make_client()
+    async with client.ws_connect("/ws/classify/bravo?top_k=1") as ws:
+        await ws.send_str("not an image")
+        assert await ws.receive_json(timeout=60) == {
+            "error": "send each image as one binary message", "code": "bad_request",
+            "status": 400}
+        await ws.send_bytes(b"\xff\xd8\xff\xe0 truncated")
+        bad = await ws.receive_json(timeout=60)
+        assert (bad["status"], bad["code"]) == (400, "invalid_image")
+        await ws.send_bytes(jpegs[2])
+        reply = await ws.receive_json(timeout=60)
+    assert_predictions(reply["results"][0], expected(store, "bravo", features_of[jpegs[2]], 1))
+
+
+async def test_websocket_to_an_unknown_bot_is_a_json_404_before_the_upgrade(make_client):
+    client = await make_client()
+    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+        await client.ws_connect("/ws/classify/nobody")
+    assert info.value.status == 404
+    resp = await client.get("/ws/classify/nobody")
+    assert resp.status == 404 and (await resp.json())["code"] == "unknown_bot"
 
 
 async def test_concurrent_requests_over_many_bots_equal_single_requests(
-        make_client, store, jpegs, features_of):
-    """40 concurrent requests over 5 bots share trunk batches; mixing bots changes nothing."""
-    client = await make_client(feature_cache_size=0, max_batch_size=8, max_wait_ms=50.0)
+        make_client, trunk, store, jpegs, features_of):
+    """40 concurrent requests over 5 bots share trunk batches; mixing bots changes nothing.
+
+    The trunk is counted: ONE trunk call per batch, however many bots the batch holds."""
+    counting = CountingTrunk(trunk)
+    client = await make_client(trunk_obj=counting, feature_cache_size=0, max_batch_size=8,
+                               max_wait_ms=50.0)
     jobs = [(bot_id, jpeg) for bot_id in BOTS for jpeg in jpegs]
 
     async def one(bot_id, jpeg):
@@ -109,12 +162,18 @@ async def test_concurrent_requests_over_many_bots_equal_single_requests(
     rows = _metric(metrics, "multihead_batch_size_sum")
     assert rows == len(jobs)  # every request went through the trunk (no cache)
     assert batches < len(jobs) and bots_sum > batches  # batched, and batches mixed bots
+    assert len(counting.batch_sizes) == batches  # one trunk call per (mixed) batch
+    assert sum(counting.batch_sizes) == len(jobs) and max(counting.batch_sizes) > 1
 
 
 def _metric(text, name):
+    """The value of series `name` (with its labels if given; 0 if absent but named with labels,
+    as a labelled counter appears only once it moved)."""
     for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if line.startswith(name + " ") or ("{" not in name and line.startswith(name + "{")):
             return float(line.rsplit(" ", 1)[1])
+    if "{" in name:
+        return 0.0
     raise AssertionError(f"{name} not in metrics")
 
 
@@ -123,44 +182,65 @@ def _png(colour, size=(64, 64)):
 
 
 async def test_bots_change_while_requests_run(make_client, store, jpegs):
-    """Register, replace and remove a bot under load: no 500s, and every answer comes from a
-    version that had been registered before the answer arrived."""
+    """Register, replace, remove and re-register a bot while clients keep classifying with it:
+    no 500s; every answer comes from a version registered before it arrived and has that
+    version's class count; a 404 only for a request in flight while the bot was removed.
+    Each step waits for answers, not for time, so a slow machine only makes it slower."""
     client = await make_client(max_wait_ms=5.0)
-    registered_at = {store.register("live", *random_head(50, 3)): time.monotonic()}
+    loop = asyncio.get_running_loop()
+    n_classes, registered_at, removed = {}, {}, []
+    answers, not_found = [], []
     stop = asyncio.Event()
-    statuses, answers = [], []
+
+    async def register(seed, n):
+        start = time.monotonic()  # the version cannot be served before the call starts
+        version = await loop.run_in_executor(
+            None, lambda: store.register("live", *random_head(seed, n)))
+        n_classes[version], registered_at[version] = n, start
 
     async def load(jpeg):
         while not stop.is_set():
-            resp = await client.post("/classify/live", data=jpeg,
+            sent = time.monotonic()
+            resp = await client.post("/classify/live?top_k=50", data=jpeg,
                                      headers={"Content-Type": "image/jpeg"})
             body = await resp.json()
-            statuses.append(resp.status)
+            received = time.monotonic()
             if resp.status == 200:
-                answers.append((body["version"], time.monotonic()))
+                answers.append((body["version"], len(body["results"][0]["predictions"]),
+                                received))
             else:
-                assert resp.status == 404 and body["code"] == "unknown_bot", body
+                assert (resp.status, body["code"]) == (404, "unknown_bot"), body
+                not_found.append((sent, received))
+
+    async def until(predicate):
+        while not predicate():
+            await asyncio.sleep(0.01)
 
     async def admin():
-        loop = asyncio.get_running_loop()
-        for i in range(4):
-            await asyncio.sleep(0.05)
-            version = await loop.run_in_executor(
-                None, lambda i=i: store.register("live", *random_head(51 + i, 3 + i)))
-            registered_at[version] = time.monotonic()
-        await asyncio.sleep(0.05)
+        for i in range(4):  # replace it four times, each after two answers of the last one
+            seen = len(answers)
+            await until(lambda seen=seen: len(answers) >= seen + 2)
+            await register(51 + i, 4 + i)
+        seen = len(answers)
+        await until(lambda: len(answers) >= seen + 2)
+        start = time.monotonic()
         await loop.run_in_executor(None, store.remove, "live")
-        await asyncio.sleep(0.05)
-        version = await loop.run_in_executor(None, lambda: store.register("live", *random_head(60, 2)))
-        registered_at[version] = time.monotonic()
-        await asyncio.sleep(0.1)
+        await until(lambda: len(not_found) >= 1)
+        await register(60, 3)
+        removed.append((start, time.monotonic()))
+        seen = len(answers)
+        await until(lambda: len(answers) >= seen + 2)
         stop.set()
 
+    await register(50, 3)
     await asyncio.gather(admin(), *(load(j) for j in jpegs[:3]))
-    assert 500 not in statuses and len(answers) > 10
-    for version, answered in answers:
-        assert version in registered_at and registered_at[version] <= answered
-    assert len({v for v, _ in answers}) >= 2  # the replacements were served
+    for version, n, answered in answers:
+        assert registered_at[version] <= answered, (version, answered)
+        assert n == n_classes[version], (version, n)
+    (gone, back), = removed
+    for sent, received in not_found:
+        assert received >= gone and sent <= back, (sent, received, gone, back)
+    assert len({v for v, _, _ in answers}) >= 5  # the replacements were served
 
 
 @pytest.mark.parametrize("path,kwargs,status,code", [
@@ -244,15 +324,25 @@ async def test_overload_is_503_and_queued_requests_survive(make_client, trunk):
 
 
 async def test_metrics_move(make_client, jpegs):
+    """Two requests for one image: the first runs the trunk, the second is a cache hit that
+    skips it; every counter moves by exactly what happened."""
     client = await make_client()
     before = await (await client.get("/metrics")).text()
-    await client.post("/classify/alpha", data=jpegs[5], headers={"Content-Type": "image/jpeg"})
-    await client.post("/classify/alpha", data=jpegs[5], headers={"Content-Type": "image/jpeg"})
+    for _ in range(2):
+        resp = await client.post("/classify/alpha", data=jpegs[5],
+                                 headers={"Content-Type": "image/jpeg"})
+        assert resp.status == 200
     after = await (await client.get("/metrics")).text()
-    assert 'multihead_requests_total{route="/classify/{bot_id}",status="200"} 2.0' in after
-    assert _metric(after, "multihead_feature_cache_hits_total") >= 1
+
+    def moved(name):
+        return _metric(after, name) - _metric(before, name)
+
+    assert moved('multihead_requests_total{route="/classify/{bot_id}",status="200"}') == 2
+    assert moved("multihead_feature_cache_hits_total") == 1
+    assert moved("multihead_feature_cache_misses_total") == 1
+    assert moved("multihead_trunk_seconds_count") == 1  # the hit never reached the trunk
+    assert moved("multihead_batch_size_sum") == 1
     assert _metric(after, "multihead_resident_heads") >= 1
-    assert "multihead_trunk_seconds_count" in after and before != after
 
 
 async def test_too_many_images_is_413(make_client):

@@ -473,3 +473,365 @@ async def test_incoming_hint_skips_the_wait_when_nobody_else_is_coming():
         assert [len(call) for call in fake.calls] == [1, 2]
     finally:
         await batcher.close()
+
+
+# -- a controlled clock: waits, deadlines and batch times without sleeping -------------------------
+
+
+class FakeClock:
+    """`time.monotonic` stand-in that moves only when told (from any thread)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def test_rows_that_waited_through_a_running_batch_go_at_once_after_it(make):
+    # Guards the timer being restarted after each batch: the wait counts from a row's arrival,
+    # so a row that waited out max_wait_ms behind a running batch must not wait again.
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=2, max_wait_ms=1000, clock=clock)
+    first = [spawn(b.submit(i, group="a")) for i in range(2)]  # full: runs at once
+    await fake.entered()
+    late = spawn(b.submit("late", group="b"))
+    await settle()
+    clock.advance(1.5)  # its max_wait_ms passes while the first batch still runs
+    fake.release()
+    await gather5(*first)
+    assert await asyncio.wait_for(late, 5) == ("ok", "late")
+    assert fake.payloads() == [[0, 1], ["late"]]
+
+
+@pytest.mark.parametrize("policy", ["mixed", "per_group"])
+async def test_max_wait_ms_counts_on_the_clock_from_the_first_row(make, policy):
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=8, max_wait_ms=1000, policy=policy, clock=clock)
+    first = spawn(b.submit(0, group="a"))
+    await settle()
+    clock.advance(0.5)
+    second = spawn(b.submit(1, group="a"))
+    await settle()
+    clock.advance(0.4995)
+    b.poke()
+    await settle()
+    assert not first.done() and fake.calls == []  # 999.5 ms: not yet
+    clock.advance(0.0005)  # exactly max_wait_ms after the FIRST row, not the second
+    b.poke()
+    assert await gather5(first, second) == [("ok", 0), ("ok", 1)]
+    assert fake.payloads() == [[0, 1]]
+
+
+async def test_retry_after_is_batches_ahead_times_the_recent_batch_time(make):
+    # Guards a constant Retry-After: the estimate follows the queue and the measured batch time.
+    clock = FakeClock()
+    run_s = {0: 4.0, 1: 9.0}
+
+    def timed(rows, i):
+        clock.advance(run_s.get(i, 0.0))
+        return [("ok", r.payload) for r in rows]
+
+    fake = FakeRunBatch(timed)
+    b = make(fake, max_batch_size=2, max_wait_ms=5000, max_queue_rows=8, clock=clock)
+    assert b.retry_after_s() == 5.0  # nothing measured yet: one batch of max_wait_ms
+    await gather5(b.submit(0, group="a"), b.submit(1, group="a"))  # batch 0 takes 4 s
+    assert b.retry_after_s() == 4.0
+    fake.gate.clear()
+    running = [spawn(b.submit(i, group="a")) for i in (2, 3)]  # batch 1, held, takes 9 s
+    await fake.entered()
+    await fake.entered()
+    queued = [spawn(b.submit(i, group="b")) for i in range(10, 13)]
+    await settle()
+    assert b.queue_depth == 3 and b.retry_after_s() == 12.0  # (ceil(3/2) + 1) x 4 s
+    queued += [spawn(b.submit(i, group="b")) for i in range(13, 18)]
+    await settle()
+    with pytest.raises(Overloaded) as info:
+        await b.submit(99, group="c")
+    assert info.value.retry_after_s == 20.0  # (8/2 + 1) batches x 4 s
+    fake.release()
+    await gather5(*running, *queued)
+    # Batch times 4, 9, 0, 0, 0, 0: a moving average 0.8 old + 0.2 new.
+    assert b.retry_after_s() == pytest.approx(max(1.0, 5.0 * 0.8 ** 4))
+    assert b.batches_run == 6
+
+
+@pytest.mark.parametrize("max_wait_ms, queued, want", [
+    (0.0, 30, 3.1),       # no estimate yet: 0.1 s a batch at least, 31 batches
+    (0.0, 0, 1.0),        # never under 1 s
+    (5000.0, 30, 60.0),   # never over 60 s
+])
+async def test_retry_after_bounds_before_any_batch(make, max_wait_ms, queued, want):
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=1, max_wait_ms=max_wait_ms, max_queue_rows=64,
+             clock=FakeClock())
+    if queued:
+        tasks = [spawn(b.submit(i, group="a")) for i in range(queued + 1)]  # 1 runs, rest wait
+        await fake.entered()
+        await settle()
+        assert b.queue_depth == queued
+    assert b.retry_after_s() == pytest.approx(want)
+    fake.release()
+    if queued:
+        await gather5(*tasks)
+
+
+async def test_a_crashed_batching_task_fails_its_rows_and_the_next_submit_starts_a_fresh_one(
+        make, caplog):
+    # Guards the recovery of a dead batching task: without it every later request would hang.
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=1)
+    original = b._ready_group
+    crashes = [RuntimeError("a bug in the batcher")]
+
+    def buggy(now):
+        if crashes:
+            raise crashes.pop()
+        return original(now)
+
+    b._ready_group = buggy
+    with pytest.raises(BatchError) as info:
+        await asyncio.wait_for(b.submit("lost", group="a"), 5)
+    assert str(info.value) == "the batcher failed; please retry"
+    assert "batching task died" in caplog.text
+    assert await asyncio.wait_for(b.submit("next", group="a"), 5) == ("ok", "next")
+    assert any(t.get_name() == "multihead-batcher" for t in asyncio.all_tasks())
+    assert fake.payloads() == [["next"]]
+
+
+async def test_per_group_takes_the_oldest_full_group_first(make):
+    # Guards taking the newest full group: b's first row is older than c's, so b goes first.
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=2, policy="per_group")
+    blocker = [spawn(b.submit(f"z{i}", group="z")) for i in range(2)]
+    await fake.entered()
+    order = [("a", "a0"), ("b", "b0"), ("c", "c0"), ("b", "b1"), ("c", "c1")]
+    tasks = {p: spawn(b.submit(p, group=g)) for g, p in order}
+    await settle()
+    fake.release()
+    await gather5(*blocker, tasks["b0"], tasks["b1"], tasks["c0"], tasks["c1"])
+    assert fake.payloads() == [["z0", "z1"], ["b0", "b1"], ["c0", "c1"]]
+    assert not tasks["a0"].done()  # a partial group waits for its max_wait_ms (or close)
+
+
+async def test_per_group_counts_rows_per_group_across_batches(make):
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=2, policy="per_group")
+    blocker = [spawn(b.submit(f"z{i}", group="z")) for i in range(2)]
+    await fake.entered()
+    three = [spawn(b.submit(f"a{i}", group="a")) for i in range(3)]
+    await settle()
+    fake.release()
+    await gather5(*blocker, *three[:2])
+    await settle()
+    assert not three[2].done()  # one "a" row left: not a full group
+    fourth = spawn(b.submit("a3", group="a"))  # now two: full again, runs at once
+    assert await gather5(three[2], fourth) == [("ok", "a2"), ("ok", "a3")]
+    assert fake.payloads() == [["z0", "z1"], ["a0", "a1"], ["a2", "a3"]]
+
+
+async def test_an_idle_batcher_wakes_for_a_lone_row_and_for_a_batch_filled_later(make):
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=3, max_wait_ms=0)
+    assert await gather5(b.submit(0, group="a")) == [("ok", 0)]
+    await settle()  # the batching task is now idle, waiting for rows
+    assert await gather5(b.submit(1, group="a")) == [("ok", 1)]
+    slow = make(FakeRunBatch(), max_batch_size=3)  # max_wait_ms: a minute
+    first = spawn(slow.submit(0, group="a"))
+    await settle()  # waiting on its timer with one row
+    rest = [spawn(slow.submit(i, group="a")) for i in (1, 2)]  # the third row fills the batch
+    assert await gather5(first, *rest) == [("ok", 0), ("ok", 1), ("ok", 2)]
+
+
+async def test_deadlines_are_checked_on_the_clock_and_every_expired_row_is_counted(make):
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=4, clock=clock)
+    running = spawn(b.submit_many(["p0", "p1", "p2", "p3"], group="a"))  # a full batch
+    await fake.entered()
+    closing_soon = [
+        spawn(b.submit("a", group="a")),
+        spawn(b.submit("late1", group="a", deadline=clock.now + 1)),
+        spawn(b.submit("late2", group="a", deadline=clock.now + 2)),
+        spawn(b.submit("b", group="a", deadline=clock.now + 60)),
+    ]
+    await settle()
+    with pytest.raises(DeadlineExceeded) as refused:
+        await b.submit("now", group="a", deadline=clock.now)  # a deadline of now has passed
+    assert str(refused.value) == "the request's deadline passed before it was queued"
+    clock.advance(2)  # exactly late2's deadline
+    fake.release()
+    assert await gather5(running) == [[("ok", f"p{i}") for i in range(4)]]
+    outcomes = await gather5(*closing_soon, return_exceptions=True)
+    assert outcomes[0] == ("ok", "a") and outcomes[3] == ("ok", "b")
+    for late in outcomes[1:3]:
+        assert isinstance(late, DeadlineExceeded)
+        assert str(late) == "the request's deadline passed while it waited for the trunk"
+    assert b.rows_expired == 2
+    assert fake.payloads() == [["p0", "p1", "p2", "p3"], ["a", "b"]]  # live rows after an
+    # expired one still go in the same batch
+
+
+async def test_on_batch_reports_queue_waits_and_run_time_on_the_clock(make):
+    clock = FakeClock()
+
+    def slow(rows, i):
+        clock.advance(2.5)
+        return [("ok", r.payload) for r in rows]
+
+    seen = []
+    fake = FakeRunBatch(slow)
+    b = make(fake, max_batch_size=2, clock=clock, on_batch=lambda *a: seen.append(a))
+    first = spawn(b.submit(0, group="a"))
+    await settle()
+    clock.advance(0.75)
+    await gather5(first, b.submit(1, group="b"))
+    assert seen == [(2, 2, [0.75, 0.0], 2.5)]
+
+
+async def test_submit_many_raises_the_first_failure_at_once_and_withdraws_the_rest(make):
+    later = threading.Event()
+
+    def fn(rows, i):
+        if i > 0:
+            assert later.wait(10)
+        return [KeyError(r.payload) if r.payload == "bad" else ("ok", r.payload) for r in rows]
+
+    fake = FakeRunBatch(fn)
+    b = make(fake, max_batch_size=1)
+    many = spawn(b.submit_many(["bad", "x", "y"], group="g"))
+    await fake.entered()
+    await fake.entered()  # "x" is inside run_batch, "y" still queued
+    with pytest.raises(KeyError):
+        await asyncio.wait_for(many, 5)  # without waiting for "x"
+    assert b.queue_depth == 0  # "y" was withdrawn
+    later.set()
+    assert await gather5(b.submit("z", group="g")) == [("ok", "z")]
+    assert fake.payloads() == [["bad"], ["x"], ["z"]]
+    assert [r.group for call in fake.calls for r in call] == ["g"] * 3
+
+
+async def test_submit_many_with_return_exceptions_waits_for_every_row(make):
+    def fn(rows, i):
+        return [KeyError(r.payload) if r.payload == "bad" else ("ok", r.payload) for r in rows]
+
+    fake = FakeRunBatch(fn)
+    b = make(fake, max_batch_size=1)
+    out = await asyncio.wait_for(
+        b.submit_many(["bad", "x", "y"], group="g", return_exceptions=True), 5)
+    assert isinstance(out[0], KeyError) and out[1:] == [("ok", "x"), ("ok", "y")]
+    with pytest.raises(DeadlineExceeded):
+        await b.submit_many(["p"], group="g", deadline=time.monotonic() - 1)
+
+
+async def test_submit_many_of_exactly_max_queue_rows_fits(make):
+    b = make(FakeRunBatch(), max_batch_size=2, max_queue_rows=4)
+    assert await asyncio.wait_for(b.submit_many(range(4), group="g"), 5) == [
+        ("ok", i) for i in range(4)]
+
+
+@pytest.mark.parametrize("returned, message", [
+    (None, "run_batch returned a non-sequence for a batch of 2 rows"),
+    ([("ok", 0)], "run_batch returned 1 results for a batch of 2 rows"),
+])
+async def test_a_broken_run_batch_contract_is_a_batch_error_naming_it(make, returned, message):
+    b = make(FakeRunBatch(lambda rows, i: returned), max_batch_size=2)
+    outcomes = await gather5(b.submit(0, group="a"), b.submit(1, group="a"),
+                             return_exceptions=True)
+    assert [type(o) for o in outcomes] == [BatchError, BatchError]
+    assert [str(o) for o in outcomes] == [message, message]
+
+
+async def test_a_result_that_cannot_be_delivered_fails_that_row_only(make):
+    b = make(FakeRunBatch(lambda rows, i: [StopIteration(), ("ok", 1)]), max_batch_size=2)
+    outcomes = await gather5(b.submit(0, group="a"), b.submit(1, group="a"),
+                             return_exceptions=True)
+    assert isinstance(outcomes[0], BatchError) and outcomes[1] == ("ok", 1)
+    assert str(outcomes[0]).startswith("cannot deliver this row's result: TypeError")
+
+
+async def test_close_with_timeout_names_what_was_lost(make):
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=1)
+    running = spawn(b.submit("p0", group="a"))
+    await fake.entered()
+    queued = spawn(b.submit("p1", group="a"))
+    await settle()
+    closing = spawn(b.close(timeout_s=0.01))
+    outcomes = await gather5(running, queued, return_exceptions=True)
+    assert [str(o) for o in outcomes] == [
+        "the service shut down before this request finished",
+        "the service shut down before this request ran"]
+    with pytest.raises(ShuttingDown) as info:
+        await b.submit("p2", group="a")
+    assert str(info.value) == "the service is shutting down and accepts no new requests"
+    fake.release()
+    await asyncio.wait_for(closing, 5)
+
+
+async def test_close_waits_for_a_batch_inside_a_passed_executor(make):
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        fake = FakeRunBatch(hold=True)
+        b = make(fake, max_batch_size=1, executor=executor)
+        running = spawn(b.submit("p0", group="a"))
+        await fake.entered()
+        closing = spawn(b.close(timeout_s=0.01))
+        with pytest.raises(ShuttingDown):
+            await asyncio.wait_for(running, 5)
+        await settle()
+        await asyncio.sleep(0.05)  # a real wait: close must still be waiting for the worker
+        assert not closing.done()
+        fake.release()
+        await asyncio.wait_for(closing, 5)
+    finally:
+        executor.shutdown()
+
+
+async def test_close_joins_its_own_worker_thread(make):
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=1)
+    assert await b.submit(1, group="a") == ("ok", 1)
+    await asyncio.wait_for(b.close(), 5)
+    assert not fake.threads[0].is_alive()
+
+
+async def test_a_batcher_is_bound_to_one_event_loop(make):
+    b = make(FakeRunBatch(), max_batch_size=1)
+    await b.start()
+
+    def elsewhere():
+        async def go():
+            await b.submit(1, group="a")
+        return asyncio.run(go())
+
+    with pytest.raises(RuntimeError) as info:
+        await asyncio.get_running_loop().run_in_executor(None, elsewhere)
+    assert str(info.value) == "this Batcher is bound to another event loop"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_batch_size": True}, "max_batch_size must be an int >= 1, got True"),
+    ({"max_batch_size": 2.5}, "max_batch_size must be an int >= 1, got 2.5"),
+    ({"max_wait_ms": float("nan")}, "max_wait_ms must be >= 0, got nan"),
+    ({"max_queue_rows": 1.5}, "max_queue_rows must be an int >= 1, got 1.5"),
+    ({"policy": "per_bot"}, "policy must be one of mixed, per_group, got 'per_bot'"),
+])
+def test_invalid_arguments_messages_name_the_value(kwargs, message):
+    args = {"max_batch_size": 4, "max_wait_ms": 5, "max_queue_rows": 8, **kwargs}
+    with pytest.raises(ValueError) as info:
+        Batcher(lambda rows: rows, **args)
+    assert str(info.value) == message
+
+
+def test_smallest_valid_arguments_are_accepted_and_run_batch_must_be_callable():
+    b = Batcher(lambda rows: rows, max_batch_size=1, max_wait_ms=0, max_queue_rows=1)
+    assert b.max_batch_size == 1 and b.policy == "mixed" and not b.closing
+    with pytest.raises(TypeError) as info:
+        Batcher(None, max_batch_size=1, max_wait_ms=0, max_queue_rows=1)
+    assert str(info.value) == "run_batch must be callable"

@@ -1,0 +1,67 @@
+"""Admission before work: a server-wide budget of request bytes in flight.
+
+A transport asks the budget before it reads a body: a request whose declared length does not
+fit is refused (Overloaded: 503 + Retry-After) while its bytes are still on the wire; a
+chunked body is counted as it streams. What was admitted is released when the request's answer
+is done, so memory is bounded by the budget, not by what clients send. No web framework here.
+"""
+from __future__ import annotations
+
+import threading
+
+from service.errors import Overloaded
+
+# What a refused client is told to wait: a body admitted is usually served within a second.
+RETRY_AFTER_S = 1.0
+
+
+class ByteBudget:
+    """Bytes reserved by requests in flight, at most `limit_bytes`. Thread-safe."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        if limit_bytes < 1:
+            raise ValueError("limit_bytes must be >= 1")
+        self.limit_bytes = int(limit_bytes)
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def reserve(self, n: int) -> None:
+        """Takes `n` bytes, or raises Overloaded (nothing taken)."""
+        with self._lock:
+            if self._used + n > self.limit_bytes:
+                raise Overloaded(RETRY_AFTER_S, f"server busy: {self._used} of "
+                                 f"{self.limit_bytes} request bytes in flight; retry after "
+                                 f"{RETRY_AFTER_S:.0f} s")
+            self._used += n
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self._used -= n
+            assert self._used >= 0, "released more than reserved"
+
+
+class Reservation:
+    """The bytes one request holds; `take` adds to them, `close` gives them all back."""
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self._budget = budget
+        self.bytes = 0
+
+    def take(self, n: int) -> None:
+        self._budget.reserve(n)
+        self.bytes += n
+
+    def close(self) -> None:
+        if self.bytes:
+            self._budget.release(self.bytes)
+            self.bytes = 0
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
