@@ -19,6 +19,7 @@ from backbone.inception_v4 import (
     aux_logits_specs,
     variable_specs,
 )
+from backbone.tfimport import import_tensorflow
 
 # Names inside a store (`<store>/trunk/...`): the official checkpoint wins when present.
 OFFICIAL_CHECKPOINT = "inception_v4.ckpt"
@@ -64,7 +65,7 @@ def resolve_prefix(path: str | os.PathLike) -> str:
 
 
 def _reader(prefix: str):
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     try:
         return tf.train.load_checkpoint(prefix)
@@ -151,7 +152,7 @@ def random_variables(seed: int, *, num_classes: int = NUM_CLASSES,
 
 def write_checkpoint(prefix: str, values: dict[str, np.ndarray]) -> str:
     """Writes a TF V2 checkpoint whose keys are exactly the given names (slim's layout)."""
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     names = sorted(values)

@@ -51,14 +51,52 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
     return image
 
 
-def _decode(data: bytes, *, max_pixels: int, draft: bool) -> np.ndarray:
+class _BufferFile(io.RawIOBase):
+    """A read-only file over a buffer (bytearray, memoryview) that copies only what is read."""
+
+    def __init__(self, data) -> None:
+        super().__init__()
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = max(0, min(len(buffer), len(self._view) - self._pos))
+        buffer[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _file_of(data) -> io.IOBase:
+    """A file over the image bytes without copying them: BytesIO shares a bytes object, and an
+    upload read into a bytearray (often megabytes, mostly trailing bytes the decoder never
+    reads) is read through a view."""
+    if isinstance(data, bytes):
+        return io.BytesIO(data)
+    return io.BufferedReader(_BufferFile(data))
+
+
+def _decode(data: bytes | bytearray, *, max_pixels: int, draft: bool) -> np.ndarray:
     """RGB [H, W, 3]: uint8 for 8-bit images (most), float32 in [0, 1] for deeper ones."""
     if not data:
         raise InvalidImage("empty image")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(_file_of(data))
             width, height = image.size
             if width * height > max_pixels:
                 raise ImageTooLarge(f"image has {width}x{height} = {width * height} pixels, "

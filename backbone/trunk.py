@@ -31,6 +31,7 @@ from backbone.precision import (
     session_config,
 )
 from backbone.spec import FEATURE_DIM, IMAGE_SIZE
+from backbone.tfimport import import_tensorflow
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def select_device(device: str = "auto", gpu_memory_limit_mb: int | None = None) 
     on (TensorFlow never gives GPU memory back, so do not grab it all up front) and an optional
     cap is applied; both must happen before the GPU is first used in this process.
     """
-    import tensorflow as tf
+    tf = import_tensorflow(device)
 
     gpus = tf.config.list_physical_devices("GPU")
     if device == "auto":
@@ -183,7 +184,7 @@ class Trunk:
                 intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
                 warmup_batch_sizes=warmup_batch_sizes, graph_cache_dir=graph_cache_dir)
 
-        import tensorflow as tf
+        tf = import_tensorflow(device)
 
         num_classes = check_layout(prefix, with_logits=with_logits)
         config = session_config(device, precision, intra_op_threads, inter_op_threads)

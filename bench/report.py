@@ -131,6 +131,19 @@ def evaluate_targets(results: Mapping, sections: set[str] | None = None) -> list
             or get_path(results, "coldstart.note", "") or "")
     add("restart_saved_graph", "restart with a saved graph to /readyz 200 <= 5 s", ["coldstart"],
         restart, 5.0, "<=", "s", note)
+    start = _num(get_path(results, "overload.rss_start_bytes"))
+    budget = _num(get_path(results, "overload.budget_bytes"))
+    add("overload_peak", "RSS peak under N x 10 MB uploads <= start + 1.25 x in-flight budget",
+        ["overload"], get_path(results, "overload.rss_peak_bytes"), start + 1.25 * budget, "<=",
+        "bytes", _note("start {:.0f} MB, budget {:.0f} MB", start / 1e6, budget / 1e6))
+    add("overload_after", "RSS after the uploads <= 1.10 x start", ["overload"],
+        ratio(_num(get_path(results, "overload.rss_after_bytes")), start), 1.10, "<=", "x")
+    add("overload_wrong", "wrong answers under overload == 0", ["overload"],
+        get_path(results, "overload.wrong_answers"), 0, "<=", "")
+    soak_start = _num(get_path(results, "soak.rss_first_half_mean_bytes"))
+    add("soak_flat", "soak: RSS mean of the 2nd half <= 1.10 x the 1st half's", ["soak"],
+        ratio(_num(get_path(results, "soak.rss_second_half_mean_bytes")), soak_start), 1.10,
+        "<=", "x")
     return targets
 
 
@@ -349,6 +362,30 @@ def render_markdown(results: Mapping, targets: list[Target] | None = None) -> st
         out += _table(["start", "/healthz 200 s", "/readyz 200 s", "notes"], rows)
         if cold_start.get("note"):
             out += ["", cold_start["note"]]
+        out += [""]
+
+    overload = results.get("overload")
+    if overload:
+        out += [f"## Overload: {overload['uploads']} concurrent uploads of "
+                f"{overload['upload_bytes'] / 1e6:.1f} MB to one server", ""]
+        out += _table(["RSS start", "RSS peak", "RSS after", "in-flight budget", "answers",
+                       "wrong", "elapsed s"],
+                      [[_mb(overload["rss_start_bytes"]), _mb(overload["rss_peak_bytes"]),
+                        _mb(overload["rss_after_bytes"]), _mb(overload["budget_bytes"]),
+                        ", ".join(f"{k}: {v}" for k, v in sorted(overload["statuses"].items())),
+                        overload["wrong_answers"], overload["elapsed_s"]]])
+        out += [""]
+    soak = results.get("soak")
+    if soak:
+        out += [f"## Soak: {soak['duration_s']:.0f} s of mixed valid and hostile traffic, "
+                f"{soak['clients']} clients", ""]
+        out += _table(["requests", "statuses", "RSS start", "RSS 1st half mean",
+                       "RSS 2nd half mean", "RSS max", "RSS end"],
+                      [[soak["requests"],
+                        ", ".join(f"{k}: {v}" for k, v in sorted(soak["statuses"].items())),
+                        _mb(soak["rss_start_bytes"]), _mb(soak["rss_first_half_mean_bytes"]),
+                        _mb(soak["rss_second_half_mean_bytes"]), _mb(soak["rss_max_bytes"]),
+                        _mb(soak["rss_end_bytes"])]])
         out += [""]
 
     errors = results.get("errors") or {}

@@ -13,6 +13,9 @@ Sections (`--sections`, all by default; they run in this order):
     coldstart  `multihead serve` process start to /readyz 200 (with and without a saved graph,
                when the backbone offers one)
     baselines  rebuild graph + restore per request; K full models (one Trunk per bot)
+    overload   N concurrent 10 MB uploads: server RSS start/peak/after, refused vs answered
+    soak       minutes of mixed valid and hostile traffic: server RSS must stay flat
+               (both in `bench.hardening`)
 
 Writes `<output>/bench.json`, `bench.md` (the tables, dated, with the machine) and `bench.png`
 (latency vs throughput of the service load points, mixed vs per-bot batching), plus one log per
@@ -56,7 +59,8 @@ from bench.stats import machine_facts, ratio, rss_bytes, summarize
 # is installed without the tests' data; tests/bench checks it against the contract file.
 FLOPS_PER_IMAGE = 24_549_983_040
 
-SECTIONS = ("trunk", "service", "fanout", "scale", "coldstart", "baselines")
+SECTIONS = ("trunk", "service", "fanout", "scale", "coldstart", "baselines", "overload",
+            "soak")
 MIB = 1024 * 1024
 
 
@@ -90,6 +94,9 @@ class Plan:
     full_models_requests: int = 64
     full_models_concurrency: int = 16
     images: int = 64
+    overload_uploads: int = 300
+    soak_s: float = 300.0
+    soak_clients: int = 8
     seed: int = 0
     max_batch_size: int = 16
     max_wait_ms: float | None = None  # None: the server's default
@@ -100,7 +107,8 @@ class Plan:
         values = dict(quick=True, concurrency=(1, 16), closed_min_requests=16,
                       closed_requests_per_client=4, poisson_requests=24, trunk_runs=5,
                       matmul_runs=5, scale_levels=(10, 100, 1000), cold_samples=20,
-                      fanout_requests=8, rebuild_reps=2, full_models_requests=24, images=48)
+                      fanout_requests=8, rebuild_reps=2, full_models_requests=24, images=48,
+                      overload_uploads=100, soak_s=60.0)
         values.update(overrides)
         return cls(**values)
 
@@ -258,7 +266,8 @@ class Bench:
             if "service" in plan.sections or "fanout" in plan.sections:
                 steps.append(("service+fanout", self.section_service_and_fanout))
             steps += [("scale", self.section_scale), ("coldstart", self.section_coldstart),
-                      ("baselines", self.section_baselines)]
+                      ("baselines", self.section_baselines), ("overload", self.section_overload),
+                      ("soak", self.section_soak)]
             for name, step in steps:
                 if name != "service+fanout" and name not in plan.sections:
                     continue
@@ -726,6 +735,38 @@ class Bench:
             "spawning the process, Python and TensorFlow imports included.")
 
     # -- 3. baselines ---------------------------------------------------------------------
+
+    def _hardening_server(self, name: str, bots: int):
+        store = self.tmp / f"{name}-store"
+        ids = register_bots(store, bots, self.plan.classes, self.plan.seed)
+        self.share_graph_cache(store)
+        server = self._server(name, store)
+        self._start(server)
+        return server, ids
+
+    def section_overload(self) -> None:
+        from bench import hardening
+
+        plan = self.plan
+        server, ids = self._hardening_server("overload", 4)
+        try:
+            result = asyncio.run(hardening.overload(server.url, server.pid, self.jpegs[:32],
+                                                    plan.overload_uploads, ids[0]))
+        finally:
+            server.stop()
+        self.results["overload"] = result
+
+    def section_soak(self) -> None:
+        from bench import hardening
+
+        plan = self.plan
+        server, ids = self._hardening_server("soak", 20)
+        try:
+            result = asyncio.run(hardening.soak(server.url, server.pid, self.jpegs, ids,
+                                                plan.soak_s, plan.soak_clients, plan.seed))
+        finally:
+            server.stop()
+        self.results["soak"] = result
 
     def section_baselines(self) -> None:
         plan = self.plan

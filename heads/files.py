@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from backbone.spec import FEATURE_DIM
 from heads.errors import HeadLoadError, InvalidHead
-from heads.head import Head, validate_labels
+from heads.head import MAX_CLASSES, Head, validate_labels
 
 FORMAT_VERSION = 1
 CKPT_NAME = "head.ckpt"
@@ -36,6 +37,10 @@ SLIM_WEIGHTS_KEY = f"{SLIM_LOGITS_SCOPE}/weights"
 SLIM_BIASES_KEY = f"{SLIM_LOGITS_SCOPE}/biases"
 
 
+# 100,000 labels of 80 bytes each: a labels file larger than this is refused unread.
+MAX_LABELS_BYTES = 8 * 2**20
+
+
 def read_labels(path: str | os.PathLike) -> tuple[str, ...]:
     """Read a labels file: one label per line, surrounding whitespace stripped.
 
@@ -44,6 +49,8 @@ def read_labels(path: str | os.PathLike) -> tuple[str, ...]:
     """
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_LABELS_BYTES:
+            raise InvalidHead(f"labels file '{p}' is over the limit of {MAX_LABELS_BYTES} bytes")
         text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise HeadLoadError(f"labels file '{p}' not found") from None
@@ -63,7 +70,9 @@ def read_labels(path: str | os.PathLike) -> tuple[str, ...]:
 
 
 def _tf():
-    import tensorflow as tf  # lazily: `import heads` must stay fast and TF-free
+    from backbone.tfimport import import_tensorflow
+
+    tf = import_tensorflow()  # lazily: `import heads` must stay fast and TF-free
 
     return tf
 
@@ -85,9 +94,16 @@ def read_checkpoint_tensors(prefix: str | os.PathLike, names: Sequence[str]) -> 
     except (tf.errors.OpError, OSError):
         raise HeadLoadError(f"'{prefix}' is not a readable TF checkpoint") from None
     out = []
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     for name in names:
         if not reader.has_tensor(name):
             raise HeadLoadError(f"checkpoint '{prefix}' has no tensor '{name}'")
+        # NOTE: shape and dtype come from the index: checked before any data is read.
+        if not dtypes[name].is_floating:
+            raise InvalidHead(f"tensor '{name}' is {dtypes[name].name}, expected float")
+        if int(np.prod(shapes[name], dtype=np.int64)) > FEATURE_DIM * MAX_CLASSES:
+            raise InvalidHead(f"tensor '{name}' has shape {list(shapes[name])}: more than a "
+                              f"head of {MAX_CLASSES} classes")
         try:
             value = reader.get_tensor(name)
         except (tf.errors.OpError, IndexError, ValueError, OSError):

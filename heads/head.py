@@ -15,6 +15,10 @@ import numpy as np
 from backbone.spec import FEATURE_DIM
 from heads.errors import InvalidBotId, InvalidHead
 
+# A head has at most this many classes (1536 x 100,000 float32 = 614 MB): uploads and files
+# claiming more are refused before their tensors are read.
+MAX_CLASSES = 100_000
+
 _BOT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -71,6 +75,8 @@ def validate_head_arrays(
     n = w.shape[1]
     if n < 2:
         raise InvalidHead(f"a head needs at least 2 classes, weights have {n}")
+    if n > MAX_CLASSES:
+        raise InvalidHead(f"a head has at most {MAX_CLASSES} classes, weights have {n}")
     if b.shape != (n,):
         raise InvalidHead(f"biases have shape {list(b.shape)}, expected [{n}] to match weights")
     # Checked after the float32 cast: float64 values beyond float32's range become inf here.

@@ -55,7 +55,7 @@ def held_out_accuracy(trunk, head, kind: str, per_class: int = HELD_OUT_PER_CLAS
 
 def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None,
                 kinds=tuple(KINDS), held_out_per_class: int = HELD_OUT_PER_CLASS,
-                progress: bool = True) -> list[DemoBot]:
+                progress: bool = True, trunk_kwargs: dict | None = None) -> list[DemoBot]:
     """Creates the missing demo pieces in `store_dir`; returns the demo bots.
 
     Args:
@@ -99,7 +99,8 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
                     from backbone import Trunk
 
                     trunk = Trunk.from_checkpoint(
-                        prefix, graph_cache_dir=store_dir / "trunk" / "graph_cache")
+                        prefix, graph_cache_dir=store_dir / "trunk" / "graph_cache",
+                        **(trunk_kwargs or {}))
                 start = time.perf_counter()
                 folder = write_demo_images(store_dir / "demo_images", kind, per_class)
                 data = extract_features(scan_image_folder(folder), trunk, progress=progress)

@@ -149,6 +149,10 @@ class Metrics:
         self.queue_depth = Gauge(
             "queue_depth", "rows waiting in the batcher queue", namespace=ns, registry=r,
         )
+        self.trunk_info = Gauge(
+            "trunk_info", "the trunk in use (value 1): device, runtime and precision",
+            ["device", "runtime", "precision"], namespace=ns, registry=r,
+        )
         self.inflight_bytes = Gauge(
             "inflight_bytes", "request bytes admitted and not yet answered (the admission "
             "budget in use)", namespace=ns, registry=r,
@@ -212,6 +216,10 @@ class Metrics:
     def set_resident_heads(self, count: int, total_bytes: int) -> None:
         self.resident_heads.set(count)
         self.resident_head_bytes.set(total_bytes)
+
+    def set_trunk(self, *, device: str, runtime: str, precision: str) -> None:
+        """What the trunk runs on, as `multihead_trunk_info{device,runtime,precision} 1`."""
+        self.trunk_info.labels(device=device, runtime=runtime, precision=precision).set(1)
 
     def bind_inflight_bytes(self, read: Callable[[], float]) -> None:
         """Read the admission budget in use at scrape time."""

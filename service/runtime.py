@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from backbone.spec import INPUT
+from backbone.tfimport import import_tensorflow
 from heads import BotInfo, Head, HeadLoadError, HeadStore
 from service.admission import ByteBudget
 from service.engine import Engine, Images, Prediction
@@ -131,7 +132,7 @@ class Service:
                 from backbone.checkpoint import default_trunk_checkpoint
 
                 start = time.perf_counter()
-                await loop.run_in_executor(None, __import__, "tensorflow")
+                await loop.run_in_executor(None, import_tensorflow, settings.device)
                 readiness.timings["import_s"] = time.perf_counter() - start
                 from backbone import Trunk
 
@@ -141,11 +142,16 @@ class Service:
                              if settings.graph_cache else None)
                 trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
                     prefix, device=settings.device, warmup_batch_sizes=(),
-                    graph_cache_dir=cache_dir))
+                    graph_cache_dir=cache_dir, precision=settings.precision,
+                    runtime=settings.runtime))
                 readiness.timings.update(build_s=trunk.timings.build_s,
-                                         restore_s=trunk.timings.restore_s)
+                                         restore_s=trunk.timings.restore_s,
+                                         compile_s=trunk.timings.compile_s)
             self.trunk = trunk
             self.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
+            self.metrics.set_trunk(device=trunk.device,
+                                   runtime=getattr(trunk, "runtime", "tf"),
+                                   precision=getattr(trunk, "precision", "fp32"))
             start = time.perf_counter()
             if settings.warmup:
                 for size in warmup_batch_sizes(settings.max_batch_size, trunk.device):
@@ -186,7 +192,9 @@ class Service:
     def trunk_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights": self.trunk_kind}
         if self.trunk is not None:
-            info.update(checkpoint=self.trunk.checkpoint_prefix, device=self.trunk.device)
+            info.update(checkpoint=self.trunk.checkpoint_prefix, device=self.trunk.device,
+                        runtime=getattr(self.trunk, "runtime", "tf"),
+                        precision=getattr(self.trunk, "precision", "fp32"))
         return info
 
     def readiness_report(self) -> dict[str, Any]:

@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from backbone.precision import PRECISIONS, RUNTIMES
 from service.batcher import POLICIES as BATCH_POLICIES
+
+# Fields whose value is one of a few names: validated, and offered as choices by the flags.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "batch_policy": BATCH_POLICIES,
+    "precision": (*PRECISIONS, "auto"),
+    "runtime": (*RUNTIMES, "auto"),
+}
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,22 @@ class Settings:
     )
     device: str = field(
         default="auto", metadata=_help("where the trunk runs: auto, cpu, gpu or gpu:N")
+    )
+    precision: str = field(
+        default="auto",
+        metadata=_help(
+            "trunk precision: fp32; bf16 (CPUs with avx512_bf16 or AMX); fp16 (GPU); auto = "
+            "fp16 on a GPU, bf16 on a CPU that has it, else fp32. Refused where the hardware "
+            "lacks it, never emulated; heads stay fp32"
+        ),
+    )
+    runtime: str = field(
+        default="tf",
+        metadata=_help(
+            "trunk runtime: tf; openvino (CPU, compiled in-process from the same restored "
+            "tf-slim graph, cached in <store>/trunk/graph_cache; needs the openvino extra); "
+            "auto = openvino on a CPU when installed, else tf"
+        ),
     )
     max_batch_size: int = field(
         default=16, metadata=_help("most images in one trunk batch (any mix of bots)")
@@ -199,11 +223,10 @@ class Settings:
             # Never echo the token itself.
             raise InvalidSettings("admin_token must be non-empty and contain no whitespace")
         _at_least("preprocess_threads", self.preprocess_threads, 1)
-        if self.batch_policy not in BATCH_POLICIES:
-            raise InvalidSettings(
-                f"batch_policy must be one of {', '.join(BATCH_POLICIES)}, "
-                f"got {self.batch_policy!r}"
-            )
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise InvalidSettings(f"{name} must be one of {', '.join(choices)}, got "
+                                      f"{getattr(self, name)!r}")
         _at_least("metrics_top_bots", self.metrics_top_bots, 0)
 
     # -- derived values ---------------------------------------------------------------------
@@ -287,7 +310,7 @@ class Settings:
                     help=text,
                 )
             else:
-                choices = BATCH_POLICIES if f.name == "batch_policy" else None
+                choices = CHOICES.get(f.name)
                 metavar = None if choices else {int: "N", float: "X"}.get(kind, f.name.upper())
                 group.add_argument(
                     flag, dest=f.name, type=kind, default=None, metavar=metavar,

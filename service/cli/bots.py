@@ -13,7 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from service.cli.options import store_dir, store_option, trunk_option, trunk_prefix
+from service.cli.options import (
+    features_option,
+    store_dir,
+    store_option,
+    trunk_kwargs,
+    trunk_option,
+    trunk_prefix,
+)
 
 BOT_HELP = "bot id: 1-64 characters of A-Z a-z 0-9 . _ -, a letter or digit first"
 
@@ -62,7 +69,7 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_register, _parser=p)
 
     p = sub.add_parser(
-        "train", parents=[store, trunk], formatter_class=fmt,
+        "train", parents=[store, trunk, features_option()], formatter_class=fmt,
         help="train a bot's head on a folder of labelled images",
         description=(
             "Train a head for BOT from DIR/<label>/*.{jpg,jpeg,png} (one sub-directory per\n"
@@ -198,7 +205,7 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
     if own_trunk:
         from backbone import Trunk
 
-        trunk = Trunk.from_checkpoint(trunk_prefix(args))
+        trunk = Trunk.from_checkpoint(trunk_prefix(args), **trunk_kwargs(args))
     try:
         data = extract_features(folder, trunk, batch_size=args.batch_size,
                                 progress=not args.no_progress)

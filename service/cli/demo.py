@@ -5,14 +5,14 @@ import argparse
 import logging
 import time
 
-from service.cli.options import store_dir, store_option
+from service.cli.options import features_option, store_dir, store_option, trunk_kwargs
 from service.demo import PER_CLASS, ensure_demo
 from service.demo_images import KINDS
 
 
 def add_commands(sub) -> None:
     parser = sub.add_parser(
-        "demo", parents=[store_option()],
+        "demo", parents=[store_option(), features_option()],
         help="create the demo trunk, images and bots in a store (only what is missing)",
         description=(
             "Create what the demo needs under the store: the seeded demo trunk (unless "
@@ -31,7 +31,7 @@ def run_demo(args: argparse.Namespace) -> int:
         args._parser.error("--per-class must be >= 5")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     start = time.perf_counter()
-    bots = ensure_demo(store_dir(args), per_class=args.per_class)
+    bots = ensure_demo(store_dir(args), per_class=args.per_class, trunk_kwargs=trunk_kwargs(args))
     for bot in bots:
         state = (f"trained, held-out accuracy {bot.held_out_accuracy:.3f}" if bot.trained
                  else "already there")

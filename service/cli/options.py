@@ -6,7 +6,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from service.settings import Settings
+from service.settings import CHOICES, InvalidSettings, Settings
 
 STORE_ENV = Settings.env_var("store")
 TRUNK_ENV = Settings.env_var("trunk_checkpoint")
@@ -31,6 +31,32 @@ def trunk_option() -> argparse.ArgumentParser:
         help=f"serving trunk checkpoint prefix (default: ${TRUNK_ENV}, else the store's: "
              "<store>/trunk/inception_v4.ckpt if present, else demo_inception_v4.ckpt)")
     return parent
+
+
+def features_option() -> argparse.ArgumentParser:
+    """Parent parser with the serving trunk's `--precision` and `--runtime`: a command that
+    runs images through the trunk extracts features the way `serve` will."""
+    parent = argparse.ArgumentParser(add_help=False)
+    for name in ("precision", "runtime"):
+        parent.add_argument(
+            f"--{name}", choices=CHOICES[name], default=None,
+            help=f"trunk {name}, as for `serve` (default: ${Settings.env_var(name)}, else "
+                 f"'{Settings.__dataclass_fields__[name].default}')")
+    return parent
+
+
+def trunk_kwargs(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> dict:
+    """`precision` and `runtime` for `Trunk.from_checkpoint`: flag, else environment, else the
+    serving default, so training sees the features serving will."""
+    out = {}
+    for name in ("precision", "runtime"):
+        value = (getattr(args, name, None) or environ.get(Settings.env_var(name))
+                 or Settings.__dataclass_fields__[name].default)
+        if value not in CHOICES[name]:
+            raise InvalidSettings(f"{Settings.env_var(name)}={value!r}: must be one of "
+                                  f"{', '.join(CHOICES[name])}")
+        out[name] = value
+    return out
 
 
 def store_dir(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import threading
 
+from backbone.tfimport import import_tensorflow
 from service.settings import Settings
 
 
@@ -51,12 +51,29 @@ def require_trunk(settings: Settings) -> str:
     return prefix
 
 
+def check_precision_and_runtime(settings: Settings) -> None:
+    """Refuses at start (one line) a precision or runtime this CPU cannot run, when the trunk
+    will be on the CPU; on a GPU machine the bring-up decides (and /readyz reports it)."""
+    from backbone.precision import (
+        cpu_flags,
+        maybe_has_gpu,
+        openvino_available,
+        resolve_precision,
+        resolve_runtime,
+    )
+
+    if settings.device == "cpu" or (settings.device == "auto" and not maybe_has_gpu()):
+        resolve_precision(settings.precision, device="/CPU:0", flags=cpu_flags())
+        resolve_runtime(settings.runtime, device="/CPU:0", openvino=openvino_available())
+
+
 def run_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env_and_args(args)
     require_trunk(settings)
+    check_precision_and_runtime(settings)
     # Start importing TensorFlow (about 3 s) at once, beside the rest of start-up; the trunk
     # build waits for it through the import lock.
-    threading.Thread(target=importlib.import_module, args=("tensorflow",), daemon=True,
+    threading.Thread(target=import_tensorflow, args=(settings.device,), daemon=True,
                      name="multihead-import-tf").start()
     from service.app import run_app  # aiohttp: imported only by the command that serves
 

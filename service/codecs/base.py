@@ -37,7 +37,7 @@ class Request:
     params: Mapping[str, str] = field(default_factory=dict)
     query: Mapping[str, str] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
-    read_body: Callable[[], Awaitable[bytes]] | None = None
+    read_body: Callable[[], Awaitable[bytes | bytearray]] | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -48,7 +48,7 @@ class Request:
         raw = self.header("content-type") or ""
         return raw.split(";", 1)[0].strip().lower()
 
-    async def body(self) -> bytes:
+    async def body(self) -> bytes | bytearray:
         if self.read_body is None:
             return b""
         return await self.read_body()

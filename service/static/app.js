@@ -83,7 +83,8 @@ async function showTrunk() {
   node.dataset.weights = weights;
   node.dataset.state = body.status;
   if (body.status === "ready") {
-    node.textContent = `Trunk weights: ${weights}`;
+    const runs = body.trunk.runtime ? ` · ${body.trunk.runtime} ${body.trunk.precision}` : "";
+    node.textContent = `Trunk weights: ${weights}${runs}`;
     node.title = body.trunk.checkpoint ? `checkpoint ${body.trunk.checkpoint} on ${body.trunk.device}` : "";
   } else if (body.status === "failed") {
     node.textContent = `Trunk failed: ${body.error || "unknown error"}`;

@@ -116,3 +116,15 @@ def test_jpeg_draft_mode_is_close_to_a_full_decode():
     full = preprocess_array(decode_image(data, draft=False))
     # DCT-domain downscale then bilinear vs full decode then bilinear: small average change.
     assert np.abs(fast - full).mean() < 0.03
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_a_bytearray_or_view_upload_decodes_like_bytes(fmt):
+    """Uploads arrive as a bytearray filled in place (see service.app); trailing bytes after the
+    image are ignored, as for bytes."""
+    data = encode(pattern(5, size=(200, 150)), fmt)
+    want = preprocess(data)
+    for given in (bytearray(data), bytearray(data) + bytearray(5000), memoryview(data)):
+        np.testing.assert_array_equal(preprocess(given), want)
+    with pytest.raises(InvalidImage):
+        preprocess(bytearray(b"not an image at all"))

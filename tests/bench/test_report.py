@@ -33,7 +33,7 @@ def _by_key(targets):
 
 def test_every_target_passes_on_good_results():
     targets = evaluate_targets(passing_results())
-    assert len(targets) == 9
+    assert len(targets) == 13
     assert [t.key for t in targets if t.status != PASS] == []
     assert not targets_failed(targets)
 
@@ -71,6 +71,10 @@ def _set(results, path, value):
     ("fanout", "fanout.fanout.p50_ms", 157.0),
     ("batch_mixing", "service.policies.per_group.points.1.mean_batch_size", 2.6),
     ("restart_saved_graph", "coldstart.restart_with_saved_graph_s", 5.01),
+    ("overload_peak", "overload.rss_peak_bytes", 1_010_000_000 + 1.25 * 268_435_456 + 1),
+    ("overload_after", "overload.rss_after_bytes", 1.11 * 1_010_000_000),
+    ("overload_wrong", "overload.wrong_answers", 1),
+    ("soak_flat", "soak.rss_second_half_mean_bytes", 1.11 * 1_020_000_000),
 ])
 def test_a_missed_target_fails_alone(key, path, value):
     results = passing_results()
@@ -109,12 +113,12 @@ def test_reports_hold_the_numbers(tmp_path):
     data = json.loads(written["json"].read_text())
     assert data["trunk"]["best_images_per_s"] == 10.25
     assert data["service"]["policies"]["per_group"]["points"][1]["mean_batch_size"] == 1.5
-    assert [t["status"] for t in data["targets"]] == [PASS] * 9
+    assert [t["status"] for t in data["targets"]] == [PASS] * 13
     md = written["md"].read_text()
     assert "2026-01-02 03:04 UTC" in md and "Test CPU 9000" in md and "TensorFlow 2.21.0" in md
     for number in ("10.2", "302", "9.75", "1,500", "6,543", "8.4", "4.25", "265.0 MB", "83.5"):
         assert number in md, number
-    assert md.count("| PASS |") == 9
+    assert md.count("| PASS |") == 13
     png = written["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -197,7 +201,7 @@ def test_check_exits_nonzero_when_a_target_is_missed(monkeypatch, tmp_path, caps
 
 def test_check_exits_zero_when_every_target_is_met(monkeypatch, tmp_path, capsys):
     assert _run_with(monkeypatch, tmp_path, passing_results(), "--check") == 0
-    assert capsys.readouterr().out.count("[PASS]") == 9
+    assert capsys.readouterr().out.count("[PASS]") == 13
 
 
 def test_without_check_a_miss_does_not_change_the_exit_code(monkeypatch, tmp_path, capsys):
@@ -212,7 +216,7 @@ def test_run_takes_the_parsed_flags(monkeypatch, tmp_path, capsys):
     args = _parser().parse_args(["--output", str(tmp_path), "--sections", "scale", "--check"])
     assert cli.run(args) == 0
     out = capsys.readouterr().out
-    assert out.count("[PASS]") == 3 and out.count("[SKIP]") == 6
+    assert out.count("[PASS]") == 3 and out.count("[SKIP]") == 10
     assert (tmp_path / "bench.json").exists()
 
 

@@ -73,3 +73,47 @@ def test_register_from_slim_accepts_the_official_v1_single_file_as_serving_trunk
     with HeadStore(store) as s:
         head = s.get("imagenet")
         assert head.n_classes == 1001 and np.isfinite(head.weights).all()
+
+
+# -- uploaded heads are bounded --------------------------------------------------------------
+
+def test_a_head_over_the_class_limit_is_refused_before_its_tensors_are_read(
+        store_dir, tmp_path, monkeypatch):
+    import heads.files
+    import heads.head
+    from backbone.checkpoint import write_checkpoint
+    from heads import InvalidHead
+
+    monkeypatch.setattr(heads.head, "MAX_CLASSES", 4)
+    monkeypatch.setattr(heads.files, "MAX_CLASSES", 4)
+    weights, biases, labels = random_head(5, seed=3)
+    prefix = write_checkpoint(str(tmp_path / "five" / "head.ckpt"),
+                              {"weights": weights, "biases": biases})
+    with HeadStore(store_dir) as store:
+        with pytest.raises(InvalidHead, match="more than a head of 4 classes"):
+            store.register_checkpoint("big", prefix, labels)
+        with pytest.raises(InvalidHead, match="at most 4 classes"):
+            store.register("big", weights, biases, labels)
+        assert store.list() == []
+
+
+def test_a_head_tensor_that_is_not_float_is_refused(store_dir, tmp_path):
+    from backbone.checkpoint import write_checkpoint
+    from heads import InvalidHead
+
+    weights, biases, labels = random_head(3, seed=4)
+    prefix = write_checkpoint(str(tmp_path / "ints" / "head.ckpt"),
+                              {"weights": (weights * 100).astype(np.int32), "biases": biases})
+    with HeadStore(store_dir) as store:
+        with pytest.raises(InvalidHead, match="int32, expected float"):
+            store.register_checkpoint("ints", prefix, labels)
+
+
+def test_an_oversized_labels_file_is_refused_unread(tmp_path, monkeypatch):
+    import heads.files
+    from heads import InvalidHead
+
+    monkeypatch.setattr(heads.files, "MAX_LABELS_BYTES", 100)
+    path = write_labels(tmp_path / "labels.txt", [f"label-{i}" for i in range(50)])
+    with pytest.raises(InvalidHead, match="over the limit of 100 bytes"):
+        heads.files.read_labels(path)
