@@ -36,11 +36,6 @@ _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
                413: "payload_too_large", 415: "unsupported_media_type"}
 
 
-def service_of(app: web.Application) -> Service:
-    """The app's `Service` (settings, store, metrics, engine, readiness)."""
-    return app[SERVICE]
-
-
 def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body over the limit of {limit} bytes")
 
@@ -79,13 +74,7 @@ def to_request(request: web.Request, held: Reservation) -> Request:
             # grows a bytearray and then copies it (up to 3x the body at its peak).
             body = bytearray(length)
             view, filled = memoryview(body), 0
-            while filled < length:
-                try:
-                    chunk = await request.content.readany()
-                except ConnectionError:  # the client went away mid-body
-                    raise BadRequest("the request body was cut short") from None
-                if not chunk:
-                    break
+            async for chunk in _chunks(request):  # aiohttp stops at the declared length
                 view[filled:filled + len(chunk)] = chunk
                 filled += len(chunk)
             view.release()
@@ -169,7 +158,8 @@ def _protocol_error(self, request, status: int = 500, exc: BaseException | None 
     """aiohttp's answer to a request it could not parse (request line, headers, framing),
     as the JSON error body instead of text/plain; logged as one line, not a traceback."""
     if status >= 500:
-        response = _aiohttp_handle_error(self, request, status, exc, message)
+        # aiohttp's own handler logs the traceback; its text/plain answer is replaced below.
+        _aiohttp_handle_error(self, request, status, exc, message)
         body = {"error": INTERNAL_MESSAGE, "code": "internal"}
     else:
         reason = (message or getattr(exc, "message", None) or "").strip().splitlines()

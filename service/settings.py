@@ -389,4 +389,4 @@ def _valid_device(device: str) -> bool:
     if device in ("auto", "cpu", "gpu"):
         return True
     head, _, index = device.partition(":")
-    return head == "gpu" and index.isdigit()
+    return head == "gpu" and index.isascii() and index.isdigit()

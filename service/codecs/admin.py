@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from service.codecs.base import Endpoint, Reply, Request, json_reply
+from service.codecs.common import is_number
 from service.codecs.native import Part, parse_multipart
 from service.errors import BadRequest, UnsupportedMediaType
 
@@ -108,7 +109,7 @@ async def delete_bot(service: Service, request: Request) -> Reply:
 async def rollback_bot(service: Service, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     to = request.query.get("to")
-    if to is not None and not to.isdigit():
+    if to is not None and not is_number(to):
         raise BadRequest(f"to must be a version number, got '{to[:32]}'")
     await service.run_blocking(service.store.rollback, bot_id, int(to) if to else None)
     info = await service.info(bot_id)

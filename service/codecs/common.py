@@ -53,12 +53,19 @@ def b64decode(value: Any, where: str) -> bytes:
 
 
 def float_array(data: Any, where: str) -> np.ndarray:
-    """JSON numbers (flat or nested) -> float32 array; the shape is checked by the caller."""
+    """JSON numbers (flat or nested) -> float32 array; the shape is checked by the caller.
+
+    null (which numpy turns into NaN), NaN and Infinity are refused here.
+    """
     try:
-        return np.asarray(data, dtype=np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # out of range -> inf, refused below
+            array = np.asarray(data, dtype=np.float32)
     except (TypeError, ValueError, RecursionError):
         raise BadRequest(f"{where} must be numbers (flat, or nested to the same depth)") \
             from None
+    if not np.isfinite(array).all():
+        raise BadRequest(f"{where} must be finite numbers (no null, NaN or Infinity)")
+    return array
 
 
 def parse_top_k(query: Mapping[str, str], default: int) -> int:
@@ -75,11 +82,16 @@ def parse_top_k(query: Mapping[str, str], default: int) -> int:
     return value
 
 
+def is_number(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also accepts '²' and '٣', which `int()` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def check_version(bot_id: str, active: int, raw: str | None) -> None:
     """A version named in the path must be the bot's active one: only that one is served."""
     if raw is None:
         return
-    if not raw.isdigit():
+    if not is_number(raw):
         raise BadRequest(f"model version must be a number, got '{raw[:32]}'")
     if int(raw) != active:
         raise UnknownVersion(f"bot '{bot_id}' version {int(raw)} is not served: only its active "

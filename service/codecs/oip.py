@@ -35,6 +35,7 @@ from service.codecs.common import (
     b64decode,
     classify_with,
     float_array,
+    is_number,
     model_paths,
     parse_json_object,
 )
@@ -181,7 +182,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """An OIP v2 `$inference_request`, with the binary tensor extension when `header_length`
     (the `Inference-Header-Content-Length` header) is given. Raises BadRequest."""
     if header_length is not None:
-        if not header_length.strip().isdigit() or int(header_length) > len(body):
+        if not is_number(header_length.strip()) or int(header_length) > len(body):
             raise BadRequest(f"{HEADER_LENGTH} must be the JSON header's length in bytes, at "
                              f"most the body's {len(body)}; got '{header_length[:32]}'")
         split = int(header_length)

@@ -206,22 +206,12 @@ def test_graph_cache_restart_gives_the_same_features(trunk, trunk_checkpoint, im
 
 def test_v1_checkpoint_file_like_the_official_one(trunk, trunk_checkpoint, images, tmp_path):
     """The model-zoo `inception_v4.ckpt` is a V1 single-file checkpoint: it must load too."""
-    import tensorflow as tf
-
     from backbone.checkpoint import default_trunk_checkpoint
+    from tests.backbone.helpers import write_v1_checkpoint
 
-    reader = tf.train.load_checkpoint(trunk_checkpoint)
     store = tmp_path / "store"
     (store / "trunk").mkdir(parents=True)
-    graph = tf.Graph()
-    with graph.as_default():
-        for name, _ in variable_specs(num_classes=1001) + aux_logits_specs():
-            tf.compat.v1.get_variable(name, initializer=reader.get_tensor(name))
-        saver = tf.compat.v1.train.Saver(write_version=tf.compat.v1.train.SaverDef.V1)
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            path = saver.save(session, str(store / "trunk" / "inception_v4.ckpt"),
-                              write_meta_graph=False)
+    path = write_v1_checkpoint(trunk_checkpoint, store / "trunk" / "inception_v4.ckpt")
     assert not Path(f"{path}.index").exists()  # V1: one file
     assert default_trunk_checkpoint(store) == path
     assert trunk_digest(path) == trunk_digest(trunk_checkpoint)

@@ -87,6 +87,9 @@ async def test_malformed_requests_get_4xx_json_and_the_server_survives(make_clie
         batch = [next(it) for _ in range(min(CONCURRENCY, CASES - start))]
         await asyncio.gather(*(one(case) for case in batch))
     rss_end = rss_bytes()
+    print(f"\nfuzz: {CASES} cases, seed {SEED}: statuses {dict(sorted(statuses.items()))}, "
+          f"not sendable by the client {unsendable}, RSS {rss_start / 1e6:.0f} -> "
+          f"{rss_end / 1e6:.0f} MB")
 
     assert bad == [], "\n".join(bad[:20])
     assert sum(statuses.values()) + unsendable == CASES
