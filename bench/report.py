@@ -73,6 +73,13 @@ def _c1_point(results: Mapping) -> Mapping | None:
     return None
 
 
+def _target(key, text, needs, measured, limit, op, unit, sections, note="") -> Target:
+    selected = all(s in sections for s in needs)
+    m, lim = _num(measured), _num(limit)
+    return Target(key, text, "+".join(needs), None if math.isnan(m) else m,
+                  None if math.isnan(lim) else lim, op, unit, _status(m, lim, op, selected), note)
+
+
 def evaluate_targets(results: Mapping, sections: set[str] | None = None) -> list[Target]:
     """Evaluates every target of issue 6 on a results dict.
 
@@ -84,11 +91,7 @@ def evaluate_targets(results: Mapping, sections: set[str] | None = None) -> list
     targets: list[Target] = []
 
     def add(key, text, needs, measured, limit, op, unit, note=""):
-        selected = all(s in sections for s in needs)
-        m, lim = _num(measured), _num(limit)
-        targets.append(Target(key, text, "+".join(needs), None if math.isnan(m) else m,
-                              None if math.isnan(lim) else lim, op, unit,
-                              _status(m, lim, op, selected), note))
+        targets.append(_target(key, text, needs, measured, limit, op, unit, sections, note))
 
     trunk_best = _num(get_path(results, "trunk.best_images_per_s"))
     trunk_b1_ms = _num(get_path(results, "trunk.batch1_forward_ms"))
@@ -131,6 +134,23 @@ def evaluate_targets(results: Mapping, sections: set[str] | None = None) -> list
             or get_path(results, "coldstart.note", "") or "")
     add("restart_saved_graph", "restart with a saved graph to /readyz 200 <= 5 s", ["coldstart"],
         restart, 5.0, "<=", "s", note)
+    # Trunk speed by runtime and precision: the bf16 targets need a CPU with bf16.
+    bf16 = bool(get_path(results, "trunk.bf16_cpu"))
+    runtimes = get_path(results, "trunk.runtimes") or {}
+    fp32 = runtimes.get("tf-fp32") or {}
+    speed_sections = sections | ({"bf16-cpu"} if bf16 else set())
+    no_bf16 = "" if bf16 else "this CPU has no avx512_bf16/amx_bf16"
+    for size in (1, 8):
+        key = f"images_per_s_b{size}"
+        best = max((_num(r.get(key)) for r in runtimes.values() if r.get(key)), default=math.nan)
+        targets.append(_target(
+            f"best_trunk_b{size}", f"best runtime x precision >= 1.8 x TF fp32 at batch {size}",
+            ["trunk", "bf16-cpu"], ratio(best, _num(fp32.get(key))), 1.8, ">=", "x",
+            speed_sections, no_bf16))
+    targets.append(_target(
+        "tf_bf16_b8", "TF bf16 >= 1.5 x TF fp32 at batch 8", ["trunk", "bf16-cpu"],
+        ratio(_num((runtimes.get("tf-bf16") or {}).get("images_per_s_b8")),
+              _num(fp32.get("images_per_s_b8"))), 1.5, ">=", "x", speed_sections, no_bf16))
     start = _num(get_path(results, "overload.rss_start_bytes"))
     budget = _num(get_path(results, "overload.budget_bytes"))
     add("overload_peak", "RSS peak under N x 10 MB uploads <= start + 1.25 x in-flight budget",
@@ -243,6 +263,22 @@ def render_markdown(results: Mapping, targets: list[Target] | None = None) -> st
                 f"is loaded and has run once: "
                 f"{_fmt((trunk.get('rss_after_load_bytes') or 0) / 1e6)} MB (TensorFlow runtime "
                 f"included).", ""]
+        runtimes = trunk.get("runtimes") or {}
+        if len(runtimes) > 1 or not trunk.get("bf16_cpu", True):
+            sizes = [b["batch_size"] for b in trunk.get("batches", [])]
+            out += [f"By runtime and precision (images/s; min cosine of the features against "
+                    f"TF fp32; this CPU {'has' if trunk.get('bf16_cpu') else 'has no'} "
+                    f"avx512_bf16/amx_bf16, so bf16 "
+                    f"{'runs' if trunk.get('bf16_cpu') else 'is refused and not measured'}):",
+                    ""]
+            rows = []
+            for name, r in runtimes.items():
+                rates = {b["batch_size"]: b["images_per_s"] for b in r.get("batches", [])}
+                rows.append([name, *[rates.get(size) for size in sizes], r.get("min_cosine"),
+                             r.get("error", "")])
+            out += _table(["runtime-precision", *[f"batch {s}" for s in sizes], "min cosine",
+                           "error"], rows)
+            out += [""]
 
     service = results.get("service")
     if service:

@@ -170,6 +170,20 @@ def random_head(rng: np.random.Generator, classes: int) -> tuple[np.ndarray, np.
     return weights, biases, [f"class-{i:03d}" for i in range(classes)]
 
 
+def _bf16_cpu() -> bool:
+    from backbone.precision import cpu_flags, cpu_has_bf16
+
+    return cpu_has_bf16(cpu_flags())
+
+
+def _rates(batches: list[dict]) -> dict:
+    """Best images/s and the rates at batch 1 and 8 of one runtime's batch table."""
+    by_size = {b["batch_size"]: b["images_per_s"] for b in batches}
+    best = max(batches, key=lambda b: b["images_per_s"])
+    return {"best_images_per_s": best["images_per_s"], "images_per_s_b1": by_size.get(1),
+            "images_per_s_b8": by_size.get(8)}
+
+
 def bot_id(i: int) -> str:
     return f"bot-{i:05d}"
 
@@ -374,8 +388,10 @@ class Bench:
                         times[size].append(time.perf_counter() - t0)
                         bar.update()
             timings = trunk.timings
+            reference = trunk.features(images[:8])  # [8, 1536]: what other runtimes must match
         finally:
             trunk.close()
+        runtimes = self._other_runtimes(images, sizes, reference)
         for size in sizes:
             median = float(np.median(times[size]))
             batches.append({"batch_size": size, "runs": plan.trunk_runs, "median_s": median,
@@ -401,9 +417,54 @@ class Bench:
             "restore_s": timings.restore_s,
             "rss_after_load_bytes": rss_loaded,  # the whole bench process (TF runtime included)
             "note": "efficiency = best trunk images/s / (best matmul FLOP/s / FLOPs per image)",
+            "bf16_cpu": _bf16_cpu(),
+            "runtimes": {"tf-fp32": {"batches": batches, "min_cosine": 1.0,
+                                     **_rates(batches)}, **runtimes},
         }
         _say(f"trunk best {best['images_per_s']:.2f} images/s at batch {best['batch_size']}; "
              f"matmul {matmul['gflops_best']:.0f} GFLOP/s -> ceiling {ceiling:.2f} images/s")
+
+    def _other_runtimes(self, images: np.ndarray, sizes, reference: np.ndarray) -> dict:
+        """images/s at each batch size and min cosine vs TF fp32 for every other runtime x
+        precision this machine can run (bf16 needs avx512_bf16/AMX; openvino its package)."""
+        from backbone import Trunk
+        from backbone.precision import openvino_available
+
+        combos = [("tf", "bf16")] if _bf16_cpu() else []
+        if openvino_available():
+            combos += [("openvino", "fp32")] + ([("openvino", "bf16")] if _bf16_cpu() else [])
+        out = {}
+        for runtime, precision in combos:
+            name = f"{runtime}-{precision}"
+            _say(f"trunk on {name} ...")
+            try:
+                trunk = Trunk.from_checkpoint(self.prefix, warmup_batch_sizes=(1,),
+                                              runtime=runtime, precision=precision,
+                                              graph_cache_dir=self.tmp / "runtime-cache")
+            except Exception as exc:  # noqa: BLE001 - record, and measure the others
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            try:
+                features = trunk.features(images[:8])
+                batches = []
+                for size in sizes:
+                    trunk.features(images[:size])
+                    times = []
+                    for _ in range(self.plan.trunk_runs):
+                        t0 = time.perf_counter()
+                        trunk.features(images[:size])
+                        times.append(time.perf_counter() - t0)
+                    median = float(np.median(times))
+                    batches.append({"batch_size": size, "runs": len(times), "median_s": median,
+                                    "images_per_s": size / median, "times_s": times})
+            finally:
+                trunk.close()
+            cosine = np.sum(features * reference, axis=1) / (
+                np.linalg.norm(features, axis=1) * np.linalg.norm(reference, axis=1))
+            out[name] = {"batches": batches, "min_cosine": float(cosine.min()),
+                         "max_abs_diff": float(np.abs(features - reference).max()),
+                         **_rates(batches)}
+        return out
 
     # -- 2. service (and 6. fan-out on the same server) -------------------------------------
 

@@ -33,7 +33,7 @@ def _by_key(targets):
 
 def test_every_target_passes_on_good_results():
     targets = evaluate_targets(passing_results())
-    assert len(targets) == 13
+    assert len(targets) == 16
     assert [t.key for t in targets if t.status != PASS] == []
     assert not targets_failed(targets)
 
@@ -71,6 +71,9 @@ def _set(results, path, value):
     ("fanout", "fanout.fanout.p50_ms", 157.0),
     ("batch_mixing", "service.policies.per_group.points.1.mean_batch_size", 2.6),
     ("restart_saved_graph", "coldstart.restart_with_saved_graph_s", 5.01),
+    ("best_trunk_b1", "trunk.runtimes.openvino-bf16.images_per_s_b1", 17.0),
+    ("best_trunk_b8", "trunk.runtimes.openvino-bf16.images_per_s_b8", 17.9),
+    ("tf_bf16_b8", "trunk.runtimes.tf-bf16.images_per_s_b8", 14.9),
     ("overload_peak", "overload.rss_peak_bytes", 1_010_000_000 + 1.25 * 268_435_456 + 1),
     ("overload_after", "overload.rss_after_bytes", 1.11 * 1_010_000_000),
     ("overload_wrong", "overload.wrong_answers", 1),
@@ -113,12 +116,12 @@ def test_reports_hold_the_numbers(tmp_path):
     data = json.loads(written["json"].read_text())
     assert data["trunk"]["best_images_per_s"] == 10.25
     assert data["service"]["policies"]["per_group"]["points"][1]["mean_batch_size"] == 1.5
-    assert [t["status"] for t in data["targets"]] == [PASS] * 13
+    assert [t["status"] for t in data["targets"]] == [PASS] * 16
     md = written["md"].read_text()
     assert "2026-01-02 03:04 UTC" in md and "Test CPU 9000" in md and "TensorFlow 2.21.0" in md
     for number in ("10.2", "302", "9.75", "1,500", "6,543", "8.4", "4.25", "265.0 MB", "83.5"):
         assert number in md, number
-    assert md.count("| PASS |") == 13
+    assert md.count("| PASS |") == 16
     png = written["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -201,7 +204,7 @@ def test_check_exits_nonzero_when_a_target_is_missed(monkeypatch, tmp_path, caps
 
 def test_check_exits_zero_when_every_target_is_met(monkeypatch, tmp_path, capsys):
     assert _run_with(monkeypatch, tmp_path, passing_results(), "--check") == 0
-    assert capsys.readouterr().out.count("[PASS]") == 13
+    assert capsys.readouterr().out.count("[PASS]") == 16
 
 
 def test_without_check_a_miss_does_not_change_the_exit_code(monkeypatch, tmp_path, capsys):
@@ -216,7 +219,7 @@ def test_run_takes_the_parsed_flags(monkeypatch, tmp_path, capsys):
     args = _parser().parse_args(["--output", str(tmp_path), "--sections", "scale", "--check"])
     assert cli.run(args) == 0
     out = capsys.readouterr().out
-    assert out.count("[PASS]") == 3 and out.count("[SKIP]") == 10
+    assert out.count("[PASS]") == 3 and out.count("[SKIP]") == 13
     assert (tmp_path / "bench.json").exists()
 
 
@@ -287,3 +290,13 @@ def test_flops_constant_is_the_contracts():
     contract = json.loads((REPO / "tests" / "data" / "inception_v4_contract.json").read_text())
     # To PreLogitsFlatten (the trunk's output), 1 multiply-add = 2 FLOPs.
     assert runner.FLOPS_PER_IMAGE == contract["flops_per_image"]["to_PreLogitsFlatten"]
+
+
+def test_bf16_speed_targets_are_skipped_on_a_cpu_without_bf16():
+    results = passing_results()
+    results["trunk"]["bf16_cpu"] = False
+    results["trunk"]["runtimes"] = {k: v for k, v in results["trunk"]["runtimes"].items()
+                                    if "bf16" not in k}
+    t = _by_key(evaluate_targets(results))
+    for key in ("best_trunk_b1", "best_trunk_b8", "tf_bf16_b8"):
+        assert t[key].status == SKIP and "no avx512_bf16" in t[key].note
