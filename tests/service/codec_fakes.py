@@ -1,0 +1,154 @@
+"""A fake `Service` for the codec tests: only what the endpoints call, no trunk, no store files.
+
+Fakes are fine here: the codecs' logic is the subject (parsing, rendering, status codes);
+the same endpoints run against the real `Service` in test_app.py and test_interop.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from heads import BotInfo, Head, HeadLoadError, UnknownBot, top_indices
+from service.codecs.base import Request
+from service.engine import Images, Prediction
+from service.errors import HeadUnavailable, NotReady
+from service.runtime import FAILED, LOADING, READY, Readiness
+from service.settings import Settings
+
+
+def make_head(bot_id: str, version: int, labels: list[str]) -> Head:
+    n = len(labels)
+    return Head(bot_id, version, tuple(labels), np.zeros((1536, n), np.float32),
+                np.zeros(n, np.float32))
+
+
+def info_of(head: Head, versions: list[int] | None = None) -> BotInfo:
+    return BotInfo(head.bot_id, head.version, head.n_classes, head.labels, "2024-01-01T00:00:00Z",
+                   "/server/path", versions=versions or [head.version])
+
+
+def probabilities(image_index: int, head_index: int, n: int) -> np.ndarray:
+    """A distinct, deterministic float32 row per (image, head): the fake classifier's answer."""
+    row = np.arange(1, n + 1, dtype=np.float32) + np.float32(3 * image_index + 5 * head_index)
+    row = np.roll(row, image_index + head_index)
+    return (row / row.sum()).astype(np.float32)
+
+
+class FakeMetrics:
+    def __init__(self) -> None:
+        self.resident: tuple[int, int] | None = None
+
+    def set_resident_heads(self, count: int, total_bytes: int) -> None:
+        self.resident = (count, total_bytes)
+
+    def render(self) -> tuple[bytes, str]:
+        return b"# metrics\n", "text/plain; version=0.0.4"
+
+
+class FakeStore:
+    """What the admin and ops endpoints call on `service.store`, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.next_version = 1
+        self.written: dict[str, bytes] = {}
+
+    def register_checkpoint(self, bot_id, prefix, labels_path, **kwargs) -> int:
+        from pathlib import Path
+
+        folder = Path(prefix).parent
+        self.written = {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+        self.calls.append(("register_checkpoint", bot_id, Path(prefix).name,
+                           Path(labels_path).name, kwargs))
+        return self.next_version
+
+    def remove(self, bot_id: str) -> None:
+        self.calls.append(("remove", bot_id))
+
+    def rollback(self, bot_id: str, to: int | None) -> int:
+        self.calls.append(("rollback", bot_id, to))
+        return 1
+
+    def cache_stats(self) -> dict:
+        return {"resident_heads": 3, "resident_bytes": 4096, "hits": 0}
+
+
+@dataclasses.dataclass
+class FakeService:
+    """Heads by bot id; `classify` answers `probabilities(i, j, n)` for image i under head j."""
+
+    heads: dict[str, Head] = dataclasses.field(default_factory=dict)
+    settings: Settings = dataclasses.field(default_factory=lambda: Settings(top_k_default=2))
+    readiness: Readiness = dataclasses.field(default_factory=lambda: Readiness(status=READY))
+    store: FakeStore = dataclasses.field(default_factory=FakeStore)
+    metrics: FakeMetrics = dataclasses.field(default_factory=FakeMetrics)
+    broken: set[str] = dataclasses.field(default_factory=set)  # heads that fail to load
+    classified: list[tuple[Images, list[str], int]] = dataclasses.field(default_factory=list)
+    blocking: list[str] = dataclasses.field(default_factory=list)
+
+    def require_engine(self) -> object:
+        if not self.readiness.ready:
+            raise NotReady(self.readiness.error or "the trunk is still loading; retry shortly")
+        return object()
+
+    def readiness_report(self) -> dict:
+        body: dict[str, Any] = {"status": self.readiness.status}
+        if self.readiness.error:
+            body["error"] = self.readiness.error
+        return body
+
+    async def run_blocking(self, fn, *args):
+        self.blocking.append(getattr(fn, "__name__", "?"))
+        return fn(*args)
+
+    async def head(self, bot_id: str) -> Head:
+        if bot_id in self.broken:
+            try:
+                raise HeadLoadError("corrupt")
+            except HeadLoadError:
+                raise HeadUnavailable(f"bot '{bot_id}' is registered but its head cannot be "
+                                      f"loaded") from None
+        try:
+            return self.heads[bot_id]
+        except KeyError:
+            raise UnknownBot(bot_id) from None
+
+    async def info(self, bot_id: str) -> BotInfo:
+        return info_of(await self.head(bot_id))
+
+    async def bots(self) -> list[BotInfo]:
+        return [info_of(h) for h in self.heads.values()]
+
+    async def classify(self, images: Images, heads, *, top_k: int) -> list[list[Prediction]]:
+        self.require_engine()
+        self.classified.append((images, [h.bot_id for h in heads], top_k))
+        out = []
+        for i in range(len(images)):
+            row = []
+            for j, head in enumerate(heads):
+                p = probabilities(i, j, head.n_classes)
+                row.append(Prediction(head.bot_id, head.version,
+                                      [(head.labels[c], float(p[c]))
+                                       for c in top_indices(p, top_k)], p))
+            out.append(row)
+        return out
+
+
+def loading() -> Readiness:
+    return Readiness(status=LOADING)
+
+
+def failed(error: str = "trunk failed to load: no such file") -> Readiness:
+    return Readiness(status=FAILED, error=error)
+
+
+def req(method: str = "GET", path: str = "/x", *, params=None, query=None, headers=None,
+        body: bytes | None = None) -> Request:
+    async def read() -> bytes:
+        return body
+
+    return Request(method, path, params or {}, query or {},
+                   {k.lower(): v for k, v in (headers or {}).items()},
+                   read if body is not None else None)
