@@ -294,3 +294,18 @@ def test_serve_without_a_trunk_refuses_with_one_line(tmp_path):
     lines = [line for line in out.stderr.splitlines() if line.startswith("multihead serve")]
     assert len(lines) == 1 and "multihead demo" in lines[0]
     assert not (store / "trunk").exists()  # nothing written
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_serve_refuses_a_precision_this_cpu_cannot_run(trunk_checkpoint, tmp_path, precision):
+    from backbone.precision import cpu_flags, cpu_has_bf16, maybe_has_gpu
+
+    if maybe_has_gpu() or (precision == "bf16" and cpu_has_bf16(cpu_flags())):
+        pytest.skip(f"this machine can run {precision}")
+    out = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--store",
+                          str(tmp_path / "store"), "--trunk-checkpoint", trunk_checkpoint,
+                          "--precision", precision, "--port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("multihead serve")]
+    assert len(lines) == 1 and f"precision '{precision}'" in lines[0], out.stderr
