@@ -144,7 +144,9 @@ async def test_concurrent_requests_over_many_bots_equal_single_requests(
     counting = CountingTrunk(trunk)
     client = await make_client(trunk_obj=counting, feature_cache_size=0, max_batch_size=8,
                                max_wait_ms=50.0)
-    jobs = [(bot_id, jpeg) for bot_id in BOTS for jpeg in jpegs]
+    # NOTE: bots interleaved: rows arrive in about this order, so any batch of two or more
+    # consecutive rows mixes bots (grouped by bot, a batch of 8 could hold one bot only).
+    jobs = [(bot_id, jpeg) for jpeg in jpegs for bot_id in BOTS]
 
     async def one(bot_id, jpeg):
         resp = await client.post(f"/classify/{bot_id}?top_k=2", data=jpeg,
