@@ -34,6 +34,18 @@ class HeadLoadError(HeadsError):
     """Head files are missing, unreadable or corrupt (checkpoint, labels file, manifest)."""
 
 
+class StoreUnavailable(HeadLoadError):
+    """The store's database cannot be reached (PostgreSQL down or unreachable). Resident heads
+    are still served; a head that is not resident, and every write, fail with this until the
+    store reconnects by itself. (A subclass of HeadLoadError: a `get` of a bot whose head cannot
+    be loaded now fails the same way whatever the reason.)"""
+
+
+class InvalidStoreLocation(HeadsError, ValueError):
+    """A store location that is neither a directory path nor a PostgreSQL URL, e.g. `s3://...`
+    or a malformed `postgresql:` URL. Refused before anything is created or connected."""
+
+
 class TrunkMismatch(HeadsError):
     """A slim import was refused: the checkpoint's trunk differs from the serving trunk."""
 

@@ -1,4 +1,5 @@
-"""The registry: which version of each bot is active, with history (stdlib sqlite3, WAL).
+"""The SQLite registry of a directory store: which version of each bot is active, with
+history (stdlib sqlite3, WAL). (`heads.pg` keeps the same tables in PostgreSQL.)
 
 Schema (`registry.sqlite` in the store):
 
@@ -24,8 +25,9 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+
+from heads.backend import VersionRow
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS bots (
@@ -54,16 +56,6 @@ CREATE TABLE IF NOT EXISTS history (
 CREATE INDEX IF NOT EXISTS history_by_bot ON history (bot_id, version);
 """
 _BUSY_TIMEOUT_S = 30.0
-
-
-@dataclass(frozen=True)
-class VersionRow:
-    bot_id: str
-    version: int
-    n_classes: int
-    labels: tuple[str, ...]
-    created: str
-    source: str
 
 
 def _version_row(row: tuple) -> VersionRow:

@@ -1,51 +1,57 @@
-"""`HeadStore`: registered bots on disk, the registry, and the resident cache of heads.
+"""`HeadStore`: the bots of one store, the registry, and the resident cache of heads.
 
-Layout of a store (default `checkpoints/`):
+    store = open_store("checkpoints")                         # a directory: SQLite + files
+    store = open_store("postgresql://multihead@db:5432/heads")  # PostgreSQL: rows + tensors
 
-    <root>/registry.sqlite           bot_id -> active version, versions, history (WAL)
-    <root>/registry.lock             flock serialising writers across processes
-    <root>/heads/<bot_id>/v<N>/      one immutable head version (see `heads.files`)
-    <root>/trunk/                    the trunk checkpoint (not ours)
+One class, two backends (`heads.backend`). Everything the backends share lives here: the
+validation of what is registered (a refusal touches nothing), the resident LRU cache by bytes
+with pinned bots, change detection, `BotInfo` and the rollback-target rules. A backend keeps
+rows and tensors:
 
-A registration validates everything first (a refusal touches nothing), then, holding the
-writer lock: writes the files into `heads/<bot_id>/.tmp-*`, fsyncs them, renames the directory
-to `v<N>`, fsyncs the parent, and only then commits the registry row. A crash before the commit
-leaves an unreferenced directory that no reader ever sees and that the next registration of
-that bot sweeps away; version numbers are never reused.
+- a directory (`heads.disk`, the default): `<root>/registry.sqlite` (WAL) maps bot ids to
+  versions, `<root>/registry.lock` serialises writers, and `<root>/heads/<bot_id>/v<N>/` holds
+  one immutable version (TF checkpoint, labels, manifest with sha256s; see `heads.files`);
+  `<root>/trunk/` is the trunk's, not ours. Other processes' changes are seen through
+  `PRAGMA data_version`.
+- PostgreSQL (`heads.pg`): the same registry tables plus the tensors and labels as sha256-
+  checked blobs, in the schema `multihead` of the URL's database; other processes' changes
+  arrive by LISTEN/NOTIFY on a background connection.
+
+Either way a registration is one transaction: a crash at any point leaves nothing visible, and
+version numbers are never reused (also after a removal).
 """
 from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
-import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from heads import files
+from heads.backend import POSTGRESQL, StoreBackend, VersionRow, parse_location, redact_url
 from heads.cache import HeadCache
-from heads.errors import HeadLoadError, InvalidHead, TrunkMismatch, UnknownBot, UnknownVersion
+from heads.disk import DiskBackend
+from heads.errors import (
+    HeadLoadError,
+    InvalidHead,
+    StoreUnavailable,
+    TrunkMismatch,
+    UnknownBot,
+    UnknownVersion,
+)
 from heads.head import Head, validate_bot_id, validate_head_arrays, validate_labels
-from heads.registry import Registry, VersionRow
 
 log = logging.getLogger(__name__)
 
-REGISTRY_NAME = "registry.sqlite"
-LOCK_NAME = "registry.lock"
-HEADS_DIR = "heads"
-_VERSION_DIR_RE = re.compile(r"v([1-9][0-9]*)")
-_TMP_PREFIX = ".tmp-"
-
-# NOTE: a test seam. Called with the name of each registration step ("written", "renamed",
-# "rows_added") so tests can simulate a crash (`os._exit`) or a failure between steps.
+# NOTE: a test seam. Called with the name of each registration step so tests can simulate a
+# crash (`os._exit`) or a failure between steps: "written", "renamed", "rows_added" for a
+# directory store; "written" (blobs inserted) and "rows_added" (registry rows and NOTIFY, before
+# COMMIT) for PostgreSQL.
 _fault_hook: Callable[[str], None] | None = None
 
 
@@ -54,14 +60,10 @@ def _step(name: str) -> None:
         _fault_hook(name)
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
 @dataclass(frozen=True)
 class BotInfo(VersionRow):
     """What the registry knows about one bot: its active version's row, plus every version
-    still on disk (ascending)."""
+    still stored (ascending)."""
 
     versions: list[int] = field(hash=False, default_factory=list)
 
@@ -83,35 +85,71 @@ def _labels_arg(labels) -> tuple[str, ...]:
     return validate_labels(labels)
 
 
+def _open_backend(location: str | os.PathLike) -> StoreBackend:
+    kind, where = parse_location(location)
+    if kind == POSTGRESQL:
+        from heads.pg import PgBackend  # psycopg is imported only for a PostgreSQL store
+
+        return PgBackend(where)
+    return DiskBackend(where)
+
+
+def open_store(location: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
+               pinned: Iterable[str] = ()) -> HeadStore:
+    """Open the head store at `location` (the one entry point for every kind of store).
+
+    Args:
+        location: a directory path (SQLite registry and head files; nothing is created until
+            the first registration), or `postgresql://user[:password]@host[:port]/dbname`
+            (also `postgres://`, and any libpq URI parameter) for a store shared by many
+            machines. Any other `scheme://` is refused.
+        heads_memory_mb, pinned: see `HeadStore`.
+    Raises:
+        InvalidStoreLocation: an unsupported scheme or a malformed URL; nothing is created.
+    """
+    return HeadStore(location, heads_memory_mb=heads_memory_mb, pinned=pinned)
+
+
 class HeadStore:
     """The bots of one store: registration, lookup with a resident LRU, and change detection.
 
     Thread-safe: the event loop, the batch thread and executor threads may call it concurrently.
-    Several processes may open the same store; writes are serialised, and each reader notices a
-    change committed elsewhere within `change_poll_s` (+ one `get`) through
-    `PRAGMA data_version`, without re-reading any file.
+    Several processes (on several machines, for PostgreSQL) may open the same store; writes are
+    serialised, and each reader notices a change committed elsewhere within `change_poll_s`
+    (+ one `get`) of the backend learning of it, without re-reading any head. While the
+    backend cannot be read (a locked SQLite file, PostgreSQL down), resident heads and the last
+    known bots keep being served.
 
     Args:
-        root: the store directory. Nothing is created in it until the first write.
+        location: a store directory, or a `postgresql://` URL; see `open_store` (the same
+            thing; `HeadStore(path)` stays for existing callers).
         heads_memory_mb: byte budget (MiB) of resident heads (default: about 3,400 heads of
             100 classes); least recently used unpinned
             heads are evicted beyond it. A 100-class head takes about 0.6 MiB.
         pinned: bot ids whose heads, once loaded, are never evicted.
+
+    Attributes:
+        location: what was opened (a path, or the URL as given, password included).
+        kind: "sqlite" or "postgresql".
+        root, heads_dir: the store directory and its `heads/` (None for PostgreSQL).
     """
 
     change_poll_s = 0.25
 
-    def __init__(self, root: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
+    def __init__(self, location: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
                  pinned: Iterable[str] = ()) -> None:
         if not heads_memory_mb >= 0:
             raise ValueError("heads_memory_mb must be >= 0")
-        self.root = Path(root)
-        self.heads_dir = self.root / HEADS_DIR
-        self._registry = Registry(self.root / REGISTRY_NAME, self.root / LOCK_NAME)
         pinned = frozenset(validate_bot_id(b) for b in pinned)
+        self._backend = _open_backend(location)
+        self.location = os.fspath(location)
+        self.kind = self._backend.kind
+        disk = self._backend if isinstance(self._backend, DiskBackend) else None
+        self.root: Path | None = disk.root if disk is not None else None
+        self.heads_dir: Path | None = disk.heads_dir if disk is not None else None
         self._cache = HeadCache(int(heads_memory_mb * 2**20), pinned)
         self._active: dict[str, int] = {}
-        self._data_version: int | None | object = object()  # never equal: first call loads
+        self._data_version: object = object()  # never equal: the first call loads
         self._next_check_s = 0.0
         self._refresh_lock = threading.Lock()
         self._loads_lock = threading.Lock()
@@ -128,7 +166,8 @@ class HeadStore:
 
         Raises:
             UnknownBot: no such bot (InvalidBotId if the id itself is malformed).
-            HeadLoadError: its files are missing or corrupt.
+            HeadLoadError: its files or blobs are missing or corrupt; StoreUnavailable (a
+                HeadLoadError) if it is not resident and the database is unreachable.
         """
         self._refresh()
         version = self._active.get(bot_id)
@@ -140,6 +179,8 @@ class HeadStore:
             return head
         try:
             return self._load(bot_id, version)
+        except StoreUnavailable:
+            raise  # nothing to learn from the registry either
         except HeadLoadError:
             # Removed or replaced by another process since our last check? Then say so.
             self._refresh(force=True)
@@ -151,7 +192,7 @@ class HeadStore:
             raise
 
     def exists(self, bot_id: str) -> bool:
-        """Whether `bot_id` is registered (cheap: no file access)."""
+        """Whether `bot_id` is registered (cheap: no file or database access)."""
         self._refresh()
         return bot_id in self._active
 
@@ -163,19 +204,19 @@ class HeadStore:
             if not force and now < self._next_check_s:
                 return  # another thread just checked
             try:
-                version = self._registry.data_version()
+                version = self._backend.data_version()
                 if force or version != self._data_version:
                     # Read the version before the rows: a commit in between is seen twice,
                     # never missed.
-                    active = self._registry.active_map()
+                    active = self._backend.active_map()
                     self._active = active
                     self._data_version = version
                     self._cache.retain(lambda h: active.get(h.bot_id) == h.version)
-            except sqlite3.OperationalError as exc:
-                # NOTE: a locked or failing registry must not make every bot unknown: keep
-                # serving the last known state and read again at the next poll.
-                log.warning("registry %s unreadable (%s): keeping the last known bots",
-                            self._registry.db_path, exc)
+            except self._backend.read_errors as exc:
+                # NOTE: an unreadable registry must not make every bot unknown: keep serving
+                # the last known state and read again at the next poll.
+                log.warning("registry of store %s unreadable (%s): keeping the last known bots",
+                            self._backend.describe(), exc)
             self._next_check_s = time.monotonic() + self.change_poll_s
 
     def _load(self, bot_id: str, version: int) -> Head:
@@ -186,16 +227,12 @@ class HeadStore:
             with lock:  # one load per head at a time; the others wait and then hit the cache
                 head = self._cache.peek(bot_id, version)
                 if head is None:
-                    head = files.load_version_dir(self._version_dir(bot_id, version), bot_id,
-                                                  version)
+                    head = self._backend.load(bot_id, version)
                     self._cache.put(head)
                 return head
         finally:
             with self._loads_lock:
                 self._loading.pop(key, None)
-
-    def _version_dir(self, bot_id: str, version: int) -> Path:
-        return self.heads_dir / bot_id / f"v{version}"
 
     # -- registration --------------------------------------------------------------------------
 
@@ -275,91 +312,42 @@ class HeadStore:
 
     def _add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                      labels: tuple[str, ...], source: str) -> int:
-        bot_dir = self.heads_dir / bot_id
-        with self._registry.write() as tx:
-            new_heads_dir = not self.heads_dir.exists()
-            bot_dir.mkdir(parents=True, exist_ok=True)
-            if new_heads_dir:
-                files.fsync_dir(self.root)
-            registered = set(tx.versions(bot_id))
-            on_disk = self._sweep(bot_dir, keep=registered)
-            version = 1 + max([tx.max_version_ever(bot_id), *registered, *on_disk])
-            created = _now()
-            tmp = bot_dir / f"{_TMP_PREFIX}v{version}-{uuid.uuid4().hex[:8]}"
-            final = self._version_dir(bot_id, version)
-            tmp.mkdir()
-            renamed = False
-            try:
-                files.write_version_dir(tmp, bot_id=bot_id, version=version, weights=weights,
-                                        biases=biases, labels=labels, created=created,
-                                        source=source)
-                _step("written")
-                os.rename(tmp, final)  # atomic; fails if `final` exists
-                renamed = True
-                files.fsync_dir(bot_dir)
-                _step("renamed")
-                tx.add_version(VersionRow(bot_id, version, int(weights.shape[1]), labels,
-                                          created, source), at=created)
-                _step("rows_added")
-            except BaseException:
-                shutil.rmtree(final if renamed else tmp, ignore_errors=True)
-                raise
+        version = self._backend.add_version(bot_id, weights, biases, labels, source, _step)
         self._refresh(force=True)  # read-your-writes in this process
         return version
-
-    def _sweep(self, bot_dir: Path, keep: set[int]) -> list[int]:
-        """Delete crash leftovers of `bot_dir` (temp dirs, unregistered versions); call it
-        holding the writer lock. Returns the version numbers left on disk."""
-        left = []
-        for entry in bot_dir.iterdir():
-            m = _VERSION_DIR_RE.fullmatch(entry.name)
-            if m is not None and int(m.group(1)) in keep:
-                left.append(int(m.group(1)))
-            elif m is not None or entry.name.startswith(_TMP_PREFIX):
-                shutil.rmtree(entry, ignore_errors=True)
-        return left
 
     # -- administration ------------------------------------------------------------------------
 
     def list(self) -> list[BotInfo]:
         """Every registered bot, ordered by id."""
-        return [self._bot_info(active, row, versions)
-                for active, row, versions in self._registry.snapshot()]
+        return [self._bot_info(*row) for row in self._backend.snapshot()]
 
     def info(self, bot_id: str) -> BotInfo:
         """The registry's view of one bot. Raises UnknownBot."""
         bot_id = validate_bot_id(bot_id)
-        rows = self._registry.snapshot(bot_id)
+        rows = self._backend.snapshot(bot_id)
         if not rows:
             raise UnknownBot(bot_id)
         return self._bot_info(*rows[0])
 
     def history(self, bot_id: str) -> list[dict]:
         """Every registration, rollback and removal of `bot_id`, oldest first."""
-        return self._registry.history(validate_bot_id(bot_id))
+        return self._backend.history(validate_bot_id(bot_id))
 
-    def _bot_info(self, active: int, row: VersionRow, versions: list[int]) -> BotInfo:
-        bot_dir = self.heads_dir / row.bot_id
-        on_disk = [v for v in versions if (bot_dir / f"v{v}").is_dir()]
+    @staticmethod
+    def _bot_info(active: int, row: VersionRow, versions: list[int]) -> BotInfo:
         return BotInfo(row.bot_id, active, row.n_classes, row.labels, row.created, row.source,
-                       on_disk)
+                       list(versions))
 
     def remove(self, bot_id: str) -> None:
         """Unregister `bot_id` and delete all its versions. Raises UnknownBot."""
         bot_id = validate_bot_id(bot_id)
         self.info(bot_id)  # refuse an unknown bot without opening a write transaction
-        with self._registry.write() as tx:
-            if tx.active_version(bot_id) is None:
-                raise UnknownBot(bot_id)
-            tx.delete_bot(bot_id, at=_now())
-            tx.commit()
-            # Still under the writer lock, so no registration of the same id can interleave;
-            # a crash here leaves files no row points to, swept by its next registration.
-            shutil.rmtree(self.heads_dir / bot_id, ignore_errors=True)
+        self._backend.remove(bot_id)
         self._refresh(force=True)
 
     def rollback(self, bot_id: str, to: int | None = None) -> int:
-        """Make an earlier (or any other on-disk) version of `bot_id` active.
+        """Make an earlier (or any other stored) version of `bot_id` active.
 
         Args:
             to: the version to activate; default: the highest version below the active one.
@@ -373,15 +361,8 @@ class HeadStore:
             raise UnknownVersion(f"version must be an integer, got {to!r}")
         info = self.info(bot_id)
         self._rollback_target(bot_id, info.version, info.versions, to)  # refuse before writing
-        with self._registry.write() as tx:
-            active = tx.active_version(bot_id)
-            if active is None:
-                raise UnknownBot(bot_id)
-            bot_dir = self.heads_dir / bot_id
-            versions = [v for v in tx.versions(bot_id) if (bot_dir / f"v{v}").is_dir()]
-            target = self._rollback_target(bot_id, active, versions, to)
-            if target != active:
-                tx.set_active(bot_id, target, at=_now())
+        target = self._backend.rollback(
+            bot_id, lambda active, versions: self._rollback_target(bot_id, active, versions, to))
         self._refresh(force=True)
         return target
 
@@ -406,8 +387,9 @@ class HeadStore:
         return self._cache.stats()
 
     def close(self) -> None:
-        """Close the registry connections and drop resident heads. Idempotent."""
-        self._registry.close()
+        """Close the registry connections (and the PostgreSQL listener) and drop resident
+        heads. Idempotent."""
+        self._backend.close()
         self._cache.clear()
 
     def __enter__(self) -> HeadStore:
@@ -417,4 +399,5 @@ class HeadStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"HeadStore({str(self.root)!r})"
+        shown = redact_url(self.location) if self.kind == POSTGRESQL else str(self.root)
+        return f"HeadStore({shown!r})"

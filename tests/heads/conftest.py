@@ -1,10 +1,21 @@
 """Fixtures of the heads tests. Pure-logic tests never touch the trunk; the trunk ones use the
-session-wide `trunk` / `trunk_checkpoint` fixtures of tests/conftest.py."""
+session-wide `trunk` / `trunk_checkpoint` fixtures of tests/conftest.py.
+
+Store fixtures: `store` is a directory store (SQLite). `location` runs a test once per backend,
+`sqlite` (a directory path) and `postgresql` (a fresh database of the session's one throw-away
+PostgreSQL server, see bench/pgserver.py); `any_store` is a store open on it.
+"""
 from __future__ import annotations
+
+import itertools
+import os
 
 import pytest
 
-from heads import HeadStore
+from bench.pgserver import PgServer, PgServerError
+from heads import HeadStore, open_store
+
+BACKENDS = ["sqlite", "postgresql"]
 
 
 @pytest.fixture
@@ -15,5 +26,54 @@ def store_dir(tmp_path):
 @pytest.fixture
 def store(store_dir):
     s = HeadStore(store_dir)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL 15 server for the whole session, started on first use. Missing server
+    binaries FAIL the tests that need it (a skip would hide a missing feature)."""
+    try:
+        server = PgServer()
+    except PgServerError as exc:
+        problem = str(exc)
+    else:
+        problem = None
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    yield server
+    server.cleanup()
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """A URL of a new, empty database (CREATE DATABASE from template0), dropped afterwards."""
+    import psycopg
+
+    pg_server.ensure_running()
+    name = f"heads_{os.getpid()}_{next(_databases)}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    yield pg_server.url_for(name)
+    pg_server.ensure_running()  # a test that stopped the server and failed before restarting
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=BACKENDS)
+def location(request, tmp_path) -> str:
+    """A store location of each backend: a directory path, then a PostgreSQL URL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def any_store(location):
+    s = open_store(location)
     yield s
     s.close()

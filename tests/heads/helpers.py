@@ -51,3 +51,57 @@ def save_checkpoint(prefix: str | os.PathLike, tensors: dict[str, np.ndarray]) -
 def write_labels(path: str | os.PathLike, labels) -> str:
     Path(path).write_text("".join(f"{label}\n" for label in labels), encoding="utf-8")
     return os.fspath(path)
+
+
+def is_pg(location: str | os.PathLike) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
+
+
+PG_TABLES = {  # table -> ORDER BY: every row, in a stable order
+    "state": "singleton", "versions": "bot_id, version", "blobs": "bot_id, version, name",
+    "bots": "bot_id", "history": "id",
+}
+
+
+def pg_rows(url: str) -> dict[str, list[tuple]]:
+    """Every row of the store's tables ({} if the schema was never created)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        if conn.execute("SELECT to_regnamespace('multihead')").fetchone()[0] is None:
+            return {}
+        return {table: conn.execute(f"SELECT * FROM multihead.{table} ORDER BY {order}")
+                .fetchall() for table, order in PG_TABLES.items()}
+
+
+def pg_execute(url: str, sql: str, params=()) -> list[tuple]:
+    """Run one statement on the store's database (autocommit); rows if it returns any."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description is not None else []
+
+
+def store_digest(location: str | os.PathLike) -> dict:
+    """Everything a store holds, to compare before/after a refusal: the directory tree
+    (see tree_digest: take it with no HeadStore open), or every row of the database."""
+    if is_pg(location):
+        return {table: [tuple(hashlib.sha256(v).hexdigest() if isinstance(v, bytes) else v
+                              for v in row) for row in rows]
+                for table, rows in pg_rows(str(location)).items()}
+    return tree_digest(location)
+
+
+def stored_entries(location: str | os.PathLike, bot_id: str) -> list[str]:
+    """What the store keeps for `bot_id` besides the registry's view: the names in
+    heads/<bot_id>/ (version dirs, and any crash leftover), or `v<N>` per version that has a
+    versions row or a blob row."""
+    if is_pg(location):
+        rows = pg_execute(str(location),
+                          "SELECT version FROM multihead.versions WHERE bot_id = %s UNION "
+                          "SELECT version FROM multihead.blobs WHERE bot_id = %s",
+                          (bot_id, bot_id))
+        return [f"v{v}" for v in sorted(int(r[0]) for r in rows)]
+    bot_dir = Path(location) / "heads" / bot_id
+    return sorted(p.name for p in bot_dir.iterdir()) if bot_dir.exists() else []

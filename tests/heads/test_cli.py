@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heads import HeadStore
+from heads import open_store
 from service.cli.main import main
 from tests.heads.helpers import random_head, save_checkpoint, tree_digest, write_labels
 
@@ -65,8 +65,9 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_admin_flow(tmp_path, files, capsys):
-    store = tmp_path / "store"
+def test_admin_flow(location, files, capsys):
+    """The whole admin flow, on a directory store and on a PostgreSQL one (`--store URL`)."""
+    store = location
     code, out, _ = run(capsys, "register", "acme", "--weights-checkpoint", files["ckpt"],
                        "--labels", files["labels"], "--weights-name", "dense/kernel",
                        "--biases-name", "dense/bias", "--store", store)
@@ -92,7 +93,7 @@ def test_admin_flow(tmp_path, files, capsys):
     shown = json.loads(run(capsys, "bots", "show", "acme", "--json", "--store", store)[1])
     assert [h["action"] for h in shown["history"]] == ["register", "register", "rollback",
                                                         "rollback"]
-    with HeadStore(store) as s:
+    with open_store(store) as s:
         np.testing.assert_array_equal(s.get("acme").weights, files["weights"])
 
     code, out, _ = run(capsys, "bots", "remove", "acme", "--store", store)
@@ -171,6 +172,20 @@ def test_refusal_is_one_line_exit_2_and_changes_nothing(case, populated, files, 
     assert err.count("\n") == 1 and err.startswith(f"multihead {argv[0]}: error: "), err
     assert message.format(**values) in err
     assert tree_digest(populated) == before
+
+
+@pytest.mark.parametrize("store, names", [("s3://bucket/heads", "'s3://'"),
+                                          ("postgresql:/db", "malformed PostgreSQL store URL")])
+def test_an_unsupported_store_location_is_one_line_exit_2_and_creates_nothing(
+        store, names, tmp_path, files, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a folder 's3:' or 'postgresql:' would appear
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for argv in (["bots", "list"], ["register", "acme", "--weights-checkpoint", files["plain"],
+                                    "--labels", files["labels"]]):
+        code, out, err = run(capsys, *argv, "--store", store)
+        assert code == 2 and err.count("\n") == 1 and names in err, err
+        assert "postgresql://" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_refusal_on_a_missing_store_creates_nothing(tmp_path, files, capsys):

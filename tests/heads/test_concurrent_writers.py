@@ -1,12 +1,14 @@
-"""Two writers registering the same bot at once: two HeadStore instances on one directory (as two
-server processes would have), each in its own thread, started together by a barrier."""
+"""Two writers registering the same bot at once: two HeadStore instances on one store (as two
+server processes would have; for PostgreSQL, two connections), each in its own thread, started
+together by a barrier. Runs on both backends."""
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 
-from heads import HeadStore
+from heads import open_store
+from tests.heads.helpers import stored_entries
 
 ROUNDS = 3
 
@@ -17,9 +19,9 @@ def head_of(writer: int, k: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return weights, np.array([writer, k], np.float32), [f"w{writer}-r{k}-a", f"w{writer}-r{k}-b"]
 
 
-def test_two_stores_registering_the_same_bot_at_once_get_distinct_versions(tmp_path):
-    root = tmp_path / "store"
-    stores = [HeadStore(root), HeadStore(root)]
+def test_two_stores_registering_the_same_bot_at_once_get_distinct_versions(location):
+    root = location
+    stores = [open_store(root), open_store(root)]
     barrier = threading.Barrier(2)
     got: dict[int, list[int]] = {0: [], 1: []}
     errors: list[BaseException] = []
@@ -45,18 +47,17 @@ def test_two_stores_registering_the_same_bot_at_once_get_distinct_versions(tmp_p
     assert got[0] == sorted(got[0]) and got[1] == sorted(got[1])
     writer_of = {v: (i, k) for i in (0, 1) for k, v in enumerate(got[i])}
 
-    # Both stores see every version; nothing but the version directories is left on disk.
+    # Both stores see every version; nothing but the versions is left in the store.
     for store in stores:
         info = store.info("acme")
         assert info.versions == every and info.version in (got[0][-1], got[1][-1])
-    assert sorted(p.name for p in (root / "heads" / "acme").iterdir()) == sorted(
-        f"v{v}" for v in every)
+    assert sorted(stored_entries(root, "acme")) == sorted(f"v{v}" for v in every)
 
     # Nothing half-written: every version holds exactly what its writer registered.
     reader = stores[0]
     for v in every:
         reader.rollback("acme", v)
-        with HeadStore(root) as fresh:  # a fresh reader: no cache, read from disk
+        with open_store(root) as fresh:  # a fresh reader: no cache, read from storage
             head = fresh.get("acme")
         weights, biases, labels = head_of(*writer_of[v])
         assert head.version == v and list(head.labels) == labels

@@ -35,7 +35,8 @@ def test_an_unreadable_registry_keeps_the_last_known_bots(store_dir, message, ca
     with HeadStore(store_dir) as writer, HeadStore(store_dir) as reader:
         writer.register("acme", *random_head(3, seed=1))
         assert reader.get("acme").version == 1
-        reader._registry._reader = FailingReader(reader._registry._reader, message)
+        registry = reader._backend.registry
+        registry._reader = FailingReader(registry._reader, message)
         writer.register("beta", *random_head(2, seed=2))  # a change the reader must poll for
         reader._next_check_s = 0.0
         with caplog.at_level(logging.WARNING, logger="heads.store"):
@@ -43,7 +44,7 @@ def test_an_unreadable_registry_keeps_the_last_known_bots(store_dir, message, ca
         assert message in caplog.text
         with pytest.raises(UnknownBot):
             reader.get("beta")  # not seen yet: the registry could not be read
-        reader._registry._reader.fail = False
+        registry._reader.fail = False
         reader._next_check_s = 0.0
         assert reader.get("beta").version == 1  # seen at the next good poll
 

@@ -1,4 +1,6 @@
-"""HeadStore on real files: TF checkpoints, SQLite registry (WAL), crashes, other processes."""
+"""HeadStore on a real store of each backend: a directory (TF checkpoints, SQLite registry in
+WAL mode) and PostgreSQL (a throw-away server). Tests taking `location`/`any_store` run on both;
+the ones about the directory layout take `store`. Crashes and other processes included."""
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +17,24 @@ import numpy as np
 import pytest
 
 import heads.store
-from heads import HeadLoadError, HeadStore, InvalidBotId, InvalidHead, UnknownBot, UnknownVersion
-from tests.heads.helpers import random_head, save_checkpoint, tree_digest, write_labels
+from heads import (
+    HeadLoadError,
+    HeadStore,
+    InvalidBotId,
+    InvalidHead,
+    UnknownBot,
+    UnknownVersion,
+    open_store,
+)
+from tests.heads.helpers import (
+    is_pg,
+    pg_execute,
+    random_head,
+    save_checkpoint,
+    store_digest,
+    stored_entries,
+    write_labels,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +46,8 @@ def features(n=3, seed=9):
 # -- round trip and file format ------------------------------------------------------------------
 
 
-def test_register_get_logits_round_trip(store):
+def test_register_get_logits_round_trip(any_store):
+    store = any_store
     w, b, labels = random_head(4, seed=1)
     assert store.register("acme", w, b, labels) == 1
     head = store.get("acme")
@@ -37,8 +56,8 @@ def test_register_get_logits_round_trip(store):
     np.testing.assert_array_equal(head.biases, b)
     f = features()
     np.testing.assert_allclose(head.logits(f), f @ w + b, rtol=1e-5, atol=1e-5)
-    # A second store on the same directory (a fresh process) loads the same head from disk.
-    with HeadStore(store.root) as other:
+    # A second store on the same location (a fresh process) loads the same head from storage.
+    with open_store(store.location) as other:
         np.testing.assert_array_equal(other.get("acme").weights, w)
 
 
@@ -63,7 +82,8 @@ def test_version_directory_holds_checkpoint_labels_and_manifest(store):
     assert not [p for p in (store.root / "heads" / "acme").iterdir() if p.name != "v1"]
 
 
-def test_register_checkpoint_with_custom_tensor_names_and_labels_file(store, tmp_path):
+def test_register_checkpoint_with_custom_tensor_names_and_labels_file(any_store, tmp_path):
+    store = any_store
     w, b, labels = random_head(5, seed=3)
     prefix = save_checkpoint(tmp_path / "ft" / "model.ckpt",
                              {"dense/kernel": w, "dense/bias": b, "global_step": np.int64(7)})
@@ -79,7 +99,8 @@ def test_register_checkpoint_with_custom_tensor_names_and_labels_file(store, tmp
 # -- list / show / remove / rollback -------------------------------------------------------------
 
 
-def test_list_info_rollback_remove(store):
+def test_list_info_rollback_remove(any_store):
+    store = any_store
     assert store.list() == []
     for seed in (1, 2, 3):
         store.register("acme", *random_head(3, seed=seed))
@@ -106,7 +127,7 @@ def test_list_info_rollback_remove(store):
     store.remove("acme")
     assert not store.exists("acme") and store.exists("beta")
     assert [i.bot_id for i in store.list()] == ["beta"]
-    assert not (store.root / "heads" / "acme").exists()
+    assert stored_entries(store.location, "acme") == []  # no files, no rows, no blobs left
     for call in (lambda: store.get("acme"), lambda: store.info("acme"),
                  lambda: store.remove("acme"), lambda: store.rollback("acme")):
         with pytest.raises(UnknownBot, match="unknown bot 'acme'"):
@@ -116,7 +137,8 @@ def test_list_info_rollback_remove(store):
     assert store.info("acme").versions == [4]
 
 
-def test_get_unknown_and_malformed_ids(store):
+def test_get_unknown_and_malformed_ids(any_store):
+    store = any_store
     store.register("acme", *random_head(2))
     with pytest.raises(UnknownBot, match="unknown bot 'acme-7'"):
         store.get("acme-7")
@@ -129,14 +151,13 @@ def test_get_unknown_and_malformed_ids(store):
 
 
 @pytest.fixture
-def populated(tmp_path):
-    """A store with two bots (acme v1..v2, beta v1), closed so that its tree is stable."""
-    root = tmp_path / "store"
-    with HeadStore(root) as s:
+def populated(location):
+    """A store with two bots (acme v1..v2, beta v1), closed so that its contents are stable."""
+    with open_store(location) as s:
         s.register("acme", *random_head(3, seed=1))
         s.register("acme", *random_head(3, seed=2))
         s.register("beta", *random_head(2, seed=3))
-    return root
+    return location
 
 
 def _refusals(tmp_path):
@@ -185,31 +206,39 @@ REFUSALS = ["wrong weights shape", "one class", "biases shape", "NaN", "Inf", "l
 @pytest.mark.parametrize("case", REFUSALS)
 def test_refusal_leaves_store_unchanged(populated, tmp_path, case):
     error, message, call = _refusals(tmp_path)[case]
-    before = tree_digest(populated)
-    with HeadStore(populated) as s:
+    before = store_digest(populated)
+    with open_store(populated) as s:
         s.get("acme")  # a working reader, with its connection open during the refusal
         with pytest.raises(error) as exc:
             call(s)
         assert message in str(exc.value)
         assert s.get("acme").version == 2
-    assert tree_digest(populated) == before
+    assert store_digest(populated) == before
 
 
-def test_refusal_on_a_new_store_creates_nothing(store_dir):
+def test_refusal_on_a_new_store_creates_nothing(location):
     w, b, labels = random_head(3)
-    with HeadStore(store_dir) as s:
-        assert s.list() == [] and not s.exists("acme")
+    with open_store(location) as s:
+        assert s.list() == [] and not s.exists("acme") and s.history("acme") == []
         with pytest.raises(InvalidHead):
             s.register("acme", w, b, labels[:2])
         with pytest.raises(UnknownBot):
             s.remove("acme")
-    assert not store_dir.exists()
+        with pytest.raises(UnknownBot):
+            s.rollback("acme")
+    # No directory; in PostgreSQL, not even the schema.
+    assert store_digest(location) == {}
 
 
 # -- loading, corruption -------------------------------------------------------------------------
 
 
-def test_corrupt_head_file_is_a_load_error(populated):
+def test_corrupt_head_file_is_a_load_error(tmp_path):
+    populated = tmp_path / "store"
+    with HeadStore(populated) as s:
+        s.register("acme", *random_head(3, seed=1))
+        s.register("acme", *random_head(3, seed=2))
+        s.register("beta", *random_head(2, seed=3))
     labels_file = populated / "heads" / "beta" / "v1" / "labels.txt"
     labels_file.write_text("x\ny\n", "utf-8")  # same count, other bytes
     with HeadStore(populated) as s:
@@ -222,14 +251,15 @@ def test_corrupt_head_file_is_a_load_error(populated):
             s.get("acme")
 
 
-def test_lookups_do_not_reread_files_or_poll_sqlite_per_request(store, monkeypatch):
+def test_lookups_do_not_reload_heads_or_poll_the_registry_per_request(any_store, monkeypatch):
+    store = any_store
     store.register("acme", *random_head(3))
     loads, polls = [], []
-    real_load = heads.store.files.load_version_dir
-    real_poll = store._registry.data_version
-    monkeypatch.setattr(heads.store.files, "load_version_dir",
+    real_load = store._backend.load
+    real_poll = store._backend.data_version
+    monkeypatch.setattr(store._backend, "load",
                         lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    monkeypatch.setattr(store._registry, "data_version",
+    monkeypatch.setattr(store._backend, "data_version",
                         lambda: polls.append(1) or real_poll())
     store.change_poll_s = 3600.0  # no wall clock in the assertion: a poll is due only hourly
     store._refresh(force=True)
@@ -248,15 +278,14 @@ def test_lookups_do_not_reread_files_or_poll_sqlite_per_request(store, monkeypat
     assert len(polls) == 5 and len(loads) == 1
 
 
-def test_store_lru_respects_budget_and_pins(tmp_path):
-    root = tmp_path / "store"
-    with HeadStore(root) as writer:
+def test_store_lru_respects_budget_and_pins(location):
+    with open_store(location) as writer:
         for i in range(6):
             writer.register(f"bot{i}", *random_head(100, seed=i))
-    with HeadStore(root) as probe:
+    with open_store(location) as probe:
         one = probe.get("bot0").nbytes  # about 0.6 MiB
     budget_mb = 3.5 * one / 2**20
-    with HeadStore(root, heads_memory_mb=budget_mb, pinned=["bot0"]) as s:
+    with open_store(location, heads_memory_mb=budget_mb, pinned=["bot0"]) as s:
         for _ in range(2):
             for i in range(6):
                 head = s.get(f"bot{i}")
@@ -272,7 +301,8 @@ def test_store_lru_respects_budget_and_pins(tmp_path):
 # -- concurrency -----------------------------------------------------------------------------------
 
 
-def test_threads_read_while_another_registers(store):
+def test_threads_read_while_another_registers(any_store):
+    store = any_store
     store.register("acme", *random_head(3, seed=0))
     errors, seen = [], set()
     stop = threading.Event()
@@ -306,24 +336,42 @@ def test_threads_read_while_another_registers(store):
 # -- crashes ---------------------------------------------------------------------------------------
 
 
-def _assert_consistent(root, active, versions):
-    with HeadStore(root) as s:
+def _assert_consistent(location, active, versions, registered=None):
+    with open_store(location) as s:
         info = s.info("acme")
         assert (info.version, info.versions) == (active, versions)
         np.testing.assert_array_equal(s.get("acme").weights,
                                       random_head(3, seed=active)[0])
-        # The next registration sweeps the leftovers and takes a fresh version number.
+        assert [h["version"] for h in s.history("acme") if h["action"] == "register"] == (
+            registered or versions)
+        # The next registration sweeps the leftovers and takes a version number above every
+        # committed one.
         new = s.register("acme", *random_head(3, seed=50))
         assert new > max(versions)
         assert s.get("acme").version == new
-        names = sorted(p.name for p in (Path(root) / "heads" / "acme").iterdir())
-        assert names == [f"v{v}" for v in sorted(versions + [new])]
+        assert sorted(stored_entries(location, "acme")) == sorted(
+            f"v{v}" for v in versions + [new])
 
 
-@pytest.mark.parametrize("step", ["written", "renamed", "rows_added"])
-def test_failure_between_steps_rolls_back(tmp_path, monkeypatch, step):
-    root = tmp_path / "store"
-    with HeadStore(root) as s:
+# Registration steps of each backend (see heads.store._fault_hook).
+STEPS = {"sqlite": ["written", "renamed", "rows_added"], "postgresql": ["written", "rows_added"]}
+BACKEND_STEPS = [pytest.param(backend, step, id=f"{backend}-{step}")
+                 for backend, steps in STEPS.items() for step in steps]
+
+
+@pytest.fixture
+def location_of(request, tmp_path):
+    """`location_of(backend)`: a store location of the named backend."""
+    def make(backend):
+        return str(tmp_path / "store") if backend == "sqlite" else request.getfixturevalue(
+            "pg_url")
+    return make
+
+
+@pytest.mark.parametrize("backend, step", BACKEND_STEPS)
+def test_failure_between_steps_rolls_back(location_of, monkeypatch, backend, step):
+    root = location_of(backend)
+    with open_store(root) as s:
         s.register("acme", *random_head(3, seed=1))
 
         def fail(at):
@@ -335,7 +383,7 @@ def test_failure_between_steps_rolls_back(tmp_path, monkeypatch, step):
             s.register("acme", *random_head(3, seed=2))
         monkeypatch.setattr(heads.store, "_fault_hook", None)
         assert s.get("acme").version == 1
-        assert sorted(p.name for p in (root / "heads" / "acme").iterdir()) == ["v1"]
+        assert stored_entries(root, "acme") == ["v1"]
     _assert_consistent(root, active=1, versions=[1])
 
 
@@ -343,27 +391,44 @@ CRASH = textwrap.dedent("""
     import os, sys
     import numpy as np
     import heads.store
-    from heads import HeadStore
+    from heads import open_store
     from tests.heads.helpers import random_head
-    root, step = sys.argv[1], sys.argv[2]
+    location, step = sys.argv[1], sys.argv[2]
     heads.store._fault_hook = lambda at: os._exit(17) if at == step else None
-    HeadStore(root).register("acme", *random_head(3, seed=2))
+    open_store(location).register("acme", *random_head(3, seed=2))
     os._exit(0)
 """)
 
 
-@pytest.mark.parametrize("step", ["renamed", "rows_added"])
-def test_process_killed_mid_registration_leaves_a_consistent_registry(tmp_path, step):
-    """os._exit between rename and commit: no cleanup code runs, like a kill -9."""
-    root = tmp_path / "store"
-    with HeadStore(root) as s:
+@pytest.mark.parametrize("backend, step", [
+    pytest.param("sqlite", "renamed", id="sqlite-renamed"),
+    pytest.param("sqlite", "rows_added", id="sqlite-rows_added"),
+    pytest.param("postgresql", "written", id="postgresql-written"),
+    pytest.param("postgresql", "rows_added", id="postgresql-rows_added"),
+])
+def test_process_killed_mid_registration_leaves_a_consistent_registry(location_of, backend,
+                                                                       step):
+    """os._exit before the commit: no cleanup code runs, like a kill -9."""
+    root = location_of(backend)
+    with open_store(root) as s:
         s.register("acme", *random_head(3, seed=1))
-    proc = subprocess.run([sys.executable, "-c", CRASH, str(root), step], cwd=REPO,
+        s.register("acme", *random_head(3, seed=2))
+        s.rollback("acme", to=1)
+        s.remove("acme")  # v1 and v2 existed once: their numbers must never come back
+        s.register("acme", *random_head(3, seed=3))
+    proc = subprocess.run([sys.executable, "-c", CRASH, root, step], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 17, proc.stderr[-2000:]
-    # The crash left the renamed v2 directory behind, but no registry row points to it.
-    assert (root / "heads" / "acme" / "v2" / "manifest.json").exists()
-    _assert_consistent(root, active=1, versions=[1])
+    if is_pg(root):
+        # The server rolled the dead session's transaction back: no row, blob or history of
+        # v4, and the writer lock (the state row) is free again.
+        assert stored_entries(root, "acme") == ["v3"]
+        assert pg_execute(root, "SELECT count(*) FROM multihead.history WHERE version = 4") \
+            == [(0,)]
+    else:
+        # The crash left the renamed v4 directory behind, but no registry row points to it.
+        assert (Path(root) / "heads" / "acme" / "v4" / "manifest.json").exists()
+    _assert_consistent(root, active=3, versions=[3], registered=[1, 2, 3])
 
 
 # -- another process changes the store -----------------------------------------------------------
@@ -389,8 +454,10 @@ def _wait_for(predicate, timeout_s=10.0):
 
 
 def test_reader_sees_another_process_change_within_one_second(tmp_path):
-    """A running reader (a server) and the admin CLI in other processes share one store."""
-    root = tmp_path / "store"
+    """A running reader (a server) and the admin CLI in other processes share one store.
+    (Directory store only: each CLI run imports TensorFlow. test_pg.py has the PostgreSQL
+    counterpart, with a writer process that does not.)"""
+    root = str(tmp_path / "store")
     weights, biases, labels = random_head(3, seed=1)
     prefix = save_checkpoint(tmp_path / "user" / "head.ckpt",
                              {"weights": weights, "biases": biases})
@@ -404,8 +471,8 @@ def test_reader_sees_another_process_change_within_one_second(tmp_path):
                 return expected is None
         return check
 
-    with HeadStore(root) as reader:  # started on an empty store: nothing on disk yet
-        assert not reader.exists("acme") and not root.exists()
+    with open_store(root) as reader:  # started on an empty store: nothing stored yet
+        assert not reader.exists("acme") and store_digest(root) == {}
         proc = _cli(root, "register", "acme", "--weights-checkpoint", prefix, "--labels",
                     labels_file)
         assert proc.returncode == 0, proc.stderr
@@ -413,7 +480,7 @@ def test_reader_sees_another_process_change_within_one_second(tmp_path):
         assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
         np.testing.assert_array_equal(reader.get("acme").weights, weights)
 
-        with HeadStore(root) as writer:  # another connection, as the admin HTTP API would be
+        with open_store(root) as writer:  # another connection, as the admin HTTP API would be
             writer.register("acme", *random_head(3, seed=2))
         elapsed = _wait_for(version_is(2))
         assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed

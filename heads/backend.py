@@ -1,0 +1,173 @@
+"""What a head store backend does, and which backend a store location names.
+
+`HeadStore` (heads.store) owns everything both backends share: validation of what is
+registered, the resident LRU cache, change detection, `BotInfo` and the rollback-target rules.
+A backend only keeps rows and tensors:
+
+    heads.disk.DiskBackend   a directory: SQLite registry + immutable version directories
+    heads.pg.PgBackend       PostgreSQL: registry, tensors and labels in one database,
+                             LISTEN/NOTIFY for changes (psycopg is imported only there)
+
+Store locations (`parse_location`): a path (str or PathLike) is a directory store;
+`postgresql://` and `postgres://` URLs are PostgreSQL stores; any other `scheme:/...` is
+refused with InvalidStoreLocation, so that a URL can never become a local folder.
+"""
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+
+from heads.errors import InvalidStoreLocation
+from heads.head import Head
+
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
+PG_SCHEMES = ("postgresql", "postgres")
+
+# "s3://...", "file:/x", "postgresql:/host" (one slash): a scheme of 2+ characters, a colon and
+# a slash. (One letter would be a Windows drive; a path like "data:v1/x" has no slash after ':'.)
+_URL_LIKE_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/")
+_PG_PREFIX_RE = re.compile(r"(?i)postgres(?:ql)?:")
+
+# A registration step name, handed to the test seam `heads.store._fault_hook`.
+Step = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One committed version of one bot, as the registry keeps it."""
+
+    bot_id: str
+    version: int
+    n_classes: int
+    labels: tuple[str, ...]
+    created: str
+    source: str
+
+
+def utc_now() -> str:
+    """Registry timestamps: ISO 8601 UTC with milliseconds (also the `created` of a version)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password (in the user info or a `password=` parameter) shown as ***."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hosts = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+    query = "&".join("password=***" if q.split("=", 1)[0].lower() == "password" else q
+                     for q in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def parse_location(location: str | os.PathLike) -> tuple[str, str]:
+    """(`SQLITE`, directory) or (`POSTGRESQL`, URL) for a store location.
+
+    Raises:
+        InvalidStoreLocation: empty, not a str/PathLike, or a URL of another scheme.
+    """
+    if isinstance(location, os.PathLike):
+        location = os.fspath(location)
+    if not isinstance(location, str):
+        raise InvalidStoreLocation(
+            f"a store location is a directory path or a postgresql:// URL, not "
+            f"{type(location).__name__}")
+    if not location.strip():
+        raise InvalidStoreLocation("the store location is empty")
+    m = _URL_LIKE_RE.match(location)
+    if m is None:
+        if _PG_PREFIX_RE.match(location):  # "postgres:db", "postgresql:host/db"
+            raise InvalidStoreLocation(
+                f"malformed PostgreSQL store URL {redact_url(location)!r}: write "
+                "postgresql://user@host:port/dbname")
+        return SQLITE, location
+    scheme = m.group(1).lower()
+    rest = location[m.end(1):]
+    if scheme in PG_SCHEMES and rest.startswith("://"):
+        return POSTGRESQL, scheme + rest  # libpq only knows the lower-case schemes
+    if scheme in PG_SCHEMES:
+        raise InvalidStoreLocation(
+            f"malformed PostgreSQL store URL {redact_url(location)!r}: write "
+            "postgresql://user@host:port/dbname")
+    raise InvalidStoreLocation(
+        f"unsupported store scheme '{scheme}://' in {redact_url(location)!r}: a store is a "
+        "directory path (SQLite registry and head files) or a postgresql:// or postgres:// URL "
+        "(PostgreSQL)")
+
+
+class StoreBackend(ABC):
+    """Rows and tensors of one store. Thread-safe; every method may block on I/O.
+
+    Contract shared by both backends (tests/heads run the same behaviour tests on each):
+    a registration is one transaction (a crash at any point leaves nothing visible), version
+    numbers of a bot are never reused (also after its removal), and a head whose stored bytes
+    do not match their sha256 fails to load with HeadLoadError.
+    """
+
+    kind: str
+    #: Errors of a registry read that must not make every bot unknown: `HeadStore` logs them
+    #: and keeps serving the last known state.
+    read_errors: tuple[type[BaseException], ...] = ()
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The location for messages and repr (never a password)."""
+
+    @abstractmethod
+    def data_version(self) -> object:
+        """A token that changes whenever another connection or process committed a change.
+        Cheap: `HeadStore` calls it at most every `change_poll_s` on the lookup path."""
+
+    @abstractmethod
+    def active_map(self) -> dict[str, int]:
+        """{bot id: active version}, read now."""
+
+    @abstractmethod
+    def load(self, bot_id: str, version: int) -> Head:
+        """Read one version and check every stored blob or file against its sha256.
+
+        Raises:
+            HeadLoadError: missing, unreadable or corrupt.
+        """
+
+    @abstractmethod
+    def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
+                    labels: tuple[str, ...], source: str, step: Step) -> int:
+        """Store a new version (already validated) and make it active, in one transaction;
+        call `step(name)` between the steps. Returns the new version number."""
+
+    @abstractmethod
+    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
+        """(active version, its row, every loadable version ascending) per bot, ordered by id
+        (byte order); only `bot_id`'s if given."""
+
+    @abstractmethod
+    def history(self, bot_id: str) -> list[dict]:
+        """Registrations, rollbacks and removals of `bot_id`, oldest first: dicts with
+        action, version, previous, at, source."""
+
+    @abstractmethod
+    def remove(self, bot_id: str) -> None:
+        """Unregister `bot_id` and delete its versions. Raises UnknownBot."""
+
+    @abstractmethod
+    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int]) -> int:
+        """In one write transaction: `target = choose(active, loadable versions)` (which may
+        raise), activate it if it differs. Returns target. Raises UnknownBot."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections and threads. Idempotent."""

@@ -1,0 +1,149 @@
+"""The directory backend (the default, for one machine): SQLite registry + head files.
+
+Layout of a store directory (default `checkpoints/`):
+
+    <root>/registry.sqlite           bot_id -> active version, versions, history (WAL)
+    <root>/registry.lock             flock serialising writers across processes
+    <root>/heads/<bot_id>/v<N>/      one immutable head version (see `heads.files`)
+    <root>/trunk/                    the trunk checkpoint (not ours)
+
+A registration, holding the writer lock: writes the files into `heads/<bot_id>/.tmp-*`, fsyncs
+them, renames the directory to `v<N>`, fsyncs the parent, and only then commits the registry
+row. A crash before the commit leaves an unreferenced directory that no reader ever sees and
+that the next registration of that bot sweeps away; version numbers are never reused.
+Nothing is created on disk until the first write.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from heads import files
+from heads.backend import SQLITE, Step, StoreBackend, VersionRow, utc_now
+from heads.errors import UnknownBot
+from heads.head import Head
+from heads.registry import Registry
+
+REGISTRY_NAME = "registry.sqlite"
+LOCK_NAME = "registry.lock"
+HEADS_DIR = "heads"
+_VERSION_DIR_RE = re.compile(r"v([1-9][0-9]*)")
+_TMP_PREFIX = ".tmp-"
+
+
+class DiskBackend(StoreBackend):
+    """A store directory: `registry.sqlite` plus `heads/<bot_id>/v<N>/` version directories."""
+
+    kind = SQLITE
+    # NOTE: a locked or failing registry must not make every bot unknown.
+    read_errors = (sqlite3.OperationalError,)
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.heads_dir = self.root / HEADS_DIR
+        self.registry = Registry(self.root / REGISTRY_NAME, self.root / LOCK_NAME)
+
+    def describe(self) -> str:
+        return str(self.root)
+
+    def version_dir(self, bot_id: str, version: int) -> Path:
+        return self.heads_dir / bot_id / f"v{version}"
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def data_version(self) -> object:
+        # `PRAGMA data_version`: changes whenever another connection committed.
+        return self.registry.data_version()
+
+    def active_map(self) -> dict[str, int]:
+        return self.registry.active_map()
+
+    def load(self, bot_id: str, version: int) -> Head:
+        return files.load_version_dir(self.version_dir(bot_id, version), bot_id, version)
+
+    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
+        return [(active, row, self._on_disk(row.bot_id, versions))
+                for active, row, versions in self.registry.snapshot(bot_id)]
+
+    def history(self, bot_id: str) -> list[dict]:
+        return self.registry.history(bot_id)
+
+    def _on_disk(self, bot_id: str, versions: list[int]) -> list[int]:
+        return [v for v in versions if self.version_dir(bot_id, v).is_dir()]
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
+                    labels: tuple[str, ...], source: str, step: Step) -> int:
+        bot_dir = self.heads_dir / bot_id
+        with self.registry.write() as tx:
+            new_heads_dir = not self.heads_dir.exists()
+            bot_dir.mkdir(parents=True, exist_ok=True)
+            if new_heads_dir:
+                files.fsync_dir(self.root)
+            registered = set(tx.versions(bot_id))
+            on_disk = self._sweep(bot_dir, keep=registered)
+            version = 1 + max([tx.max_version_ever(bot_id), *registered, *on_disk])
+            created = utc_now()
+            tmp = bot_dir / f"{_TMP_PREFIX}v{version}-{uuid.uuid4().hex[:8]}"
+            final = self.version_dir(bot_id, version)
+            tmp.mkdir()
+            renamed = False
+            try:
+                files.write_version_dir(tmp, bot_id=bot_id, version=version, weights=weights,
+                                        biases=biases, labels=labels, created=created,
+                                        source=source)
+                step("written")
+                os.rename(tmp, final)  # atomic; fails if `final` exists
+                renamed = True
+                files.fsync_dir(bot_dir)
+                step("renamed")
+                tx.add_version(VersionRow(bot_id, version, int(weights.shape[1]), labels,
+                                          created, source), at=created)
+                step("rows_added")
+            except BaseException:
+                shutil.rmtree(final if renamed else tmp, ignore_errors=True)
+                raise
+        return version
+
+    def _sweep(self, bot_dir: Path, keep: set[int]) -> list[int]:
+        """Delete crash leftovers of `bot_dir` (temp dirs, unregistered versions); call it
+        holding the writer lock. Returns the version numbers left on disk."""
+        left = []
+        for entry in bot_dir.iterdir():
+            m = _VERSION_DIR_RE.fullmatch(entry.name)
+            if m is not None and int(m.group(1)) in keep:
+                left.append(int(m.group(1)))
+            elif m is not None or entry.name.startswith(_TMP_PREFIX):
+                shutil.rmtree(entry, ignore_errors=True)
+        return left
+
+    def remove(self, bot_id: str) -> None:
+        with self.registry.write() as tx:
+            if tx.active_version(bot_id) is None:
+                raise UnknownBot(bot_id)
+            tx.delete_bot(bot_id, at=utc_now())
+            tx.commit()
+            # Still under the writer lock, so no registration of the same id can interleave;
+            # a crash here leaves files no row points to, swept by its next registration.
+            shutil.rmtree(self.heads_dir / bot_id, ignore_errors=True)
+
+    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int]) -> int:
+        with self.registry.write() as tx:
+            active = tx.active_version(bot_id)
+            if active is None:
+                raise UnknownBot(bot_id)
+            target = choose(active, self._on_disk(bot_id, tx.versions(bot_id)))
+            if target != active:
+                tx.set_active(bot_id, target, at=utc_now())
+        return target
+
+    def close(self) -> None:
+        self.registry.close()
