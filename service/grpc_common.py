@@ -1,0 +1,187 @@
+"""What the gRPC services of one process share: how one RPC runs, and the bridge to the codecs.
+
+The gRPC transport is a transport like the aiohttp app: it moves messages and calls the
+protocol codecs of `service.codecs` (the OIP v2 and TF Serving rules are written there, once).
+An RPC's request message becomes the codecs' transport-neutral `Request` (the model and version
+as the REST route's path parameters; a body when the codec reads one), the codec's `Reply` or
+its JSON becomes the RPC's response message, and a domain error becomes a gRPC status through
+the one error table (`service.errors.grpc_status`).
+
+Every RPC runs through `Rpcs.run`:
+
+- admission: the request message's bytes are taken from the process's in-flight byte budget
+  (`Service.inflight`, shared with HTTP) until the answer is built; when they do not fit, the
+  call fails with RESOURCE_EXHAUSTED (gRPC has already received the message by then: its size is
+  bounded before that by the server's max_receive_message_length = `max_body_bytes`);
+- the client's deadline: grpc cancels the handler when it passes (or when the client cancels),
+  which withdraws the request's rows still queued for the trunk (a batch already running has
+  its result dropped), and the client gets DEADLINE_EXCEEDED; a call whose deadline has passed
+  when it starts is refused before any work; the server's own `request_timeout_s` applies as on
+  HTTP (DEADLINE_EXCEEDED too);
+- errors: status code and message from the error table (unknown errors: INTERNAL with a generic
+  message, logged with their traceback); the domain code (`unknown_bot`, ...) and, when the
+  server is overloaded, `retry-after` (seconds) go in the trailing metadata;
+- metrics: `requests_total` / `request_seconds` with the RPC's full method name as the route and
+  the HTTP status the same outcome has on the REST routes (504: the client's deadline passed,
+  499: the client cancelled);
+- draining: once `drain()` began, new calls fail with UNAVAILABLE (ShuttingDown) while the calls
+  in flight finish; `drain()` returns when none is left.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from service.admission import Reservation
+from service.codecs.base import Reply, Request
+from service.errors import (
+    DeadlineExceeded,
+    ServiceError,
+    ShuttingDown,
+    error_body,
+    error_status,
+    grpc_status,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from service.runtime import Service
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+CODE_KEY = "multihead-code"  # trailing metadata: the error's domain code (as in the JSON body)
+RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, when overloaded
+CLIENT_CLOSED = 499  # metrics status of a call its client cancelled
+DEADLINE_PASSED = 504  # metrics status of a call cancelled by its deadline
+# NOTE: the client's timer fires first (the server's deadline starts when it received the call)
+# and its cancellation can arrive while the server still counts some milliseconds left.
+DEADLINE_SLACK_S = 0.25
+
+
+def status_code(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status code of any exception, from the error table."""
+    return grpc.StatusCode[grpc_status(exc)[0]]
+
+
+def codec_request(method: str, model: str | None = None, version: str = "", *,
+                  headers: Mapping[str, str] | None = None,
+                  query: Mapping[str, str] | None = None,
+                  body: bytes | None = None) -> Request:
+    """The codecs' view of one RPC.
+
+    Args:
+        method: the RPC's full method name (messages only).
+        model: the bot, as the REST routes' `{bot_id}` path parameter.
+        version: the model version asked for ('' = the active one), as `{version}`.
+        headers, query: what a codec reads from them on REST (lower-case header names).
+        body: the body a codec reads, already complete (gRPC received it whole).
+    """
+    params = {}
+    if model is not None:
+        params["bot_id"] = model
+    if version:
+        params["version"] = version
+    read_body = None
+    if body is not None:
+        async def read_body() -> bytes:
+            return body
+    return Request(method="POST", path=method, params=params, query=dict(query or {}),
+                   headers={k.lower(): v for k, v in (headers or {}).items()},
+                   read_body=read_body)
+
+
+def reply_json(reply: Reply) -> Any:
+    return json.loads(reply.body)
+
+
+def from_json(obj: Any, message: M) -> M:
+    """A codec's JSON answer merged into a gRPC message through the proto3 JSON mapping (the
+    REST forms of OIP v2 and TF Serving are those mappings); fields the message lacks are
+    ignored."""
+    return json_format.ParseDict(obj, message, ignore_unknown_fields=True)
+
+
+def client_budget_s(context: grpc.aio.ServicerContext) -> float | None:
+    """Seconds left before the client's deadline, or None when it set none."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > 1e9:  # no deadline: grpc reports None or "forever"
+        return None
+    return remaining
+
+
+class Rpcs:
+    """Runs the RPCs of one process's gRPC services over its `Service` (see the module doc)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.in_flight = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuses new calls from now on; waits up to `timeout_s` for the calls in flight to
+        finish. True when none is left."""
+        self.draining = True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def run(self, method: str, message: Message, context: grpc.aio.ServicerContext,
+                  handle: Callable[[], Awaitable[M]]) -> M:
+        """`handle()` under admission, the client's deadline, the error table and metrics."""
+        start = time.perf_counter()
+        status = 200
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            if self.draining:
+                raise ShuttingDown("the server is shutting down and accepts no new calls")
+            with Reservation(self.service.inflight) as held:
+                held.take(message.ByteSize())
+                budget = client_budget_s(context)
+                if budget is not None and budget <= 0:
+                    raise DeadlineExceeded("the call's deadline passed before it started")
+                return await handle()
+        except asyncio.CancelledError:
+            budget = client_budget_s(context)
+            status = (DEADLINE_PASSED if budget is not None and budget <= DEADLINE_SLACK_S
+                      else CLIENT_CLOSED)
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error becomes a gRPC status
+            status, _, headers = error_status(exc)
+            body = error_body(exc)
+            if status >= 500 and not isinstance(exc, ServiceError):
+                log.error("internal error in %s", method, exc_info=exc)
+            trailing = [(CODE_KEY, body["code"])]
+            if "Retry-After" in headers:
+                trailing.append((RETRY_AFTER_KEY, headers["Retry-After"]))
+            await context.abort(status_code(exc), body["error"], tuple(trailing))
+            raise AssertionError("unreachable: abort raises") from None
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+            self.service.metrics.observe_request(method, status, time.perf_counter() - start)
+
+    async def answer(self, method: str, message: Message, context: grpc.aio.ServicerContext,
+                     handler: Callable[[Service, Request], Awaitable[Reply]], request: Request,
+                     response: M) -> M:
+        """A codec endpoint whose JSON answer maps onto `response` (metadata, health, status)."""
+        async def handle() -> M:
+            reply = await handler(self.service, request)
+            return from_json(reply_json(reply), response)
+
+        return await self.run(method, message, context, handle)
