@@ -1,0 +1,307 @@
+"""The Ray Serve transport: the same service, as N replicas behind Ray's HTTP proxy.
+
+Two deployments form the application:
+- `Multihead`, the model replicas: each is one Ray actor process holding one `Service`. It
+  builds the trunk once, runs its own cross-bot batcher and opens the store itself (a
+  `postgresql://` store is what lets replicas on several machines see the same bots). It answers
+  each request through the SAME codecs as the aiohttp server (`dispatch`), so every protocol
+  behaves the same on both transports.
+- `MultiheadIngress`, what Ray's HTTP proxy calls: light processes without TensorFlow that
+  route with `service.router.Router` over `service.routes.ENDPOINTS` (404/405 as aiohttp gives
+  them), read the body within the size limit and byte budget, and pass the request to a model
+  replica through a deployment handle (Ray balances the replicas). When a model replica dies
+  with requests in flight, a request that is safe to repeat (everything but the admin writes)
+  is retried once on another replica, and the rest get 503 `replica_lost` + Retry-After, never
+  a bare 500.
+
+What only aiohttp does (the WebSocket route, the web page) is not served here; unlike the
+aiohttp server, the body is read before the bot is looked up.
+
+Readiness: a model replica's constructor returns only when its trunk is loaded and warm, and
+its health check fails if the service stops being ready, so Ray hands requests only to ready
+replicas: `/readyz` is 200 exactly when at least one replica is ready (with none, the ingress
+answers 503 `not_ready` after PROBE_TIMEOUT_S). Every answer names its model replica in
+`X-Multihead-Replica`; `/readyz` also gives that replica's pid.
+
+Entry points: `run(settings)` for `multihead serve --ray` (starts a local Ray unless
+`--ray-address` names a cluster, deploys, serves until SIGTERM/SIGINT, then removes the
+application), and `app_builder(args)` for Ray's own tooling (`serve run`, a `RayService`
+manifest): `import_path: service.ray_serve:app_builder`, `args` holding settings by field name.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+
+from service import admission, memory
+from service.admission import ByteBudget, Reservation
+from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply, json_reply
+from service.errors import BadRequest, DeadlineExceeded, NotReady, Overloaded, ReplicaLost
+from service.router import Router
+from service.routes import ENDPOINTS
+from service.runtime import Service
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "multihead"
+DEPLOYMENT_NAME = "Multihead"
+INGRESS_NAME = "MultiheadIngress"
+REPLICA_HEADER = "X-Multihead-Replica"
+# Readiness endpoints (ops /readyz, OIP v2 server ready): answered "not ready" by the ingress
+# when no model replica takes them within PROBE_TIMEOUT_S.
+READINESS_PROBES = frozenset({"readyz", "oip_server_ready"})
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One routed request, as the ingress hands it to a model replica (picklable)."""
+
+    endpoint: str
+    method: str
+    path: str
+    params: dict[str, str]
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+
+async def _chunks(request: HttpRequest):
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                yield chunk
+    except ClientDisconnect:
+        raise BadRequest("the request body was cut short") from None
+
+
+def _content_length(request: HttpRequest) -> int | None:
+    raw = request.headers.get("content-length")
+    if raw is None:
+        return None
+    if not raw.isascii() or not raw.isdigit():
+        raise BadRequest(f"invalid Content-Length: {raw[:40]!r}")
+    return int(raw)
+
+
+def _no_route(allowed: tuple[str, ...]) -> Reply:
+    # The same bodies as the aiohttp transport's own 404/405.
+    if allowed:
+        return json_reply({"error": "Method Not Allowed", "code": "method_not_allowed"},
+                          405, {"Allow": ",".join(allowed)})
+    return json_reply({"error": "Not Found", "code": "not_found"}, 404)
+
+
+class Replica:
+    """One model replica: one `Service` (trunk, batcher, store) in one Ray actor process."""
+
+    async def __init__(self, settings: Settings) -> None:
+        memory.tune_allocator()
+        self.settings = settings
+        self.endpoints = {endpoint.name: endpoint for endpoint in ENDPOINTS}
+        self.service = Service(settings)
+        self.name = serve.get_replica_context().replica_id.unique_id
+        self.service.identity = {"replica": self.name, "pid": os.getpid()}
+        await self.service.start()
+        if not await self.service.wait_ready():
+            # Ray retries a replica whose constructor fails, and routes nothing to it meanwhile.
+            raise RuntimeError(self.service.readiness.error or "bring-up failed")
+        log.info("replica %s ready (pid %d)", self.name, os.getpid())
+
+    async def check_health(self) -> None:
+        """Ray calls this periodically; raising makes Ray replace the replica."""
+        if not self.service.readiness.ready:
+            raise RuntimeError(self.service.readiness.error or "not ready")
+
+    async def handle(self, call: Call) -> Reply:
+        """Runs one routed request through the codecs, as the aiohttp transport does."""
+        start = time.perf_counter()
+        endpoint = self.endpoints[call.endpoint]
+        # NOTE: the body is already in this process: held against this replica's budget too,
+        # until the answer is built.
+        with Reservation(self.service.inflight) as held:
+            try:
+                held.take(len(call.body))
+            except Overloaded as exc:
+                reply = error_reply(exc)
+            else:
+                body = call.body
+
+                async def read_body() -> bytes:
+                    return body
+
+                reply = await dispatch(self.service, endpoint, Request(
+                    method=call.method, path=call.path, params=call.params, query=call.query,
+                    headers=call.headers, read_body=read_body))
+        elapsed_s = time.perf_counter() - start
+        self.service.metrics.observe_request(endpoint.path, reply.status, elapsed_s)
+        headers = dict(reply.headers)
+        headers[REPLICA_HEADER] = self.name
+        headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
+        return dataclasses.replace(reply, headers=headers)
+
+    async def __del__(self) -> None:
+        # Ray calls this when it stops the replica, after draining its ongoing requests.
+        await self.service.close()
+
+
+class Ingress:
+    """What Ray's HTTP proxy calls: routes, reads the body within the limits, and hands the
+    request to a model replica through a deployment handle.
+
+    NOTE: a separate, light deployment (no TensorFlow) so that a model replica that dies with
+    requests in flight costs those requests a retry on another replica (classification and
+    every read are safe to repeat) or an explicit 503, never the proxy's bare 500.
+    """
+
+    def __init__(self, model: DeploymentHandle, settings: Settings) -> None:
+        self.model = model
+        self.settings = settings
+        self.router = Router(ENDPOINTS)
+        self.inflight = ByteBudget(settings.max_inflight_bytes)
+
+    async def __call__(self, http: HttpRequest) -> Response:
+        match = self.router.match(http.method, http.url.path)
+        try:
+            if match.endpoint is None:
+                reply = _no_route(match.allowed)
+            else:
+                reply = await self._forward(http, match.endpoint, match.params)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
+            reply = error_reply(exc)
+        body = b"" if http.method == "HEAD" else reply.body
+        return Response(body, status_code=reply.status, headers=dict(reply.headers),
+                        media_type=reply.content_type)
+
+    async def _forward(self, http: HttpRequest, endpoint: Endpoint,
+                       params: dict[str, str]) -> Reply:
+        limit = self.settings.max_body_bytes
+        with Reservation(self.inflight) as held:
+            length = _content_length(http)
+            admission.admit(length, limit, held)
+            body = await admission.read_body(_chunks(http), length, limit, held)
+            call = Call(endpoint.name, http.method, http.url.path, params,
+                        {key: http.query_params.get(key) for key in http.query_params.keys()},
+                        {key.lower(): value for key, value in http.headers.items()},
+                        bytes(body))
+            del body
+            tries = 1 if endpoint.admin else 2  # admin writes are not repeated behind a client
+            for attempt in range(1, tries + 1):
+                try:
+                    return await self._call(endpoint, call)
+                except RayActorError:
+                    log.warning("a replica died serving %s %s (try %d of %d)", call.method,
+                                call.path, attempt, tries)
+            raise ReplicaLost(
+                "the replica serving this request stopped; retry (another replica answers)")
+
+    async def _call(self, endpoint: Endpoint, call: Call) -> Reply:
+        # NOTE: with no model replica ready, Ray queues the call until one is: a readiness
+        # probe must not wait for that, it must say "not ready".
+        probe = endpoint.name in READINESS_PROBES
+        timeout = PROBE_TIMEOUT_S if probe else self.settings.request_timeout_s + 5.0
+        try:
+            return await asyncio.wait_for(self.model.handle.remote(call), timeout)
+        except TimeoutError:
+            if probe:
+                raise NotReady("no replica is ready") from None
+            raise DeadlineExceeded(f"no replica answered within {timeout:.0f} s") from None
+
+
+def deployment_options(settings: Settings) -> dict[str, Any]:
+    """Ray Serve options of the replica deployment, from the settings."""
+    actor: dict[str, Any] = {"num_cpus": settings.replica_cpus}
+    if settings.replica_gpus:
+        actor["num_gpus"] = settings.replica_gpus
+    options: dict[str, Any] = {
+        "name": DEPLOYMENT_NAME,
+        "ray_actor_options": actor,
+        # NOTE: Ray's default (5) would starve the cross-bot batcher, which needs many requests
+        # in one replica at once; the replica's own queue limit and byte budget still apply.
+        "max_ongoing_requests": settings.max_ongoing_requests,
+        "graceful_shutdown_timeout_s": settings.request_timeout_s,
+        "health_check_period_s": 5.0,
+    }
+    if settings.max_replicas is not None:
+        options["autoscaling_config"] = {
+            "min_replicas": (settings.min_replicas if settings.min_replicas is not None
+                             else settings.replicas),
+            "max_replicas": settings.max_replicas,
+            "target_ongoing_requests": settings.target_ongoing_requests,
+        }
+    else:
+        options["num_replicas"] = settings.replicas
+    return options
+
+
+def _absolute(settings: Settings) -> Settings:
+    """Replicas run in other processes (other directories): local paths made absolute."""
+    changes: dict[str, Any] = {}
+    if "://" not in settings.store:
+        changes["store"] = str(Path(settings.store).resolve())
+    if settings.trunk_checkpoint and "://" not in settings.trunk_checkpoint:
+        changes["trunk_checkpoint"] = str(Path(settings.trunk_checkpoint).resolve())
+    return settings.replace(**changes) if changes else settings
+
+
+def build_app(settings: Settings) -> serve.Application:
+    """The Ray Serve application of these settings (not yet running): the ingress, bound to the
+    model replicas."""
+    settings = _absolute(settings)
+    model = serve.deployment(Replica).options(**deployment_options(settings))
+    ingress = serve.deployment(Ingress).options(
+        name=INGRESS_NAME, num_replicas=settings.ingress_replicas,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=settings.max_ongoing_requests * max(1, settings.replicas))
+    return ingress.bind(model.bind(settings), settings)
+
+
+def app_builder(args: Mapping[str, Any]) -> serve.Application:
+    """For Ray's tooling (`serve run service.ray_serve:app_builder key=value ...`, a
+    `RayService` manifest): the settings come from MULTIHEAD_* variables overridden by `args`
+    (field names, values as text)."""
+    return build_app(Settings.from_mapping(args))
+
+
+def run(settings: Settings) -> None:
+    """`multihead serve --ray`: deploy, serve until SIGTERM/SIGINT, then remove the app (and
+    stop the local Ray this process started)."""
+    import ray
+    from ray.serve.config import HTTPOptions
+
+    local = settings.ray_address is None
+    ray.init(address="local" if local else settings.ray_address, include_dashboard=False,
+             log_to_driver=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which sets its own
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        serve.start(http_options=HTTPOptions(host=settings.host, port=settings.port))
+        log.info("deploying %d replica(s) on Ray %s", settings.replicas,
+                 "(local)" if local else settings.ray_address)
+        serve.run(build_app(settings), name=APP_NAME, route_prefix="/")
+        log.info("serving on http://%s:%d (Ray Serve)", settings.host, settings.port)
+        stop.wait()
+        log.info("stopping: draining the replicas")
+        serve.delete(APP_NAME)
+    finally:
+        if local:
+            serve.shutdown()
+            ray.shutdown()

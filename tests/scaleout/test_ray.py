@@ -1,0 +1,340 @@
+"""`multihead serve --ray --replicas 2 --store postgresql://...`, end to end with the real parts.
+
+One real local Ray (loopback) runs two model replicas, each with the real Inception-V4 trunk,
+behind Ray's HTTP proxy; the store is a real PostgreSQL 15 server started for this module
+(bench/pgserver.py). Bots are registered by the real CLI (`multihead register`) in this process,
+as an operator would from another machine. The tests share one deployment and run in order.
+
+Timing rule: a change must reach every replica within 1 s (LISTEN/NOTIFY); the checks allow
+1 s more for a busy 2-core machine, and the measured times are in the assertion messages.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from bench.pgserver import PgServer, free_port
+from heads import HeadStore
+from tests.heads.helpers import random_head, save_checkpoint, write_labels
+
+pytestmark = pytest.mark.timeout(900)
+
+PROPAGATION_S = 1.0
+SLACK_S = 1.0
+START_TIMEOUT_S = 300.0
+
+
+def png_bytes(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+class Deployment:
+    def __init__(self, url: str, port: int, proc: subprocess.Popen, log: Path) -> None:
+        self.store_url = url
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc = proc
+        self.log = log
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+
+async def replicas_ready(base: str, want: int, timeout_s: float,
+                         report: bool = False) -> dict[str, int]:
+    """Polls /readyz until `want` distinct ready replicas answered: {replica: pid}."""
+    seen: dict[str, int] = {}
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(base + "/readyz",
+                                       timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status == 200:
+                        body = await r.json()
+                        assert r.headers["X-Multihead-Replica"] == body["replica"]["replica"]
+                        if report and body["replica"]["replica"] not in seen:
+                            print(f"replica {body['replica']} ready: {body['timings']}")
+                        seen[body["replica"]["replica"]] = body["replica"]["pid"]
+                        if len(seen) >= want:
+                            return seen
+                        continue
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"only {len(seen)} of {want} replicas ready after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def pg():
+    server = PgServer()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def deployment(pg, trunk_checkpoint, tmp_path_factory):
+    from backbone import Trunk
+
+    # The graph cache next to the checkpoint, where `serve` keeps it, built once here: the
+    # replicas then import the graph (about 1 s each) instead of building it side by side.
+    Trunk.from_checkpoint(trunk_checkpoint, warmup_batch_sizes=(),
+                          graph_cache_dir=Path(trunk_checkpoint).parent / "graph_cache").close()
+    url = pg.url
+    with HeadStore(url) as store:
+        for i, bot in enumerate(("alpha", "beta")):
+            w, b, labels = random_head(4 + i, seed=10 + i)
+            store.register(bot, w, b, labels)
+    port = free_port()
+    log = tmp_path_factory.mktemp("ray") / "serve.log"
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "MULTIHEAD_WARMUP": "true"}
+    cmd = [sys.executable, "-m", "service.cli.main", "serve", "--ray", "--replicas", "2",
+           "--store", url, "--trunk-checkpoint", trunk_checkpoint,
+           "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "8"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    dep = Deployment(url, port, proc, log)
+    try:
+        asyncio.run(replicas_ready(dep.base, 2, START_TIMEOUT_S, report=True))
+    except AssertionError:
+        _stop(proc)
+        raise AssertionError(f"deployment did not come up:\n{dep.log_tail()}") from None
+    yield dep
+    _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    else:  # pragma: no cover - it died by itself
+        pass
+    # Whatever Ray left behind in this session's process group.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def register_with_cli(url: str, bot: str, n: int, seed: int, tmp_path: Path) -> None:
+    from service.cli.main import main
+
+    w, b, labels = random_head(n, seed=seed)
+    prefix = save_checkpoint(tmp_path / f"{bot}-{seed}" / "head", {"weights": w, "biases": b})
+    labels_file = write_labels(tmp_path / f"{bot}-{seed}.txt", labels)
+    assert main(["register", bot, "--store", url, "--weights-checkpoint", prefix,
+                 "--labels", labels_file]) == 0
+
+
+async def first_seen(base: str, path: str, predicate, replicas: set[str],
+                     timeout_s: float = 10.0, pollers: int = 4) -> dict[str, float]:
+    """Polls GET `path` from `pollers` clients until every replica in `replicas` has answered
+    so that `predicate(status, body)` holds; {replica: seconds from the call}. A replica that
+    answered so must not answer otherwise afterwards."""
+    start = time.monotonic()
+    seen: dict[str, float] = {}
+    regressions: list[str] = []
+
+    async def poll(session: aiohttp.ClientSession) -> None:
+        while set(seen) < replicas and time.monotonic() - start < timeout_s:
+            async with session.get(base + path) as r:
+                body = await r.json()
+                replica = r.headers["X-Multihead-Replica"]
+                if predicate(r.status, body):
+                    seen.setdefault(replica, time.monotonic() - start)
+                elif replica in seen:
+                    regressions.append(f"{replica}: {r.status} {body}")
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(poll(session) for _ in range(pollers)))
+    assert not regressions, f"a replica went back after answering the new state: {regressions}"
+    assert set(seen) >= replicas, f"replicas that never answered the new state: " \
+                                  f"{replicas - set(seen)} (seen: {seen})"
+    return seen
+
+
+async def classify(session: aiohttp.ClientSession, base: str, bot: str, image: bytes,
+                   timeout_s: float = 60.0):
+    form = aiohttp.FormData()
+    form.add_field("image", image, filename="x.png", content_type="image/png")
+    async with session.post(f"{base}/classify/{bot}", data=form,
+                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        return r.status, r.headers.get("X-Multihead-Replica"), await r.read()
+
+
+def predictions(body: bytes) -> list[tuple[str, float]]:
+    result = json.loads(body)["results"][0]["predictions"]
+    return [(p["label"], p["score"]) for p in result]
+
+
+def same_answer(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> bool:
+    # Batches of different sizes may differ in the last float32 digits.
+    return [x[0] for x in a] == [x[0] for x in b] and \
+        all(abs(x[1] - y[1]) < 1e-4 for x, y in zip(a, b))
+
+
+# -- the tests, in order -------------------------------------------------------------------------
+
+def test_both_replicas_answer_with_the_same_predictions(deployment):
+    image = png_bytes(1)
+
+    async def run():
+        answers: dict[str, list] = {}
+        async with aiohttp.ClientSession() as session:
+            for _ in range(10):
+                results = await asyncio.gather(*(classify(session, deployment.base, "alpha", image)
+                                                 for _ in range(4)))
+                for status, replica, body in results:
+                    assert status == 200, body
+                    answers.setdefault(replica, predictions(body))
+                    assert same_answer(answers[replica], predictions(body))
+                if len(answers) == 2:
+                    break
+        return answers
+
+    answers = asyncio.run(run())
+    assert len(answers) == 2, f"answers came from {sorted(answers)} only"
+    first, second = answers.values()
+    assert same_answer(first, second), answers
+    assert len(first) == 4  # alpha has 4 classes: the head registered in PostgreSQL
+
+
+def test_registration_with_the_cli_reaches_every_replica_within_a_second(deployment, tmp_path):
+    replicas = set(asyncio.run(replicas_ready(deployment.base, 2, 30)))
+    register_with_cli(deployment.store_url, "gamma", 6, seed=3, tmp_path=tmp_path)
+    seen = asyncio.run(first_seen(
+        deployment.base, "/bots/gamma",
+        lambda status, body: status == 200 and body["version"] == 1, replicas))
+    assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
+
+    async def answer():
+        async with aiohttp.ClientSession() as session:
+            status, _, body = await classify(session, deployment.base, "gamma", png_bytes(2))
+            assert status == 200, body
+            return predictions(body)
+
+    assert len(asyncio.run(answer())) == 5  # top_k 5 of the 6 new classes
+
+
+def test_rollback_and_removal_reach_every_replica_within_a_second(deployment, tmp_path):
+    replicas = set(asyncio.run(replicas_ready(deployment.base, 2, 30)))
+    register_with_cli(deployment.store_url, "gamma", 3, seed=4, tmp_path=tmp_path)  # v2
+    asyncio.run(first_seen(deployment.base, "/bots/gamma",
+                           lambda status, body: status == 200 and body["version"] == 2,
+                           replicas))
+    from service.cli.main import main
+
+    assert main(["bots", "rollback", "gamma", "--store", deployment.store_url]) == 0
+    seen = asyncio.run(first_seen(
+        deployment.base, "/bots/gamma",
+        lambda status, body: status == 200 and body["version"] == 1
+        and body["n_classes"] == 6, replicas))
+    assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
+
+    assert main(["bots", "remove", "gamma", "--store", deployment.store_url]) == 0
+    seen = asyncio.run(first_seen(
+        deployment.base, "/bots/gamma",
+        lambda status, body: status == 404 and body["code"] == "unknown_bot", replicas))
+    assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
+
+
+def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deployment):
+    """SIGKILL one replica under load: the requests it held are retried on the other one (or
+    get an explicit 503), none gets a wrong answer or another error; Ray starts a new one."""
+    image = png_bytes(5)
+    pids = asyncio.run(replicas_ready(deployment.base, 2, 30))
+    victim, pid = sorted(pids.items())[0]
+
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            status, _, body = await classify(session, deployment.base, "beta", image)
+            assert status == 200, body
+            reference = predictions(body)
+            counts = {"right": 0, "wrong": 0, "503": 0, "other": 0}
+            others: list[str] = []
+            # Load from 1 s before the kill to 5 s after it: the killed replica holds requests.
+            stop = time.monotonic() + 6.0
+
+            async def client():
+                while time.monotonic() < stop:
+                    status, _, body = await classify(session, deployment.base, "beta", image)
+                    if status == 200:
+                        counts["right" if same_answer(predictions(body), reference)
+                               else "wrong"] += 1
+                    elif status == 503 and json.loads(body)["code"] in (
+                            "replica_lost", "overloaded", "not_ready"):
+                        counts["503"] += 1
+                    else:
+                        counts["other"] += 1
+                        others.append(f"{status} {body[:200]!r}")
+
+            async def killer():
+                await asyncio.sleep(1.0)
+                os.kill(pid, signal.SIGKILL)
+
+            await asyncio.gather(killer(), *(client() for _ in range(4)))
+            return counts, others
+
+    counts, others = asyncio.run(run())
+    print(f"replica {victim} (pid {pid}) killed under load: {counts}")
+    assert counts["wrong"] == 0 and counts["other"] == 0, (counts, others[:5])
+    assert counts["right"] > 0
+    after = asyncio.run(replicas_ready(deployment.base, 2, 180))
+    assert victim not in after, f"the killed replica {victim} still answers"
+    assert set(after) & set(pids), "the surviving replica should still answer"
+
+
+def test_replicas_survive_a_postgresql_restart_and_see_later_registrations(deployment, pg,
+                                                                           tmp_path):
+    image = png_bytes(6)
+    replicas = set(asyncio.run(replicas_ready(deployment.base, 2, 60)))
+
+    async def load(seconds: float) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        stop = time.monotonic() + seconds
+        async with aiohttp.ClientSession() as session:
+            async def client():
+                while time.monotonic() < stop:
+                    status, _, body = await classify(session, deployment.base, "alpha", image)
+                    key = str(status) if status != 200 else "200"
+                    counts[key] = counts.get(key, 0) + 1
+            await asyncio.gather(*(client() for _ in range(4)))
+        return counts
+
+    async def load_while_down():
+        task = asyncio.create_task(load(6.0))
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(pg.stop)
+        counts = await task
+        await asyncio.to_thread(pg.start)
+        return counts
+
+    counts = asyncio.run(load_while_down())
+    assert set(counts) == {"200"}, f"resident bots must keep being served: {counts}"
+    register_with_cli(deployment.store_url, "delta", 3, seed=7, tmp_path=tmp_path)
+    # After a reconnect the replicas poll (a notification sent while they were away is lost).
+    seen = asyncio.run(first_seen(deployment.base, "/bots/delta",
+                                  lambda status, body: status == 200, replicas,
+                                  timeout_s=30))
+    print(f"after the PostgreSQL restart, delta seen after {seen}")

@@ -1,0 +1,76 @@
+"""`service.router`: the Ray transport routes every request as aiohttp does."""
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from service.codecs.base import Endpoint, Reply
+from service.router import Router, template_regex
+from service.routes import ENDPOINTS
+
+
+async def _noop(service, request) -> Reply:
+    return Reply()
+
+
+def test_a_parameter_regex_with_braces_inside_nests():
+    regex = template_regex("/v2/models/{bot_id:[^{}/:]+}/ready")
+    assert regex.fullmatch("/v2/models/acme/ready").group("bot_id") == "acme"
+    assert regex.fullmatch("/v2/models/a:b/ready") is None
+    assert regex.fullmatch("/v2/models/a/b/ready") is None
+
+
+def test_a_plain_parameter_is_one_segment_and_literals_are_escaped():
+    regex = template_regex("/v1/models/{name}:predict")
+    assert regex.fullmatch("/v1/models/x:predict").group("name") == "x"
+    assert regex.fullmatch("/v1/models/x/y:predict") is None
+    assert template_regex("/a.b").fullmatch("/aXb") is None
+
+
+def test_an_unbalanced_template_is_refused():
+    with pytest.raises(ValueError, match="unbalanced"):
+        template_regex("/bots/{bot_id")
+
+
+def test_method_mismatch_lists_the_allowed_methods_and_unknown_paths_none():
+    router = Router([Endpoint("POST", "/x/{id}", "post_x", _noop),
+                     Endpoint("DELETE", "/x/{id}", "delete_x", _noop),
+                     Endpoint("GET", "/y", "get_y", _noop)])
+    assert router.match("POST", "/x/1").endpoint.name == "post_x"
+    assert router.match("POST", "/x/1").params == {"id": "1"}
+    miss = router.match("GET", "/x/1")
+    assert miss.endpoint is None and miss.allowed == ("POST", "DELETE")
+    assert router.match("GET", "/nowhere").allowed == ()
+    assert router.match("HEAD", "/y").allowed == ("GET",)
+
+
+# Paths of every kind the service serves, and some it does not.
+PATHS = ["/classify/acme", "/classify", "/bots", "/bots/acme", "/bots/acme/rollback",
+         "/healthz", "/readyz", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready",
+         "/v2/models/acme", "/v2/models/acme/ready", "/v2/models/acme/infer",
+         "/v2/models/acme/versions/3", "/v2/models/acme/versions/3/infer",
+         "/v1/models/acme", "/v1/models/acme/metadata", "/v1/models/acme:predict",
+         "/v1/models/acme:classify", "/v1/models/acme/versions/2:predict",
+         "/v2/models/a/b/ready", "/v1/models/a:b:predict", "/nope", "/bots/acme/x"]
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "POST", "PUT", "DELETE"])
+async def test_the_router_agrees_with_aiohttps_on_every_route(method):
+    app = web.Application()
+    for endpoint in ENDPOINTS:
+        app.router.add_route(endpoint.method, endpoint.path, _noop, name=endpoint.name)
+    ours = Router(ENDPOINTS)
+    for path in PATHS:
+        info = await app.router.resolve(make_mocked_request(method, path, app=app))
+        mine = ours.match(method, path)
+        if info.http_exception is not None:
+            assert mine.endpoint is None, (method, path)
+            expected = info.http_exception.status
+            assert (405 if mine.allowed else 404) == expected, (method, path)
+            if expected == 405:
+                assert set(mine.allowed) == set(info.http_exception.allowed_methods)
+        else:
+            assert mine.endpoint is not None and mine.endpoint.name == info.route.name, \
+                (method, path)
+            assert mine.params == dict(info), (method, path)
