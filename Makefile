@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine: `make serve` and `make test`. Both create .venv and
-# install the package (with its test, bench and openvino extras) into it; nothing else needs to be
-# installed by hand.
+# install the package (with its test, bench, openvino, postgres, ray and grpc extras) into it;
+# `make test` also installs the Debian packages its tests need (chromium, postgresql). Nothing
+# else needs to be installed by hand.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,14 +10,15 @@ STORE  ?= checkpoints
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: venv lint test serve demo bench clean browser-deps mutation fuzz
+.PHONY: venv lint test serve demo bench clean browser-deps postgres-deps system-deps mutation \
+        fuzz
 
 venv: $(STAMP)
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench,openvino]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,openvino,postgres,ray,grpc]'
 	touch $@
 
 # Debian's chromium and the chromedriver of the same build, for tests/service/test_browser.py
@@ -30,7 +32,18 @@ browser-deps:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: lint browser-deps
+# PostgreSQL 15's server binaries (Debian's postgresql package), for the tests that start a
+# throw-away server (tests/pgserver.py) as an unprivileged user. Only the binaries are used:
+# the cluster Debian creates is never started by the tests.
+PG_BIN := /usr/lib/postgresql/15/bin
+postgres-deps:
+	@if [ ! -x $(PG_BIN)/initdb ] || [ ! -x $(PG_BIN)/pg_ctl ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; \
+	fi
+
+system-deps: browser-deps postgres-deps
+
+test: lint system-deps
 	$(BIN)/python -m pytest
 
 # First run: demo trunk, generated images and demo bots (about 1-2 min); later runs reuse them.

@@ -33,7 +33,16 @@ def checkpoint_exists(prefix: str | os.PathLike) -> bool:
 
 
 def default_trunk_checkpoint(store_dir: str | os.PathLike) -> str:
-    """The trunk checkpoint prefix of a store: the official one if dropped in, else the demo one."""
+    """The trunk checkpoint prefix of a store: the official one if dropped in, else the demo one.
+
+    Raises:
+      CheckpointError: the store is a URL (a postgresql:// store keeps heads, not the trunk:
+        the trunk checkpoint is then always given explicitly).
+    """
+    if isinstance(store_dir, str) and "://" in store_dir:
+        raise CheckpointError(
+            "a database store holds the heads, not the trunk: pass --trunk-checkpoint (or set "
+            "MULTIHEAD_TRUNK_CHECKPOINT) with a postgresql:// store")
     trunk_dir = Path(store_dir) / "trunk"
     official = trunk_dir / OFFICIAL_CHECKPOINT
     if checkpoint_exists(official):

@@ -400,6 +400,14 @@ def render_markdown(results: Mapping, targets: list[Target] | None = None) -> st
             out += ["", cold_start["note"]]
         out += [""]
 
+    if results.get("replicas"):
+        from bench.replicas import render_markdown as replicas_markdown
+
+        out += replicas_markdown(results["replicas"])
+    if results.get("grpc"):
+        from bench.grpc_load import render_markdown as grpc_markdown
+
+        out += grpc_markdown(results["grpc"])
     overload = results.get("overload")
     if overload:
         out += [f"## Overload: {overload['uploads']} concurrent uploads of "

@@ -8,6 +8,8 @@ Sections (`--sections`, all by default; they run in this order):
                640x480 JPEG uploads, closed-loop concurrency 1/4/16/32 and a Poisson open loop;
                then the same load against a second server with `--batch-policy per_group`
     fanout     one image scored by 1 bot vs by 10 bots in one `POST /classify?bots=...`
+    grpc       one server with --grpc-port: REST /classify vs KServe v2 ModelInfer vs TF Serving
+               Predict, latency at 1 client and images/s at 16 (in `bench.grpc_load`)
     scale      10..10,000 registered heads: registration time, server RSS per resident head,
                first request to a cold bot vs a warm one
     coldstart  `multihead serve` process start to /readyz 200 (with and without a saved graph,
@@ -59,8 +61,8 @@ from bench.stats import machine_facts, ratio, rss_bytes, summarize
 # is installed without the tests' data; tests/bench checks it against the contract file.
 FLOPS_PER_IMAGE = 24_549_983_040
 
-SECTIONS = ("trunk", "service", "fanout", "scale", "coldstart", "baselines", "overload",
-            "soak")
+SECTIONS = ("trunk", "service", "fanout", "grpc", "scale", "coldstart", "baselines",
+            "overload", "soak", "replicas")
 MIB = 1024 * 1024
 
 
@@ -279,9 +281,10 @@ class Bench:
             steps: list[tuple[str, Callable[[], None]]] = [("trunk", self.section_trunk)]
             if "service" in plan.sections or "fanout" in plan.sections:
                 steps.append(("service+fanout", self.section_service_and_fanout))
-            steps += [("scale", self.section_scale), ("coldstart", self.section_coldstart),
+            steps += [("grpc", self.section_grpc),
+                      ("scale", self.section_scale), ("coldstart", self.section_coldstart),
                       ("baselines", self.section_baselines), ("overload", self.section_overload),
-                      ("soak", self.section_soak)]
+                      ("soak", self.section_soak), ("replicas", self.section_replicas)]
             for name, step in steps:
                 if name != "service+fanout" and name not in plan.sections:
                     continue
@@ -796,6 +799,34 @@ class Bench:
             "spawning the process, Python and TensorFlow imports included.")
 
     # -- 3. baselines ---------------------------------------------------------------------
+
+    def section_replicas(self) -> None:
+        from bench import replicas
+
+        self.results["replicas"] = replicas.run(self, register_bots)
+
+    def section_grpc(self) -> None:
+        from bench import grpc_load
+        from bench.load import free_port
+
+        why_not = grpc_load.grpc_available()
+        if why_not:
+            self.results["grpc"] = {"skipped": why_not}
+            return
+        plan = self.plan
+        store = self.tmp / "grpc-store"
+        bots = register_bots(store, plan.bots, plan.classes, plan.seed)
+        self.share_graph_cache(store)
+        server = self._server("grpc", store, **{"feature-cache-size": 0,
+                                                 "grpc-port": free_port()})
+        self._start(server)
+        try:
+            self.results["grpc"] = grpc_load.run(
+                server, self.jpegs, bots, zipf_s=plan.zipf_s, seed=plan.seed,
+                requests_c1=plan.closed_requests(1), concurrency=16,
+                requests_cn=plan.closed_requests(16))
+        finally:
+            server.stop()
 
     def _hardening_server(self, name: str, bots: int):
         store = self.tmp / f"{name}-store"

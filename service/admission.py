@@ -8,8 +8,9 @@ is done, so memory is bounded by the budget, not by what clients send. No web fr
 from __future__ import annotations
 
 import threading
+from collections.abc import AsyncIterator
 
-from service.errors import Overloaded
+from service.errors import BadRequest, Overloaded, PayloadTooLarge
 
 # What a refused client is told to wait: a body admitted is usually served within a second.
 RETRY_AFTER_S = 1.0
@@ -65,3 +66,48 @@ class Reservation:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body over the limit of {limit} bytes")
+
+
+def admit(length: int | None, limit: int, held: Reservation) -> None:
+    """Admission before the body is read: a declared length over the per-request `limit` is
+    PayloadTooLarge (413), one that does not fit the budget Overloaded (503 + Retry-After)."""
+    if length:
+        if length > limit:
+            raise too_large(limit)
+        held.take(length)
+
+
+async def read_body(chunks: AsyncIterator[bytes], length: int | None, limit: int,
+                    held: Reservation) -> bytes | bytearray:
+    """The whole body from a transport's chunks, within the admission rules.
+
+    With a declared `length` (already admitted by `admit`) the chunks fill ONE buffer of that
+    size in place (growing a buffer and copying it peaks at about 3x the body); a different
+    length is BadRequest. Without one (chunked), each chunk is counted against the budget as it
+    arrives and the body is cut at `limit` (413).
+    """
+    if length is not None:
+        body = bytearray(length)
+        view, filled = memoryview(body), 0
+        async for chunk in chunks:
+            if filled + len(chunk) > length:
+                view.release()
+                raise BadRequest(f"body longer than its Content-Length of {length}")
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        view.release()
+        if filled != length:
+            raise BadRequest(f"body of {filled} bytes, its Content-Length says {length}")
+        return body
+    parts, total = [], 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            raise too_large(limit)
+        held.take(len(chunk))
+        parts.append(chunk)
+    return b"".join(parts)

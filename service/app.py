@@ -5,7 +5,9 @@ transport-neutral `Request`, calls `dispatch` (admin check, codec, service, erro
 writes the `Reply`. What only aiohttp does stays here: the request body limit, the WebSocket
 route (`service.ws`), the web page and static files, JSON bodies for aiohttp's own 404/405,
 per-route request metrics, and the lifecycle (`cleanup_ctx`: the `Service` starts its bring-up
-at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped accepting).
+at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped accepting). With
+`grpc_port` set, the gRPC listener (`service.grpc_server`) over the same `Service` starts and
+stops with it: it stops accepting when HTTP does, and drains within the same timeout.
 """
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ from pathlib import Path
 from aiohttp import web, web_protocol
 
 from heads import HeadStore
-from service import memory, ws
+from service import admission, memory, ws
 from service.admission import Reservation
 from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
-from service.errors import INTERNAL_MESSAGE, BadRequest, PayloadTooLarge
+from service.errors import INTERNAL_MESSAGE, BadRequest
 from service.routes import ENDPOINTS
 from service.runtime import Service
 from service.settings import Settings
@@ -31,24 +33,11 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
 
 SERVICE = web.AppKey("service", Service)
+# The gRPC listener (`service.grpc_server.GrpcServer`), present when `grpc_port` is set.
+GRPC_SERVER = web.AppKey("grpc_server")
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
                413: "payload_too_large", 415: "unsupported_media_type"}
-
-
-def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"request body over the limit of {limit} bytes")
-
-
-def admit(request: web.Request, held: Reservation) -> None:
-    """Admission before the body is read: a declared Content-Length over the per-request limit
-    is 413, one that does not fit the in-flight budget 503 + Retry-After (nothing read)."""
-    length = request.content_length
-    if length:
-        limit = request.app[SERVICE].settings.max_body_bytes
-        if length > limit:
-            raise _too_large(limit)
-        held.take(length)
 
 
 async def _chunks(request: web.Request):
@@ -60,35 +49,13 @@ async def _chunks(request: web.Request):
 
 
 def to_request(request: web.Request, held: Reservation) -> Request:
-    """The codecs' view of an aiohttp request; the body is read only when a codec asks.
-
-    A body without Content-Length (chunked) is counted against the budget as it streams and
-    cut at the per-request limit (413).
-    """
+    """The codecs' view of an aiohttp request; the body is read only when a codec asks
+    (`admission.read_body`: in place for a declared length, counted as it streams if chunked)."""
     limit = request.app[SERVICE].settings.max_body_bytes
 
     async def read_body() -> bytes | bytearray:
-        length = request.content_length
-        if length is not None:  # admitted whole by `admit`
-            # NOTE: filled in place: one buffer of the declared size, where aiohttp's read()
-            # grows a bytearray and then copies it (up to 3x the body at its peak).
-            body = bytearray(length)
-            view, filled = memoryview(body), 0
-            async for chunk in _chunks(request):  # aiohttp stops at the declared length
-                view[filled:filled + len(chunk)] = chunk
-                filled += len(chunk)
-            view.release()
-            if filled != length:
-                raise BadRequest(f"body of {filled} bytes, its Content-Length says {length}")
-            return body
-        chunks, total = [], 0
-        async for chunk in _chunks(request):
-            total += len(chunk)
-            if total > limit:
-                raise _too_large(limit)
-            held.take(len(chunk))
-            chunks.append(chunk)
-        return b"".join(chunks)
+        # NOTE: aiohttp stops at the declared length, so a longer body is never read here.
+        return await admission.read_body(_chunks(request), request.content_length, limit, held)
 
     return Request(
         method=request.method,
@@ -111,7 +78,7 @@ def _handler(endpoint: Endpoint):
         service = request.app[SERVICE]
         # NOTE: held until the answer is built: the body's bytes live that long.
         with Reservation(service.inflight) as held:
-            admit(request, held)
+            admission.admit(request.content_length, service.settings.max_body_bytes, held)
             reply = await dispatch(service, endpoint, to_request(request, held))
         return to_response(reply)
 
@@ -132,7 +99,7 @@ async def transport_middleware(request: web.Request, handler):
         if exc.status < 400:
             raise
         if isinstance(exc, web.HTTPRequestEntityTooLarge):
-            response = to_response(error_reply(_too_large(
+            response = to_response(error_reply(admission.too_large(
                 request.app[SERVICE].settings.max_body_bytes)))
         else:
             response = web.json_response(
@@ -183,9 +150,22 @@ web_protocol.RequestHandler.handle_error = _protocol_error
 
 async def _lifecycle(app: web.Application):
     service = app[SERVICE]
+    grpc_server = app.get(GRPC_SERVER)
+    if grpc_server is not None:
+        await grpc_server.open()  # binds now; serves once its modules are loaded
     await service.start()
     yield
+    if grpc_server is not None:
+        await grpc_server.close()  # the drain begun by _stop_accepting_grpc
     await service.close()
+
+
+async def _stop_accepting_grpc(app: web.Application) -> None:
+    """on_shutdown, i.e. when the HTTP sites stopped accepting: gRPC refuses new calls too, and
+    its calls in flight drain while the HTTP handlers do (same `request_timeout_s`)."""
+    grpc_server = app.get(GRPC_SERVER)
+    if grpc_server is not None:
+        grpc_server.begin_stop()
 
 
 async def index(request: web.Request) -> web.StreamResponse:
@@ -202,6 +182,11 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     app = web.Application(middlewares=[transport_middleware],
                           client_max_size=settings.max_body_bytes)
     app[SERVICE] = Service(settings, trunk=trunk, store=store)
+    if settings.grpc_port is not None:
+        from service.grpc_server import GrpcServer  # grpc: imported only when it serves
+
+        app[GRPC_SERVER] = GrpcServer(app[SERVICE])
+        app.on_shutdown.append(_stop_accepting_grpc)
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/", index)
     for endpoint in ENDPOINTS:

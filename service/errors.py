@@ -1,4 +1,5 @@
-"""Domain errors of the service layer, and the ONE table that maps every layer's errors to HTTP.
+"""Domain errors of the service layer, and the ONE table that maps every layer's errors to HTTP
+(and to gRPC status codes: the table's last column, used by the gRPC transport).
 
 Nothing here imports aiohttp: the errors are raised by the batcher, the settings and the request
 parsing helpers, and one aiohttp middleware (in `service.app`) turns any exception into
@@ -68,6 +69,11 @@ class ShuttingDown(ServiceError):
     """The service is draining (SIGTERM / app cleanup) and accepts no new work."""
 
 
+class ReplicaLost(ServiceError):
+    """The process serving a request died before answering (a Ray replica killed or crashed);
+    another replica answers a retry."""
+
+
 class NotReady(ServiceError):
     """The trunk is still being built or warmed up (or failed to load: see /readyz)."""
 
@@ -81,38 +87,46 @@ class BatchError(ServiceError):
     (returned a wrong number of results). Every row of that batch gets it; other batches don't."""
 
 
-# (status, code) per error class, most specific first is NOT required: lookup walks the MRO.
-_TABLE: Mapping[str, tuple[int, str]] = {
+# (HTTP status, code, gRPC status code name) per error class; most specific first is NOT required:
+# lookup walks the MRO. The gRPC column follows the HTTP one: 400/415/422 INVALID_ARGUMENT, 404
+# NOT_FOUND (an unknown operation UNIMPLEMENTED), 413 RESOURCE_EXHAUSTED as gRPC's own message
+# size limit (but an image over the pixel limit is INVALID_ARGUMENT: no retry can help), 503
+# overloaded RESOURCE_EXHAUSTED and 503 not ready / shutting down UNAVAILABLE (retry elsewhere or
+# later), 504 DEADLINE_EXCEEDED, 5xx INTERNAL.
+_TABLE: Mapping[str, tuple[int, str, str]] = {
     # service
-    f"{__name__}.BadRequest": (400, "bad_request"),
-    f"{__name__}.Unauthorized": (401, "unauthorized"),
-    f"{__name__}.Forbidden": (403, "forbidden"),
-    f"{__name__}.NotFound": (404, "not_found"),
-    f"{__name__}.PayloadTooLarge": (413, "payload_too_large"),
-    f"{__name__}.UnsupportedMediaType": (415, "unsupported_media_type"),
-    f"{__name__}.Overloaded": (503, "overloaded"),
-    f"{__name__}.ShuttingDown": (503, "shutting_down"),
-    f"{__name__}.NotReady": (503, "not_ready"),
-    f"{__name__}.HeadUnavailable": (500, "head_unavailable"),
-    f"{__name__}.DeadlineExceeded": (504, "deadline_exceeded"),
-    f"{__name__}.BatchError": (500, "internal"),
+    f"{__name__}.BadRequest": (400, "bad_request", "INVALID_ARGUMENT"),
+    f"{__name__}.Unauthorized": (401, "unauthorized", "UNAUTHENTICATED"),
+    f"{__name__}.Forbidden": (403, "forbidden", "PERMISSION_DENIED"),
+    f"{__name__}.NotFound": (404, "not_found", "UNIMPLEMENTED"),
+    f"{__name__}.PayloadTooLarge": (413, "payload_too_large", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.UnsupportedMediaType": (415, "unsupported_media_type", "INVALID_ARGUMENT"),
+    f"{__name__}.Overloaded": (503, "overloaded", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.ShuttingDown": (503, "shutting_down", "UNAVAILABLE"),
+    f"{__name__}.ReplicaLost": (503, "replica_lost", "UNAVAILABLE"),
+    f"{__name__}.NotReady": (503, "not_ready", "UNAVAILABLE"),
+    f"{__name__}.HeadUnavailable": (500, "head_unavailable", "INTERNAL"),
+    f"{__name__}.DeadlineExceeded": (504, "deadline_exceeded", "DEADLINE_EXCEEDED"),
+    f"{__name__}.BatchError": (500, "internal", "INTERNAL"),
     # backbone (ImageTooLarge subclasses InvalidImage; the MRO walk finds it first)
-    "backbone.errors.InvalidImage": (400, "invalid_image"),
-    "backbone.errors.ImageTooLarge": (413, "image_too_large"),
-    "backbone.errors.CheckpointError": (500, "trunk_unavailable"),
+    "backbone.errors.InvalidImage": (400, "invalid_image", "INVALID_ARGUMENT"),
+    "backbone.errors.ImageTooLarge": (413, "image_too_large", "INVALID_ARGUMENT"),
+    "backbone.errors.CheckpointError": (500, "trunk_unavailable", "INTERNAL"),
     # heads
-    "heads.errors.UnknownBot": (404, "unknown_bot"),
-    "heads.errors.UnknownVersion": (404, "unknown_version"),
+    "heads.errors.UnknownBot": (404, "unknown_bot", "NOT_FOUND"),
+    "heads.errors.UnknownVersion": (404, "unknown_version", "NOT_FOUND"),
     # A malformed id ('../x', 'a b') is the client's syntax error, not a missing resource.
-    "heads.errors.InvalidBotId": (400, "invalid_bot_id"),
+    "heads.errors.InvalidBotId": (400, "invalid_bot_id", "INVALID_ARGUMENT"),
     # An uploaded head that cannot be used: well-formed request, unprocessable content.
-    "heads.errors.InvalidHead": (422, "invalid_head"),
-    "heads.errors.HeadLoadError": (422, "invalid_head"),
-    "heads.errors.TrunkMismatch": (422, "trunk_mismatch"),
-    "heads.errors.InvalidTrainingData": (400, "invalid_training_data"),
+    "heads.errors.InvalidHead": (422, "invalid_head", "INVALID_ARGUMENT"),
+    "heads.errors.HeadLoadError": (422, "invalid_head", "INVALID_ARGUMENT"),
+    # The store's database cannot be reached (a head that is not resident, a listing): retry.
+    "heads.errors.StoreUnavailable": (503, "store_unavailable", "UNAVAILABLE"),
+    "heads.errors.TrunkMismatch": (422, "trunk_mismatch", "INVALID_ARGUMENT"),
+    "heads.errors.InvalidTrainingData": (400, "invalid_training_data", "INVALID_ARGUMENT"),
 }
 
-_INTERNAL = (500, "internal")
+_INTERNAL = (500, "internal", "INTERNAL")
 INTERNAL_MESSAGE = "internal server error"
 
 
@@ -139,7 +153,7 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _lookup(exc: BaseException) -> tuple[int, str] | None:
+def _lookup(exc: BaseException) -> tuple[int, str, str] | None:
     for cls in type(exc).__mro__:
         hit = _TABLE.get(_qualname(cls))
         if hit is not None:
@@ -163,16 +177,32 @@ def error_status(exc: BaseException) -> tuple[int, str, dict[str, str]]:
         >>> error_status(Overloaded(retry_after_s=2.2))
         (503, 'overloaded', {'Retry-After': '3'})
     """
-    status, code = _lookup(exc) or _INTERNAL
+    status, code, _ = _lookup(exc) or _INTERNAL
     headers: dict[str, str] = {}
     if isinstance(exc, Overloaded):
         headers["Retry-After"] = retry_after_header(getattr(exc, "retry_after_s", 1.0))
     elif isinstance(exc, NotReady):
         headers["Retry-After"] = retry_after_header(5.0)
+    elif isinstance(exc, ReplicaLost) or code == "store_unavailable":
+        headers["Retry-After"] = retry_after_header(1.0)
     elif isinstance(exc, Unauthorized):
         # RFC 6750: a 401 for a bearer-protected resource names the scheme.
         headers["WWW-Authenticate"] = 'Bearer realm="multihead"'
     return status, code, headers
+
+
+def grpc_status(exc: BaseException) -> tuple[str, str]:
+    """Map any exception to `(gRPC status code name, code)`, e.g. `("NOT_FOUND", "unknown_bot")`.
+
+    The name is a `grpc.StatusCode` member's (this module does not import grpc); anything
+    unknown is `("INTERNAL", "internal")`, and its message must not reach the client.
+
+    Example:
+        >>> grpc_status(Overloaded(retry_after_s=2.2))
+        ('RESOURCE_EXHAUSTED', 'overloaded')
+    """
+    _, code, grpc_code = _lookup(exc) or _INTERNAL
+    return grpc_code, code
 
 
 def error_body(exc: BaseException) -> dict[str, str]:

@@ -107,7 +107,8 @@ class Metrics:
     Attributes (prometheus_client objects, usable directly):
         requests_total{route,status}, request_seconds{route}, decode_seconds,
         queue_wait_seconds, trunk_seconds, heads_seconds, batch_size, batch_bots, queue_depth,
-        resident_heads, resident_head_bytes, feature_cache_hits_total,
+        resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
+        feature_cache_hits_total,
         feature_cache_misses_total, bot_requests_total{bot}.
     """
 
@@ -163,6 +164,18 @@ class Metrics:
         self.resident_head_bytes = Gauge(
             "resident_head_bytes", "bytes of the heads loaded in memory", namespace=ns, registry=r,
         )
+        self.pinned_heads = Gauge(
+            "pinned_heads", "heads of pinned bots (--pin) resident in memory; never evicted",
+            namespace=ns, registry=r,
+        )
+        self.pinned_bot = Gauge(
+            "pinned_bot", "the pinned bots (--pin), value 1 each", ["bot"],
+            namespace=ns, registry=r,
+        )
+        self.preloaded_heads = Gauge(
+            "preloaded_heads", "heads loaded before ready by --preload (most recently "
+            "registered bots); evictable", namespace=ns, registry=r,
+        )
         self.feature_cache_hits_total = Counter(
             "feature_cache_hits", "images whose trunk features came from the cache",
             namespace=ns, registry=r,
@@ -216,6 +229,19 @@ class Metrics:
     def set_resident_heads(self, count: int, total_bytes: int) -> None:
         self.resident_heads.set(count)
         self.resident_head_bytes.set(total_bytes)
+
+    def set_pinned_bots(self, bot_ids: Sequence[str]) -> None:
+        """The pinned bots, as `multihead_pinned_bot{bot="a"} 1` (as many series as pins: the
+        operator's list, so the label set stays small)."""
+        for bot_id in bot_ids:
+            self.pinned_bot.labels(bot=bot_id).set(1)
+
+    def bind_pinned_heads(self, read: Callable[[], float]) -> None:
+        """Read the number of resident pinned heads at scrape time."""
+        self.pinned_heads.set_function(read)
+
+    def set_preloaded_heads(self, count: int) -> None:
+        self.preloaded_heads.set(count)
 
     def set_trunk(self, *, device: str, runtime: str, precision: str) -> None:
         """What the trunk runs on, as `multihead_trunk_info{device,runtime,precision} 1`."""

@@ -15,20 +15,22 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from backbone.spec import INPUT
+from backbone.spec import FEATURE_DIM, INPUT
 from backbone.tfimport import import_tensorflow
-from heads import BotInfo, Head, HeadLoadError, HeadStore
+from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
 from service.admission import ByteBudget
 from service.engine import Engine, Images, Prediction
-from service.errors import HeadUnavailable, NotReady
+from service.errors import HeadUnavailable, NotReady, ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -66,6 +68,110 @@ def warmup_batch_sizes(max_batch_size: int, device: str) -> tuple[int, ...]:
     return tuple(sizes + [max_batch_size])
 
 
+# -- hot bots: heads loaded before ready ---------------------------------------------------------
+
+class PreloadError(ServiceError):
+    """A pinned bot is not registered, or its head cannot be loaded: the service is not ready
+    (and `multihead serve` refuses to start)."""
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What the bring-up loaded besides the trunk.
+
+    Attributes:
+        pinned: the pinned bots (all resident, never evicted).
+        preloaded: the bots `--preload` loaded, most recently registered first.
+        skipped: the ones it chose but left out: they did not fit in the heads memory budget.
+    """
+
+    pinned: tuple[str, ...] = ()
+    preloaded: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+def head_bytes(info: BotInfo) -> int:
+    """What a bot's head will take resident (as `Head.nbytes` counts it), from the registry's
+    view alone: weights [1536, n] and biases [n] in float32, and the label strings."""
+    return (FEATURE_DIM + 1) * info.n_classes * 4 + sum(sys.getsizeof(label)
+                                                         for label in info.labels)
+
+
+def _registered_at(info: BotInfo) -> datetime:
+    try:
+        when = datetime.fromisoformat(info.created)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=UTC)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def most_recent(infos: Sequence[BotInfo], n: int, *, exclude: Sequence[str] = ()) -> list[BotInfo]:
+    """The `n` most recently registered bots (by their active version's registration time; ties
+    by id), newest first, leaving out `exclude`."""
+    skip = set(exclude)
+    ordered = sorted((i for i in infos if i.bot_id not in skip),
+                     key=lambda i: (_registered_at(i), i.bot_id), reverse=True)
+    return ordered[:n]
+
+
+def check_pinned_bots(store: HeadStore, pinned: Sequence[str], *, where: str = "the store"
+                      ) -> None:
+    """Refuses (PreloadError, one line naming each) pinned bots that are not registered."""
+    missing = [b for b in pinned if not store.exists(b)]
+    if missing:
+        raise PreloadError(f"--pin: {', '.join(repr(b) for b in missing)} not registered in "
+                           f"{where}; register {'them' if len(missing) > 1 else 'it'} first "
+                           f"(multihead register) or leave {'them' if len(missing) > 1 else 'it'}"
+                           f" out")
+
+
+def preload_heads(store: HeadStore, pinned: Sequence[str], n: int) -> Preloaded:
+    """Loads the pinned heads, then the heads of the `n` most recently registered other bots
+    that fit in the store's heads memory budget. Blocking: run it in a worker thread.
+
+    Preloaded heads are chosen newest first, each kept only if it fits beside what is already
+    resident (a bigger one is skipped, a later smaller one may still fit), then loaded oldest
+    first, so the newest ends up the most recently used: under memory pressure the cache evicts
+    the older ones first.
+
+    Raises:
+        PreloadError: a pinned bot is not registered or its head cannot be loaded.
+    """
+    check_pinned_bots(store, pinned)
+    for bot_id in pinned:
+        try:
+            store.get(bot_id)
+        except UnknownBot:
+            raise PreloadError(f"pinned bot {bot_id!r} is not registered") from None
+        except HeadLoadError as exc:
+            raise PreloadError(f"pinned bot {bot_id!r} cannot be loaded: {exc}") from None
+    if n <= 0:
+        return Preloaded(tuple(pinned))
+    stats = store.cache_stats()
+    budget, used = stats["memory_budget_bytes"], stats["resident_bytes"]
+    chosen, skipped = [], []
+    for info in most_recent(store.list(), n, exclude=pinned):
+        size = head_bytes(info)
+        if used + size > budget:
+            skipped.append(info.bot_id)
+            continue
+        chosen.append(info.bot_id)
+        used += size
+    loaded = []
+    for bot_id in reversed(chosen):
+        try:
+            store.get(bot_id)
+        except (UnknownBot, HeadLoadError) as exc:  # removed meanwhile, or broken: not fatal
+            log.warning("preload: bot %r not loaded: %s", bot_id, exc)
+            continue
+        loaded.append(bot_id)
+    if skipped:
+        log.warning("preload: %d of %d bots left out: their heads do not fit in the heads "
+                    "memory budget (%.0f MiB) beside the ones already resident",
+                    len(skipped), len(chosen) + len(skipped), budget / 2**20)
+    return Preloaded(tuple(pinned), tuple(reversed(loaded)), tuple(skipped))
+
+
 @dataclass
 class Readiness:
     """Where the bring-up is: `status` is loading, ready or failed (with `error`)."""
@@ -95,13 +201,24 @@ class Service:
         self.settings = settings
         self.metrics = metrics or Metrics(top_bots=settings.metrics_top_bots)
         self._own_store = store is None
+        pinned = settings.pinned_bots
+        if store is not None and set(store.pinned) != set(pinned):
+            # NOTE: what /bots and /metrics call pinned must be what the cache never evicts.
+            raise ValueError(f"the given store pins {sorted(store.pinned)}, the settings "
+                             f"{sorted(pinned)}: open it with pinned=settings.pinned_bots")
         self.store = store if store is not None else HeadStore(
-            settings.store, heads_memory_mb=settings.heads_memory_mb)
+            settings.store, heads_memory_mb=settings.heads_memory_mb, pinned=pinned)
+        self.preloaded = Preloaded()
+        self.metrics.set_pinned_bots(pinned)
+        self.metrics.bind_pinned_heads(
+            lambda: self.store.cache_stats().get("pinned_resident", 0))
         self._given_trunk = trunk
         self.trunk = None
         self.trunk_kind = "unknown"
         self.engine: Engine | None = None
         self.readiness = Readiness()
+        # Who answers, for transports with several processes (the Ray replica sets it).
+        self.identity: dict[str, Any] = {}
         # Admission: every transport of this process reserves request bytes here first.
         self.inflight = ByteBudget(settings.max_inflight_bytes)
         self.metrics.bind_inflight_bytes(lambda: self.inflight.used_bytes)
@@ -123,50 +240,80 @@ class Service:
             await asyncio.shield(self._bring_up_task)
         return self.readiness.ready
 
+    async def _preload(self) -> None:
+        """Pinned and preloaded heads, beside the trunk build (numpy and file reads only)."""
+        settings = self.settings
+        start = time.perf_counter()
+        self.preloaded = await asyncio.get_running_loop().run_in_executor(
+            self._lookups, preload_heads, self.store, settings.pinned_bots, settings.preload)
+        self.readiness.timings["preload_s"] = time.perf_counter() - start
+        self.metrics.set_preloaded_heads(len(self.preloaded.preloaded))
+        if settings.pinned_bots or settings.preload:
+            log.info("heads resident before ready: %d pinned, %d preloaded (%d skipped: over "
+                     "the heads memory budget) in %.2fs", len(self.preloaded.pinned),
+                     len(self.preloaded.preloaded), len(self.preloaded.skipped),
+                     self.readiness.timings["preload_s"])
+
     async def _bring_up(self) -> None:
-        settings, readiness = self.settings, self.readiness
+        readiness = self.readiness
         loop = asyncio.get_running_loop()
+        preload = loop.create_task(self._preload())
         try:
-            trunk = self._given_trunk
-            if trunk is None:
-                from backbone.checkpoint import default_trunk_checkpoint
-
-                start = time.perf_counter()
-                await loop.run_in_executor(None, import_tensorflow, settings.device)
-                readiness.timings["import_s"] = time.perf_counter() - start
-                from backbone import Trunk
-
-                prefix = settings.trunk_checkpoint or default_trunk_checkpoint(settings.store)
-                self.trunk_kind = trunk_kind(prefix)
-                cache_dir = (Path(settings.store) / "trunk" / "graph_cache"
-                             if settings.graph_cache else None)
-                trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
-                    prefix, device=settings.device, warmup_batch_sizes=(),
-                    graph_cache_dir=cache_dir, precision=settings.precision,
-                    runtime=settings.runtime))
-                readiness.timings.update(build_s=trunk.timings.build_s,
-                                         restore_s=trunk.timings.restore_s,
-                                         compile_s=trunk.timings.compile_s)
-            self.trunk = trunk
-            self.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
-            self.metrics.set_trunk(device=trunk.device,
-                                   runtime=getattr(trunk, "runtime", "tf"),
-                                   precision=getattr(trunk, "precision", "fp32"))
-            start = time.perf_counter()
-            if settings.warmup:
-                for size in warmup_batch_sizes(settings.max_batch_size, trunk.device):
-                    batch = np.zeros((size, *INPUT.shape), np.float32)
-                    await loop.run_in_executor(None, trunk.features, batch)
-            readiness.timings["warmup_s"] = time.perf_counter() - start
-            self.engine = Engine(trunk, settings, self.metrics)
-            await self.engine.batcher.start()
-            readiness.timings["ready_s"] = time.monotonic() - readiness.started_s
-            readiness.status = READY
-            log.info("ready: trunk %s (%s) in %.1fs", trunk.checkpoint_prefix, self.trunk_kind,
-                     readiness.timings["ready_s"])
+            await self._bring_up_trunk(loop)
         except Exception as exc:  # noqa: BLE001 - reported by readiness and the log
             readiness.status, readiness.error = FAILED, f"trunk failed to load: {exc}"
             log.error("%s", readiness.error, exc_info=exc)
+            await asyncio.wait([preload])
+            if not preload.cancelled() and preload.exception() is not None:
+                log.error("head preload failed too: %s", preload.exception())
+            return
+        try:
+            await preload
+        except Exception as exc:  # noqa: BLE001 - reported by readiness and the log
+            readiness.status, readiness.error = FAILED, f"head preload failed: {exc}"
+            log.error("%s", readiness.error, exc_info=not isinstance(exc, PreloadError))
+            return
+        readiness.timings["ready_s"] = time.monotonic() - readiness.started_s
+        readiness.status = READY
+        log.info("ready: trunk %s (%s) in %.1fs", self.trunk.checkpoint_prefix, self.trunk_kind,
+                 readiness.timings["ready_s"])
+
+    async def _bring_up_trunk(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Import, build, restore and warm the trunk, then start the engine."""
+        settings, readiness = self.settings, self.readiness
+        trunk = self._given_trunk
+        if trunk is None:
+            from backbone.checkpoint import default_trunk_checkpoint
+
+            start = time.perf_counter()
+            await loop.run_in_executor(None, import_tensorflow, settings.device)
+            readiness.timings["import_s"] = time.perf_counter() - start
+            from backbone import Trunk
+
+            prefix = settings.trunk_checkpoint or default_trunk_checkpoint(settings.store)
+            self.trunk_kind = trunk_kind(prefix)
+            # Next to the trunk checkpoint: <store>/trunk/graph_cache for the store's own trunk.
+            cache_dir = Path(prefix).parent / "graph_cache" if settings.graph_cache else None
+            trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
+                prefix, device=settings.device, warmup_batch_sizes=(),
+                graph_cache_dir=cache_dir, precision=settings.precision,
+                runtime=settings.runtime))
+            readiness.timings.update(build_s=trunk.timings.build_s,
+                                     restore_s=trunk.timings.restore_s,
+                                     compile_s=trunk.timings.compile_s)
+        self.trunk = trunk
+        self.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
+        self.metrics.set_trunk(device=trunk.device,
+                               runtime=getattr(trunk, "runtime", "tf"),
+                               precision=getattr(trunk, "precision", "fp32"))
+        start = time.perf_counter()
+        if settings.warmup:
+            for size in warmup_batch_sizes(settings.max_batch_size, trunk.device):
+                batch = np.zeros((size, *INPUT.shape), np.float32)
+                await loop.run_in_executor(None, trunk.features, batch)
+        readiness.timings["warmup_s"] = time.perf_counter() - start
+        self.engine = Engine(trunk, settings, self.metrics)
+        await self.engine.batcher.start()
 
     async def close(self) -> None:
         """Waits for a running bring-up, drains the engine, closes the store and the trunk."""
@@ -199,11 +346,18 @@ class Service:
 
     def readiness_report(self) -> dict[str, Any]:
         """The one description of readiness: status, trunk, timings (and error if failed)."""
-        r = self.readiness
+        r, p = self.readiness, self.preloaded
+        heads: dict[str, Any] = {"pinned": list(self.settings.pinned_bots),
+                                 "preloaded": len(p.preloaded)}
+        if p.skipped:
+            heads["preload_skipped"] = len(p.skipped)
         body: dict[str, Any] = {"status": r.status, "trunk": self.trunk_info(),
-                                "timings": {k: round(v, 3) for k, v in r.timings.items()}}
+                                "timings": {k: round(v, 3) for k, v in r.timings.items()},
+                                "heads": heads}
         if r.error:
             body["error"] = r.error
+        if self.identity:
+            body["replica"] = dict(self.identity)
         return body
 
     # -- the store, off the event loop -----------------------------------------------------------
@@ -221,6 +375,8 @@ class Service:
         # replaced or removed while it waits in the queue.
         try:
             return await self._lookup(self.store.get, bot_id)
+        except StoreUnavailable:
+            raise  # the database is down and the head is not resident: 503, retry
         except HeadLoadError as exc:
             log.error("bot %r cannot be loaded: %s", bot_id, exc)
             raise HeadUnavailable(f"bot '{bot_id}' is registered but its head cannot be "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backbone.precision import PRECISIONS, RUNTIMES
+from heads import InvalidBotId, validate_bot_id
 from service.batcher import POLICIES as BATCH_POLICIES
 
 # Fields whose value is one of a few names: validated, and offered as choices by the flags.
@@ -54,9 +55,23 @@ class Settings:
 
     host: str = field(default="127.0.0.1", metadata=_help("address to listen on"))
     port: int = field(default=8080, metadata=_help("TCP port to listen on (0 picks a free port)"))
+    grpc_port: int | None = field(
+        default=None,
+        metadata=_help(
+            "TCP port of the gRPC listener on --host: KServe v2 / Triton GRPCInferenceService "
+            "and TF Serving PredictionService + ModelService, same engine and batcher as HTTP "
+            "(8001 is Triton's convention; 0 picks a free port). Unset: no gRPC, since it is "
+            "one more listener to expose and secure and needs the grpc extra "
+            "(pip install 'multihead[grpc]')"
+        ),
+    )
     store: str = field(
         default="checkpoints",
-        metadata=_help("store directory holding trunk/ and heads/ (the registered bots)"),
+        metadata=_help(
+            "the registered bots: a store directory (holding trunk/ and heads/), or a "
+            "postgresql://user@host:port/db URL shared by many processes and machines (then "
+            "--trunk-checkpoint is required)"
+        ),
     )
     trunk_checkpoint: str | None = field(
         default=None,
@@ -77,7 +92,8 @@ class Settings:
         default="tf",
         metadata=_help(
             "trunk runtime: tf; openvino (CPU, compiled in-process from the same restored "
-            "tf-slim graph, cached in <store>/trunk/graph_cache; needs the openvino extra); "
+            "tf-slim graph, cached in graph_cache/ next to the trunk checkpoint; needs the "
+            "openvino extra); "
             "auto = openvino on a CPU when installed, else tf"
         ),
     )
@@ -167,9 +183,83 @@ class Settings:
     graph_cache: bool = field(
         default=True,
         metadata=_help(
-            "keep the built trunk graph in <store>/trunk/graph_cache and re-import it on the "
+            "keep the built trunk graph in graph_cache/ next to the trunk checkpoint "
+            "(<store>/trunk/graph_cache for the store's own trunk) and re-import it on the "
             "next start instead of rebuilding it with tf-slim (restarts in seconds)"
         ),
+    )
+    # -- hot bots: heads resident before ready ---------------------------------------------
+    pin: str | None = field(
+        default=None,
+        metadata=_help(
+            "bots whose heads are loaded before /readyz says ready and never evicted, "
+            "comma-separated (a,b,c); serve refuses to start if one is not registered"
+        ),
+    )
+    preload: int = field(
+        default=0,
+        metadata=_help(
+            "load the heads of the N most recently registered bots before ready (after the "
+            "pinned ones, as many as fit in heads_memory_mb); unlike pinned ones they stay "
+            "evictable"
+        ),
+    )
+
+    # -- more than one process: Ray Serve (`multihead serve --ray`; see service/ray_serve.py) --
+    ray: bool = field(
+        default=False,
+        metadata=_help(
+            "serve through Ray Serve: --replicas processes, each with its own trunk and "
+            "batcher, behind Ray's HTTP proxy on --host/--port (needs the ray extra; no "
+            "WebSocket route or web page there)"
+        ),
+    )
+    replicas: int = field(
+        default=1, metadata=_help("Ray Serve replicas (a fixed count; see --max-replicas)")
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=_help(
+            "Ray cluster to deploy to (e.g. auto, or ray://head:10001); unset starts a local "
+            "Ray for this process"
+        ),
+    )
+    min_replicas: int | None = field(
+        default=None,
+        metadata=_help("autoscaling: fewest replicas (unset: --replicas); with --max-replicas"),
+    )
+    max_replicas: int | None = field(
+        default=None,
+        metadata=_help(
+            "autoscaling: most replicas; set, it turns Ray Serve's autoscaling on between "
+            "--min-replicas and this, driven by --target-ongoing-requests"
+        ),
+    )
+    target_ongoing_requests: float = field(
+        default=16.0,
+        metadata=_help("autoscaling: requests in flight per replica that Ray aims at"),
+    )
+    max_ongoing_requests: int = field(
+        default=64,
+        metadata=_help(
+            "requests one Ray replica takes at once (Ray's own default of 5 would starve the "
+            "cross-bot batcher); beyond it Ray's proxy queues them"
+        ),
+    )
+    ingress_replicas: int = field(
+        default=1,
+        metadata=_help(
+            "Ray Serve ingress replicas: light processes (no TensorFlow) that take requests "
+            "from Ray's proxy and hand them to the model replicas, retrying on another replica "
+            "when one dies mid-request"
+        ),
+    )
+    replica_cpus: float = field(
+        default=1.0, metadata=_help("CPUs Ray reserves for each replica")
+    )
+    replica_gpus: float = field(
+        default=0.0,
+        metadata=_help("GPUs Ray reserves for each replica; a fraction shares one GPU"),
     )
 
     def __post_init__(self) -> None:
@@ -185,6 +275,12 @@ class Settings:
         _at_least("port", self.port, 0)
         if self.port > 65535:
             raise InvalidSettings(f"port must be <= 65535, got {self.port}")
+        if self.grpc_port is not None:
+            _at_least("grpc_port", self.grpc_port, 0)
+            if self.grpc_port > 65535:
+                raise InvalidSettings(f"grpc_port must be <= 65535, got {self.grpc_port}")
+            if self.grpc_port == self.port and self.port != 0:
+                raise InvalidSettings(f"grpc_port must differ from port ({self.port})")
         if not self.host:
             raise InvalidSettings("host must not be empty")
         if not self.store:
@@ -228,12 +324,34 @@ class Settings:
                 raise InvalidSettings(f"{name} must be one of {', '.join(choices)}, got "
                                       f"{getattr(self, name)!r}")
         _at_least("metrics_top_bots", self.metrics_top_bots, 0)
+        for bot_id in self.pinned_bots:
+            try:
+                validate_bot_id(bot_id)
+            except InvalidBotId as exc:
+                raise InvalidSettings(f"pin: {exc}") from None
+        _at_least("preload", self.preload, 0)
+        _at_least("replicas", self.replicas, 1)
+        _at_least("ingress_replicas", self.ingress_replicas, 1)
+        if self.min_replicas is not None:
+            _at_least("min_replicas", self.min_replicas, 0)
+        if self.max_replicas is not None:
+            low = self.min_replicas if self.min_replicas is not None else self.replicas
+            _at_least("max_replicas", self.max_replicas, max(1, low))
+        _positive("target_ongoing_requests", self.target_ongoing_requests)
+        _at_least("max_ongoing_requests", self.max_ongoing_requests, 1)
+        _at_least("replica_cpus", self.replica_cpus, 0)
+        _at_least("replica_gpus", self.replica_gpus, 0)
 
     # -- derived values ---------------------------------------------------------------------
 
     @property
     def admin_enabled(self) -> bool:
         return self.admin_token is not None
+
+    @property
+    def pinned_bots(self) -> tuple[str, ...]:
+        """The bot ids of `pin`, in order, without duplicates."""
+        return _bot_ids(self.pin or "")
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (validated again)."""
@@ -284,6 +402,27 @@ class Settings:
                 if value is not None:
                     values[name] = value
         return cls(**values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any],
+                     environ: Mapping[str, str] = os.environ) -> Settings:
+        """As `from_env_and_args`, with the flags given as a mapping of field name -> value
+        (a Ray Serve config's `args`); text is parsed as its environment variable would be.
+        Unknown names are refused."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise InvalidSettings(f"unknown setting(s): {', '.join(unknown)}")
+        given: dict[str, Any] = {}
+        for name, value in values.items():
+            if isinstance(value, str):
+                try:
+                    value = _parse(value, names[name].type)
+                except ValueError as exc:
+                    shown = "***" if name == "admin_token" else repr(value)
+                    raise InvalidSettings(f"{name}={shown}: {exc}") from None
+            given[name] = value
+        return cls.from_env_and_args(argparse.Namespace(**given), environ)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -383,6 +522,11 @@ def _at_least(name: str, value: float, low: float) -> None:
 def _positive(name: str, value: float) -> None:
     if value != value or value <= 0:
         raise InvalidSettings(f"{name} must be > 0, got {value}")
+
+
+def _bot_ids(text: str) -> tuple[str, ...]:
+    """`"a, b,,a"` -> `("a", "b")`."""
+    return tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
 
 
 def _valid_device(device: str) -> bool:

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from heads.backend import redact_url
 from service.cli.options import (
     features_option,
     store_dir,
@@ -178,7 +179,7 @@ def cmd_register(args: argparse.Namespace) -> int:
             version = store.register_from_slim(bot_id, args.from_slim_checkpoint, labels,
                                                serving_trunk_prefix=serving, force=args.force)
     print(f"registered bot '{bot_id}' version {version} ({len(labels)} classes) "
-          f"in {store_dir(args)}")
+          f"in {redact_url(store_dir(args))}")
     return 0
 
 
@@ -222,7 +223,7 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
         version = store.register(bot_id, result.weights, result.biases, result.labels,
                                  source=f"train:{os.path.abspath(args.images)}")
     print(f"registered bot '{bot_id}' version {version} ({len(result.labels)} classes) "
-          f"in {store_dir(args)}")
+          f"in {redact_url(store_dir(args))}")
     return 0
 
 
@@ -256,7 +257,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps([b.to_dict() for b in bots], indent=2))
         return 0
     if not bots:
-        print(f"no bots registered in {store_dir(args)}")
+        print(f"no bots registered in {redact_url(store_dir(args))}")
         return 0
     rows = [("BOT", "VERSION", "CLASSES", "VERSIONS", "CREATED", "SOURCE")]
     rows += [(b.bot_id, str(b.version), str(b.n_classes), ",".join(map(str, b.versions)),

@@ -8,6 +8,7 @@ import time
 from service.cli.options import features_option, store_dir, store_option, trunk_kwargs
 from service.demo import PER_CLASS, ensure_demo
 from service.demo_images import KINDS
+from service.settings import InvalidSettings
 
 
 def add_commands(sub) -> None:
@@ -30,6 +31,9 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.per_class < 5:
         args._parser.error("--per-class must be >= 5")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if "://" in store_dir(args):
+        raise InvalidSettings("the demo writes a trunk, images and bots into a store "
+                              "directory: give --store a directory, not a URL")
     start = time.perf_counter()
     bots = ensure_demo(store_dir(args), per_class=args.per_class, trunk_kwargs=trunk_kwargs(args))
     for bot in bots:

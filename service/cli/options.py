@@ -17,9 +17,10 @@ def store_option() -> argparse.ArgumentParser:
     """Parent parser with `--store DIR` (default: $MULTIHEAD_STORE, else 'checkpoints')."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
-        "--store", metavar="DIR", default=None,
-        help=f"store directory holding trunk/ and the registered bots (default: ${STORE_ENV}, "
-             f"else '{DEFAULT_STORE}')")
+        "--store", metavar="DIR|URL", default=None,
+        help=f"the registered bots: a store directory (holding trunk/ and heads/) or a "
+             f"postgresql://user@host:port/db URL (default: ${STORE_ENV}, else "
+             f"'{DEFAULT_STORE}')")
     return parent
 
 

@@ -7,6 +7,7 @@ import os
 import threading
 
 from backbone.tfimport import import_tensorflow
+from service.errors import ServiceError
 from service.settings import Settings
 
 
@@ -20,7 +21,9 @@ def add_commands(sub) -> None:
             "variable named in its help (flags win). Without --trunk-checkpoint the store's "
             "trunk is used: <store>/trunk/inception_v4.ckpt (the official checkpoint) if "
             "present, else <store>/trunk/demo_inception_v4.ckpt (written by `multihead demo`); "
-            "with neither, serve refuses to start."),
+            "with neither, serve refuses to start. With --ray the same service runs as "
+            "--replicas processes on Ray Serve behind Ray's HTTP proxy (a postgresql:// "
+            "--store lets replicas on several machines share the bots)."),
     )
     Settings.add_arguments(parser)
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
@@ -67,17 +70,44 @@ def check_precision_and_runtime(settings: Settings) -> None:
         resolve_runtime(settings.runtime, device="/CPU:0", openvino=openvino_available())
 
 
+def require_pinned_bots(settings: Settings) -> None:
+    """Refuses at start (PreloadError, one line) a `--pin` naming a bot the store does not have:
+    the service could never become ready."""
+    if not settings.pinned_bots:
+        return
+    from heads import HeadStore
+    from heads.backend import redact_url
+    from service.runtime import check_pinned_bots
+
+    with HeadStore(settings.store) as store:
+        check_pinned_bots(store, settings.pinned_bots,
+                          where=f"store '{redact_url(settings.store)}'")
+
+
 def run_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env_and_args(args)
-    require_trunk(settings)
-    check_precision_and_runtime(settings)
+    if not (settings.ray and settings.ray_address):
+        # NOTE: on a Ray cluster the replicas find the trunk on their own machines, and the
+        # CPU they run on is theirs: their bring-up reports either failing.
+        require_trunk(settings)
+        check_precision_and_runtime(settings)
+    require_pinned_bots(settings)
     # Start importing TensorFlow (about 3 s) at once, beside the rest of start-up; the trunk
     # build waits for it through the import lock.
-    threading.Thread(target=import_tensorflow, args=(settings.device,), daemon=True,
-                     name="multihead-import-tf").start()
-    from service.app import run_app  # aiohttp: imported only by the command that serves
-
+    if not settings.ray:  # under Ray the replicas import it, not this process
+        threading.Thread(target=import_tensorflow, args=(settings.device,), daemon=True,
+                         name="multihead-import-tf").start()
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.ray:
+        try:
+            from service import ray_serve
+        except ImportError as exc:
+            raise ServiceError(f"--ray needs Ray Serve ({exc.name} is missing): "
+                               f"pip install 'multihead[ray]'") from None
+        ray_serve.run(settings)
+        return 0
+    from service.app import run_app  # aiohttp: imported only by the command that serves
+
     run_app(settings)
     return 0

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.codecs.base import Endpoint, Reply, Request, json_reply
-from service.codecs.common import is_number
+from heads import HeadsError
+from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
+from service.codecs.common import BOT_ID_SCHEMA, is_number
 from service.codecs.native import Part, parse_multipart
 from service.errors import BadRequest, UnsupportedMediaType
 
@@ -64,7 +65,10 @@ def parse_head_upload(parts: list[Part]) -> HeadUpload:
 
 
 def register_upload(store, bot_id: str, upload: HeadUpload) -> int:
-    """Writes the upload to a temporary directory and registers it. Blocking: a worker thread."""
+    """Writes the upload to a temporary directory and registers it. Blocking: a worker thread.
+
+    A refusal's message names the uploaded parts, never the server's temporary files.
+    """
     with tempfile.TemporaryDirectory(prefix="multihead-upload-") as tmp:
         prefix = Path(tmp) / "head.ckpt"
         Path(f"{prefix}.index").write_bytes(upload.index)
@@ -72,19 +76,37 @@ def register_upload(store, bot_id: str, upload: HeadUpload) -> int:
             Path(f"{prefix}{shard}").write_bytes(data)
         labels_path = Path(tmp) / "labels.txt"
         labels_path.write_bytes(upload.labels)
-        return store.register_checkpoint(bot_id, prefix, labels_path, source="http",
-                                         **upload.names)
+        try:
+            return store.register_checkpoint(bot_id, prefix, labels_path, source="http",
+                                             **upload.names)
+        except HeadsError as exc:
+            message = str(exc)
+            for path, name in ((labels_path, "<labels part>"),
+                               (prefix, "<uploaded checkpoint>"), (tmp, "<upload>")):
+                message = message.replace(f"'{path}'", name).replace(str(path), name)
+            if message != str(exc):
+                exc.args = (message,)  # same class, so the same status and code
+            raise
+
+
+def render_info(service: Service, info) -> dict:
+    """A bot's public description: the registry's view (no training source: a server path) and
+    whether it is pinned (its head always resident)."""
+    return {**info.to_dict(with_source=False),
+            "pinned": info.bot_id in service.settings.pinned_bots}
 
 
 async def list_bots(service: Service, request: Request) -> Reply:
     infos = await service.bots()
+    pinned = service.settings.pinned_bots
     return json_reply({"bots": [
-        {"bot_id": i.bot_id, "version": i.version, "n_classes": i.n_classes} for i in infos]})
+        {"bot_id": i.bot_id, "version": i.version, "n_classes": i.n_classes,
+         "pinned": i.bot_id in pinned} for i in infos]})
 
 
 async def show_bot(service: Service, request: Request) -> Reply:
     info = await service.info(request.params["bot_id"])
-    return json_reply(info.to_dict(with_source=False))
+    return json_reply(render_info(service, info))
 
 
 async def put_bot(service: Service, request: Request) -> Reply:
@@ -97,7 +119,7 @@ async def put_bot(service: Service, request: Request) -> Reply:
     upload = parse_head_upload(parts)
     version = await service.run_blocking(register_upload, service.store, bot_id, upload)
     info = await service.info(bot_id)
-    return json_reply(info.to_dict(with_source=False), status=201 if version == 1 else 200)
+    return json_reply(render_info(service, info), status=201 if version == 1 else 200)
 
 
 async def delete_bot(service: Service, request: Request) -> Reply:
@@ -113,17 +135,83 @@ async def rollback_bot(service: Service, request: Request) -> Reply:
         raise BadRequest(f"to must be a version number, got '{to[:32]}'")
     await service.run_blocking(service.store.rollback, bot_id, int(to) if to else None)
     info = await service.info(bot_id)
-    return json_reply(info.to_dict(with_source=False))
+    return json_reply(render_info(service, info))
 
+
+# -- API description ---------------------------------------------------------------------------
+
+_PINNED = {"type": "boolean",
+           "description": "pinned with `--pin`: its head is always resident (never evicted)"}
+BOT_SUMMARY_SCHEMA = {
+    "title": "BotSummary", "type": "object", "additionalProperties": False,
+    "required": ["bot_id", "version", "n_classes", "pinned"],
+    "properties": {"bot_id": {"type": "string"},
+                   "version": {"type": "integer", "minimum": 1,
+                               "description": "the active version"},
+                   "n_classes": {"type": "integer", "minimum": 1},
+                   "pinned": _PINNED}}
+BOT_INFO_SCHEMA = {
+    "title": "BotInfo", "type": "object", "additionalProperties": False,
+    "required": ["bot_id", "version", "n_classes", "labels", "created", "versions", "pinned"],
+    "properties": {
+        "bot_id": {"type": "string"},
+        "version": {"type": "integer", "minimum": 1, "description": "the active version"},
+        "n_classes": {"type": "integer", "minimum": 1},
+        "labels": {"type": "array", "items": {"type": "string"},
+                   "description": "the active version's labels, in class index order"},
+        "created": {"type": "string", "description": "when the active version was registered "
+                                                      "(ISO 8601, UTC)"},
+        "versions": {"type": "array", "items": {"type": "integer", "minimum": 1},
+                     "description": "every version still on disk, ascending"},
+        "pinned": _PINNED}}
+_BINARY = {"type": "string", "format": "binary"}
+HEAD_UPLOAD_BODY = Body(
+    content={"multipart/form-data": {
+        "type": "object", "required": ["index", "data", "labels"],
+        "properties": {
+            "index": {**_BINARY, "description": "the checkpoint's `.index` file (or any part "
+                                                "whose file name ends in `.index`)"},
+            "data": {**_BINARY, "description": "the checkpoint's `.data-00000-of-00001` file "
+                                               "(or parts whose file names hold `.data-`)"},
+            "labels": {**_BINARY, "description": "the labels, one per line, in class order"},
+            "weights_name": {"type": "string",
+                             "description": "the weights variable (default: found by shape)"},
+            "biases_name": {"type": "string",
+                            "description": "the biases variable (default: found by shape)"}}}},
+    description="a TF checkpoint of the head (weights [1536, n], biases [n]) and its labels",
+)
 
 ENDPOINTS = [
-    Endpoint("GET", "/bots", "list_bots", list_bots, summary="every registered bot"),
+    Endpoint("GET", "/bots", "list_bots", list_bots, summary="every registered bot", tag="bots",
+             answers={200: json_answer("the bots, ordered by id", {
+                 "type": "object", "additionalProperties": False, "required": ["bots"],
+                 "properties": {"bots": {"type": "array", "items": BOT_SUMMARY_SCHEMA}}})}),
     Endpoint("GET", "/bots/{bot_id}", "show_bot", show_bot,
-             summary="one bot: active version, labels, versions"),
+             summary="one bot: active version, labels, versions", tag="bots",
+             path_params={"bot_id": BOT_ID_SCHEMA},
+             answers={200: json_answer("the bot", BOT_INFO_SCHEMA)}, errors=(400, 404)),
     Endpoint("PUT", "/bots/{bot_id}", "put_bot", put_bot, admin=True,
-             summary="register a new version of a bot from an uploaded head checkpoint"),
+             summary="register a new version of a bot from an uploaded head checkpoint",
+             tag="bots", path_params={"bot_id": BOT_ID_SCHEMA}, body=HEAD_UPLOAD_BODY,
+             answers={201: json_answer("a new bot, registered as version 1", BOT_INFO_SCHEMA),
+                      200: json_answer("a new version of the bot, now active",
+                                       BOT_INFO_SCHEMA)},
+             errors=(400, 415, 422)),
     Endpoint("DELETE", "/bots/{bot_id}", "delete_bot", delete_bot, admin=True,
-             summary="unregister a bot and delete its versions"),
+             summary="unregister a bot and delete its versions", tag="bots",
+             path_params={"bot_id": BOT_ID_SCHEMA},
+             answers={200: json_answer("the bot is gone", {
+                 "type": "object", "additionalProperties": False,
+                 "required": ["bot_id", "removed"],
+                 "properties": {"bot_id": {"type": "string"},
+                                "removed": {"type": "boolean", "enum": [True]}}})},
+             errors=(400, 404)),
     Endpoint("POST", "/bots/{bot_id}/rollback", "rollback_bot", rollback_bot, admin=True,
-             summary="make an earlier version of a bot active (?to=N)"),
+             summary="make an earlier version of a bot active (?to=N)", tag="bots",
+             path_params={"bot_id": BOT_ID_SCHEMA},
+             params=(Param("to", "query", {"type": "integer", "minimum": 0},
+                           "the version to make active (default: the one before the active "
+                           "version)"),),
+             answers={200: json_answer("the bot, its active version changed", BOT_INFO_SCHEMA)},
+             errors=(400, 404)),
 ]

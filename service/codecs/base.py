@@ -82,6 +82,71 @@ def error_reply(exc: BaseException) -> Reply:
 
 Handler = Callable[["Service", Request], Awaitable[Reply]]
 
+# -- the API description of an endpoint (OpenAPI 3.0 schema objects, as plain data) ------------
+#
+# Every endpoint carries what `service.codecs.openapi` needs to describe it: its parameters, its
+# request body, its answers and the statuses it answers with the JSON error body. Schemas are
+# OpenAPI 3.0 schema objects (dicts); one with a "title" becomes a named component.
+
+Schema = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A query or header parameter (path parameters come from the route template, their schema
+    from `Endpoint.path_params`).
+
+    Attributes:
+        name: the parameter's name (a header name in its usual spelling).
+        location: "query" or "header".
+        schema: its OpenAPI schema.
+        description: one sentence for the API description.
+        required: whether a request must carry it.
+    """
+
+    name: str
+    location: str
+    schema: Schema
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Body:
+    """The request body an endpoint reads.
+
+    Attributes:
+        content: media type (or range, `image/*`) -> schema of the body in that type.
+        description: what the body holds.
+        required: whether a request must have one.
+        encoding: multipart media type -> part name -> OpenAPI encoding object
+            (e.g. `{"contentType": "image/*"}`).
+    """
+
+    content: Mapping[str, Schema]
+    description: str = ""
+    required: bool = True
+    encoding: Mapping[str, Mapping[str, Schema]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One documented answer of an endpoint (an error answer is listed in `Endpoint.errors`).
+
+    Attributes:
+        description: when it is sent.
+        content: media type -> schema of the body (empty: no body).
+        headers: header name -> (description, required).
+    """
+
+    description: str
+    content: Mapping[str, Schema] = field(default_factory=dict)
+    headers: Mapping[str, tuple[str, bool]] = field(default_factory=dict)
+
+
+def json_answer(description: str, schema: Schema) -> Answer:
+    return Answer(description, {JSON: schema})
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -94,6 +159,18 @@ class Endpoint:
         handle: parse -> service call -> render.
         admin: needs the admin bearer token (checked by `dispatch`, before `handle`).
         summary: one line for the API description.
+
+    What the API description (`service.codecs.openapi`) says of it, besides the above (none of
+    it changes how a request is handled):
+        tag: the protocol it belongs to (groups operations).
+        description: longer text (Markdown).
+        path_params: path parameter name -> its schema (default: a non-empty string).
+        params: its query and header parameters.
+        body: the request body it reads, or None.
+        answers: status -> the answer with that status (the 2xx ones, and any non-error
+            answer such as `/readyz`'s 503).
+        errors: statuses it answers with the JSON error body (401 and 403 of an admin endpoint,
+            413 and 503 of one with a body are added by the description).
     """
 
     method: str
@@ -102,6 +179,13 @@ class Endpoint:
     handle: Handler
     admin: bool = False
     summary: str = ""
+    tag: str = ""
+    description: str = field(default="", compare=False)
+    path_params: Mapping[str, Schema] = field(default_factory=dict, compare=False)
+    params: tuple[Param, ...] = field(default=(), compare=False)
+    body: Body | None = field(default=None, compare=False)
+    answers: Mapping[int, Answer] = field(default_factory=dict, compare=False)
+    errors: tuple[int, ...] = field(default=(), compare=False)
 
 
 async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Reply:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from heads import BotInfo, Head, UnknownVersion
-from service.codecs.base import Request
+from service.codecs.base import Param, Request
 from service.engine import Images, Prediction
 from service.errors import BadRequest
 
@@ -21,6 +21,21 @@ if TYPE_CHECKING:  # pragma: no cover
 # A bot id as a path parameter of the interop routes: no '/', no ':' (TF Serving's `:predict`).
 BOT_PARAM = "{bot_id:[^{}/:]+}"
 VERSION_PARAM = "{version:[^{}/:]+}"
+
+# -- what the API description says of the shared parameters ------------------------------------
+
+# What `heads.validate_bot_id` accepts (a test keeps the two in step); any other id is a 400.
+BOT_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+BOT_ID_SCHEMA = {"type": "string", "pattern": BOT_ID_PATTERN,
+                 "description": "a bot id: 1-64 characters from A-Z a-z 0-9 . _ -, starting with "
+                                "a letter or digit"}
+VERSION_SCHEMA = {"type": "string", "pattern": "^[0-9]{1,18}$",
+                  "description": "a version number; only the bot's active version is served "
+                                 "(any other: 404)"}
+MODEL_PATH_PARAMS = {"bot_id": BOT_ID_SCHEMA, "version": VERSION_SCHEMA}
+TOP_K = Param("top_k", "query", {"type": "integer", "minimum": 1},
+              "labels per image, best first (default: the server's `top_k_default`; at most "
+              "the bot's number of classes are listed)")
 
 
 def model_paths(prefix: str) -> list[tuple[str, str]]:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import multipart
 
-from service.codecs.base import Endpoint, Reply, Request, json_reply
-from service.codecs.common import parse_top_k
+from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
+from service.codecs.common import BOT_ID_PATTERN, BOT_ID_SCHEMA, TOP_K, parse_top_k
 from service.engine import Images, Prediction
 from service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
@@ -153,9 +153,60 @@ async def classify_many(service: Service, request: Request) -> Reply:
         head.bot_id: render_bot_result([r[j] for r in results]) for j, head in enumerate(heads)}})
 
 
+# -- API description ---------------------------------------------------------------------------
+
+_BINARY = {"type": "string", "format": "binary"}
+IMAGES_BODY = Body(
+    content={
+        "image/*": {**_BINARY, "description": "one encoded image (JPEG, PNG, WebP, ...)"},
+        "application/octet-stream": {**_BINARY, "description": "one encoded image"},
+        "multipart/form-data": {
+            "type": "object", "required": [IMAGE_FIELD],
+            "properties": {IMAGE_FIELD: {"type": "array", "items": _BINARY, "minItems": 1,
+                                         "description": "the images, in answer order (parts "
+                                                        "of other names are ignored)"}}},
+    },
+    description="the image as the whole body, or several as multipart/form-data parts named "
+                f"'{IMAGE_FIELD}' (at most `max_images_per_request`)",
+    encoding={"multipart/form-data": {IMAGE_FIELD: {"contentType": "image/*"}}},
+)
+PREDICTION_SCHEMA = {
+    "title": "Prediction", "type": "object", "additionalProperties": False,
+    "required": ["label", "score"],
+    "properties": {"label": {"type": "string"},
+                   "score": {"type": "number", "minimum": 0, "maximum": 1}}}
+BOT_RESULT_SCHEMA = {
+    "title": "BotResult", "type": "object", "additionalProperties": False,
+    "description": "one bot's answers for the images of a request, in upload order",
+    "required": ["bot_id", "version", "results"],
+    "properties": {
+        "bot_id": {"type": "string"},
+        "version": {"type": "integer", "minimum": 1},
+        "results": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["predictions"],
+            "properties": {"predictions": {"type": "array", "items": PREDICTION_SCHEMA}}}}}}
+_CLASSIFY_ERRORS = (400, 404, 413, 415, 500, 503, 504)
+_BOTS_PATTERN = BOT_ID_PATTERN.strip("^$")
+
 ENDPOINTS = [
     Endpoint("POST", "/classify/{bot_id}", "classify", classify_one,
-             summary="classify the uploaded image(s) with one bot"),
+             summary="classify the uploaded image(s) with one bot", tag="native",
+             path_params={"bot_id": BOT_ID_SCHEMA}, params=(TOP_K,), body=IMAGES_BODY,
+             answers={200: json_answer("the bot's top labels for each image", BOT_RESULT_SCHEMA)},
+             errors=_CLASSIFY_ERRORS),
     Endpoint("POST", "/classify", "classify_many", classify_many,
-             summary="classify the uploaded image(s) with every bot of ?bots=a,b"),
+             summary="classify the uploaded image(s) with every bot of ?bots=a,b", tag="native",
+             description="Each image runs through the trunk once, whatever the number of bots.",
+             params=(Param("bots", "query",
+                           {"type": "string",
+                            "pattern": f"^{_BOTS_PATTERN}(,{_BOTS_PATTERN}){{0,"
+                                       f"{MAX_BOTS_PER_REQUEST - 1}}}$"},
+                           f"the bots, comma-separated (at most {MAX_BOTS_PER_REQUEST})",
+                           required=True), TOP_K),
+             body=IMAGES_BODY,
+             answers={200: json_answer("each bot's top labels for each image", {
+                 "type": "object", "additionalProperties": False, "required": ["results"],
+                 "properties": {"results": {"type": "object",
+                                            "additionalProperties": BOT_RESULT_SCHEMA}}})},
+             errors=_CLASSIFY_ERRORS),
 ]

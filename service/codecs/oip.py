@@ -20,6 +20,7 @@ $string}` plus a field clients ignore.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,8 +29,19 @@ import numpy as np
 
 from backbone.spec import INPUT
 from heads import Head, top_indices
-from service.codecs.base import Endpoint, Reply, Request, json_reply
+from service.codecs.base import (
+    JSON,
+    Answer,
+    Body,
+    Endpoint,
+    Param,
+    Reply,
+    Request,
+    json_answer,
+    json_reply,
+)
 from service.codecs.common import (
+    MODEL_PATH_PARAMS,
     active_head,
     active_info,
     b64decode,
@@ -126,7 +138,8 @@ def _input_images(spec: Any, binary: bytes, offset: int) -> tuple[Images, int]:
     datatype, shape = spec.get("datatype"), spec.get("shape")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise BadRequest(f"{where} needs a 'shape' of non-negative integers")
-    count = int(np.prod(shape, dtype=np.int64))
+    # NOTE: the element count is computed only once the rank is checked (at most 4 dims), in
+    # Python integers: np.prod overflows int64 (or raises) on shapes a client may send.
     params = _parameters(spec, where)
     size = params.get("binary_data_size")
     raw = None
@@ -147,6 +160,7 @@ def _input_images(spec: Any, binary: bytes, offset: int) -> tuple[Images, int]:
         if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
             raise BadRequest(f"{where}: a BYTES input holds one encoded image per element, shape "
                              f"[N] or [N, 1]; got {shape}")
+        count = math.prod(shape)
         if raw is not None:
             encoded = _split_bytes_elements(raw, where)
         else:
@@ -163,6 +177,7 @@ def _input_images(spec: Any, binary: bytes, offset: int) -> tuple[Images, int]:
         if tuple(shape[1:]) != ARRAY_SHAPE or len(shape) != 4:
             raise BadRequest(f"{where}: an FP32 input is preprocessed images of shape "
                              f"{_SHAPE_TEXT}, got {shape}")
+        count = math.prod(shape)
         if raw is not None:
             if len(raw) != count * 4:
                 raise BadRequest(f"{where}: binary_data_size is {len(raw)} bytes, shape {shape} "
@@ -321,26 +336,135 @@ async def infer(service: Service, request: Request) -> Reply:
                  {HEADER_LENGTH: str(len(header))})
 
 
+# -- API description ---------------------------------------------------------------------------
+
+_TENSOR_METADATA = {
+    "title": "OipTensorMetadata", "type": "object", "required": ["name", "datatype", "shape"],
+    "properties": {"name": {"type": "string"}, "datatype": {"type": "string"},
+                   "shape": {"type": "array", "items": {"type": "integer"}}}}
+_BINARY_SIZE = {"binary_data_size": {"type": "integer", "minimum": 0,
+                                     "description": "bytes of this tensor after the JSON header "
+                                                    "(binary tensor extension)"}}
+INFER_REQUEST_SCHEMA = {
+    "title": "OipInferenceRequest", "type": "object", "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": {"type": "object", "properties": {
+            "binary_data_output": {"type": "boolean",
+                                   "description": "every output as binary data by default"}}},
+        "inputs": {
+            "type": "array", "minItems": 1, "maxItems": 1,
+            "description": f"one input: {BYTES_INPUT!r} BYTES [N] (encoded images, base64 in "
+                           f"JSON) or {ARRAY_INPUT!r} FP32 {_SHAPE_TEXT} (preprocessed to "
+                           "[-1, 1]); any name, recognised by its datatype",
+            "items": {"type": "object", "required": ["name", "datatype", "shape"],
+                      "properties": {
+                          "name": {"type": "string"},
+                          "datatype": {"type": "string", "enum": ["BYTES", "FP32"]},
+                          "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                          "data": {"type": "array",
+                                   "description": "flat or nested (row-major): base64 strings "
+                                                  "(BYTES) or numbers (FP32)"},
+                          "parameters": {"type": "object", "properties": _BINARY_SIZE}}}},
+        "outputs": {
+            "type": "array", "minItems": 1,
+            "items": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string", "enum": [OUTPUT]},
+                "parameters": {"type": "object", "properties": {
+                    "binary_data": {"type": "boolean"},
+                    "classification": {"type": "integer", "minimum": 1,
+                                       "description": "the top k as 'score:index:label' "
+                                                      "strings (classification extension)"}}}}}},
+        }}
+INFER_RESPONSE_SCHEMA = {
+    "title": "OipInferenceResponse", "type": "object",
+    "required": ["model_name", "model_version", "outputs"],
+    "properties": {
+        "model_name": {"type": "string"}, "model_version": {"type": "string"},
+        "id": {"type": "string"},
+        "outputs": {"type": "array", "items": {
+            "type": "object", "required": ["name", "datatype", "shape"],
+            "properties": {
+                "name": {"type": "string"},
+                "datatype": {"type": "string", "enum": ["FP32", "BYTES"]},
+                "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "data": {"type": "array",
+                         "description": "FP32 probabilities, or 'score:index:label' strings"},
+                "parameters": {"type": "object", "properties": _BINARY_SIZE}}}}}}
+_HEADER_LENGTH = Param(HEADER_LENGTH, "header", {"type": "integer", "minimum": 0},
+                       "binary tensor extension: the JSON header's length in bytes; the tensors' "
+                       "bytes follow it")
+INFER_BODY = Body(
+    content={JSON: INFER_REQUEST_SCHEMA,
+             "application/octet-stream": {
+                 "type": "string", "format": "binary",
+                 "description": f"binary tensor extension: the JSON request ({HEADER_LENGTH} "
+                                "bytes), then each tensor's bytes"}},
+    description="an OIP v2 inference request")
+_READY = {"type": "object", "additionalProperties": False, "required": ["ready"],
+          "properties": {"ready": {"type": "boolean"}}}
+_MODEL_READY = {"type": "object", "additionalProperties": False, "required": ["name", "ready"],
+                "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}}
+_MODEL_ERRORS = (400, 404)
+
+
 def _model_endpoints() -> list[Endpoint]:
     out = []
     for suffix, path in model_paths("/v2/models"):
+        params = {k: v for k, v in MODEL_PATH_PARAMS.items() if "{" + k in path}
         out += [
             Endpoint("GET", path, f"oip_model_metadata{suffix}", model_metadata,
-                     summary="OIP v2 model metadata of a bot"),
+                     summary="OIP v2 model metadata of a bot", tag="oip-v2", path_params=params,
+                     answers={200: json_answer("the bot as a model", {
+                         "type": "object",
+                         "required": ["name", "versions", "platform", "inputs", "outputs"],
+                         "properties": {"name": {"type": "string"},
+                                        "versions": {"type": "array",
+                                                     "items": {"type": "string"}},
+                                        "platform": {"type": "string"},
+                                        "inputs": {"type": "array", "items": _TENSOR_METADATA},
+                                        "outputs": {"type": "array",
+                                                    "items": _TENSOR_METADATA}}})},
+                     errors=_MODEL_ERRORS),
             Endpoint("GET", f"{path}/ready", f"oip_model_ready{suffix}", model_ready,
-                     summary="OIP v2 model readiness of a bot"),
+                     summary="OIP v2 model readiness of a bot", tag="oip-v2", path_params=params,
+                     answers={200: json_answer("ready", _MODEL_READY),
+                              503: json_answer("the trunk is loading, or the head cannot be "
+                                               "loaded", _MODEL_READY)},
+                     errors=_MODEL_ERRORS),
             Endpoint("POST", f"{path}/infer", f"oip_infer{suffix}", infer,
-                     summary="OIP v2 inference with a bot"),
+                     summary="OIP v2 inference with a bot", tag="oip-v2", path_params=params,
+                     params=(_HEADER_LENGTH,), body=INFER_BODY,
+                     answers={200: Answer(
+                         "the probabilities (or top-k strings) of every image",
+                         {JSON: INFER_RESPONSE_SCHEMA,
+                          "application/octet-stream": {
+                              "type": "string", "format": "binary",
+                              "description": "binary tensor extension: the JSON response "
+                                             f"({HEADER_LENGTH} bytes), then the tensors"}},
+                         {HEADER_LENGTH: ("length of the JSON response, when binary tensors "
+                                          "follow it", False)})},
+                     errors=(400, 404, 500, 503, 504)),
         ]
     return out
 
 
 ENDPOINTS = [
     Endpoint("GET", "/v2", "oip_server_metadata", server_metadata,
-             summary="OIP v2 server metadata"),
+             summary="OIP v2 server metadata", tag="oip-v2",
+             answers={200: json_answer("the server", {
+                 "type": "object", "required": ["name", "version", "extensions"],
+                 "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                                "extensions": {"type": "array",
+                                               "items": {"type": "string"}}}})}),
     Endpoint("GET", "/v2/health/live", "oip_server_live", server_live,
-             summary="OIP v2 liveness"),
+             summary="OIP v2 liveness", tag="oip-v2",
+             answers={200: json_answer("live", {
+                 "type": "object", "additionalProperties": False, "required": ["live"],
+                 "properties": {"live": {"type": "boolean"}}})}),
     Endpoint("GET", "/v2/health/ready", "oip_server_ready", server_ready,
-             summary="OIP v2 readiness"),
+             summary="OIP v2 readiness", tag="oip-v2",
+             answers={200: json_answer("ready", _READY),
+                      503: json_answer("the trunk is loading, or failed to", _READY)}),
     *_model_endpoints(),
 ]

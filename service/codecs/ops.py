@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from service.codecs.base import Endpoint, Reply, Request, json_reply
+from service.codecs.base import Answer, Endpoint, Reply, Request, json_answer, json_reply
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.runtime import Service
@@ -26,9 +26,49 @@ async def metrics(service: Service, request: Request) -> Reply:
     return Reply(200, body, content_type)
 
 
+# -- API description ---------------------------------------------------------------------------
+
+READINESS_SCHEMA = {
+    "title": "Readiness", "type": "object", "additionalProperties": False,
+    "required": ["status", "trunk", "timings"],
+    "properties": {
+        "status": {"type": "string", "enum": ["loading", "ready", "failed"]},
+        "trunk": {"type": "object", "required": ["weights"],
+                  "description": "the trunk's weights (official, demo or custom) and, once "
+                                 "built, its checkpoint, device, runtime and precision",
+                  "properties": {"weights": {"type": "string"},
+                                 "checkpoint": {"type": "string"},
+                                 "device": {"type": "string"},
+                                 "runtime": {"type": "string"},
+                                 "precision": {"type": "string"}}},
+        "timings": {"type": "object", "additionalProperties": {"type": "number"},
+                    "description": "bring-up steps in seconds (import_s, build_s, restore_s, "
+                                   "compile_s, warmup_s, preload_s, ready_s)"},
+        "heads": {"type": "object", "additionalProperties": False,
+                  "required": ["pinned", "preloaded"],
+                  "description": "heads loaded before ready: the pinned bots (`--pin`), and "
+                                 "how many of the most recently registered (`--preload`) were "
+                                 "loaded (and skipped: over the heads memory budget)",
+                  "properties": {"pinned": {"type": "array", "items": {"type": "string"}},
+                                 "preloaded": {"type": "integer", "minimum": 0},
+                                 "preload_skipped": {"type": "integer", "minimum": 0}}},
+        "error": {"type": "string", "description": "why the bring-up failed"}}}
+
 ENDPOINTS = [
-    Endpoint("GET", "/healthz", "healthz", healthz, summary="liveness: the process answers"),
+    Endpoint("GET", "/healthz", "healthz", healthz, summary="liveness: the process answers",
+             tag="operations",
+             answers={200: json_answer("the process is alive", {
+                 "type": "object", "additionalProperties": False, "required": ["status"],
+                 "properties": {"status": {"type": "string", "enum": ["alive"]}}})}),
     Endpoint("GET", "/readyz", "readyz", readyz,
-             summary="readiness: trunk loaded and warm (503 while loading or after a failure)"),
-    Endpoint("GET", "/metrics", "metrics", metrics, summary="Prometheus metrics"),
+             summary="readiness: trunk loaded and warm (503 while loading or after a failure)",
+             tag="operations",
+             answers={200: json_answer("ready: the trunk is warm and the pinned and preloaded "
+                                       "heads are resident", READINESS_SCHEMA),
+                      503: json_answer("loading, or the bring-up failed (see `error`)",
+                                       READINESS_SCHEMA)}),
+    Endpoint("GET", "/metrics", "metrics", metrics, summary="Prometheus metrics",
+             tag="operations",
+             answers={200: Answer("the Prometheus text exposition format",
+                                  {"text/plain": {"type": "string"}})}),
 ]

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backbone.spec import INPUT
-from service.codecs.base import Endpoint, Reply, Request, json_reply
+from service.codecs.base import JSON, Body, Endpoint, Reply, Request, json_answer, json_reply
 from service.codecs.common import (
+    MODEL_PATH_PARAMS,
+    TOP_K,
     active_head,
     active_info,
     b64decode,
@@ -160,16 +162,77 @@ async def tf_call(service: Service, request: Request) -> Reply:
     return json_reply(render_predictions(predictions, columnar))
 
 
+# -- API description ---------------------------------------------------------------------------
+
+_NUMBERS = {"type": "array", "items": {"type": "number"}}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+STATUS_SCHEMA = {
+    "title": "TfsModelStatus", "type": "object", "additionalProperties": False,
+    "required": ["model_version_status"],
+    "properties": {"model_version_status": {"type": "array", "items": {
+        "type": "object", "required": ["version", "state", "status"],
+        "properties": {
+            "version": {"type": "string"},
+            "state": {"type": "string", "enum": ["AVAILABLE", "LOADING", "END"]},
+            "status": {"type": "object", "required": ["error_code", "error_message"],
+                       "properties": {"error_code": {"type": "string"},
+                                      "error_message": {"type": "string"}}}}}}}}
+PREDICT_REQUEST_SCHEMA = {
+    "title": "TfsPredictRequest", "type": "object",
+    "description": "row format (`instances`) or columnar (`inputs`), exactly one of them. An "
+                   "image is {\"b64\": \"...\"} (encoded bytes) or a nested list "
+                   f"{list(ARRAY_SHAPE)} (preprocessed to [-1, 1]), bare or under one input "
+                   f"name ({BYTES_INPUT!r}, {ARRAY_INPUT!r}).",
+    "properties": {
+        "signature_name": {"type": "string", "enum": ["", SIGNATURE]},
+        "instances": {"type": "array", "minItems": 1, "items": {}},
+        "inputs": {}},
+    "oneOf": [{"required": ["instances"]}, {"required": ["inputs"]}]}
+PREDICT_RESPONSE_SCHEMA = {
+    "title": "TfsPredictResponse", "type": "object",
+    "oneOf": [
+        {"required": ["predictions"], "additionalProperties": False, "properties": {
+            "predictions": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False,
+                "required": [OUTPUT, "classes", "scores"],
+                "properties": {OUTPUT: _NUMBERS, "classes": _STRINGS,
+                               "scores": _NUMBERS}}}}},
+        {"required": ["outputs"], "additionalProperties": False, "properties": {
+            "outputs": {"type": "object", "additionalProperties": False,
+                        "required": [OUTPUT, "classes", "scores"],
+                        "properties": {OUTPUT: {"type": "array", "items": _NUMBERS},
+                                       "classes": {"type": "array", "items": _STRINGS},
+                                       "scores": {"type": "array", "items": _NUMBERS}}}}}]}
+_VERB = {"type": "string", "enum": ["predict"],
+         "description": "only `predict` is served (`classify` and `regress`: 404)"}
+
+
 def _model_endpoints() -> list[Endpoint]:
     out = []
     for suffix, path in model_paths("/v1/models"):
+        params = {k: v for k, v in MODEL_PATH_PARAMS.items() if "{" + k in path}
         out += [
             Endpoint("GET", path, f"tfs_status{suffix}", tf_status,
-                     summary="TF Serving model status of a bot"),
+                     summary="TF Serving model status of a bot", tag="tf-serving",
+                     path_params=params,
+                     answers={200: json_answer("the active version's status", STATUS_SCHEMA)},
+                     errors=(400, 404)),
             Endpoint("GET", f"{path}/metadata", f"tfs_metadata{suffix}", tf_metadata,
-                     summary="TF Serving signature of a bot"),
+                     summary="TF Serving signature of a bot", tag="tf-serving",
+                     path_params=params,
+                     answers={200: json_answer("the `serving_default` signature", {
+                         "type": "object", "required": ["model_spec", "metadata"],
+                         "properties": {"model_spec": {"type": "object"},
+                                        "metadata": {"type": "object"}}})},
+                     errors=(400, 404)),
             Endpoint("POST", path + ":{verb}", f"tfs_predict{suffix}", tf_call,
-                     summary="TF Serving :predict with a bot"),
+                     summary="TF Serving :predict with a bot", tag="tf-serving",
+                     path_params={**params, "verb": _VERB}, params=(TOP_K,),
+                     body=Body({JSON: PREDICT_REQUEST_SCHEMA}, "a TF Serving predict request"),
+                     answers={200: json_answer("one prediction per image (row format), or "
+                                               "columns (columnar request)",
+                                               PREDICT_RESPONSE_SCHEMA)},
+                     errors=(400, 404, 500, 503, 504)),
         ]
     return out
 

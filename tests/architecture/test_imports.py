@@ -2,11 +2,16 @@
 functions and `TYPE_CHECKING` ones included):
 
     backbone  <-  heads  <-  service core  <-  service.codecs  <-  service.routes
-                                                                 <-  transports (service.app, service.ws)
+                                                                 <-  transports (service.app, service.ws,
+                                                                     service.grpc_*, service.ray_serve)
                                                                  <-  service.cli  ->  bench
 
-No import cycle among modules; aiohttp only in the transports and the benchmark client;
-matplotlib only in the benchmark's report; no private name imported from another module.
+No import cycle among modules; aiohttp only in the transports and the benchmark client; grpc
+and the packages of its generated code (tritonclient, tensorflow_serving) only in the gRPC
+transport's modules (service.grpc_*) and the benchmark's gRPC client (bench.grpc_load);
+Ray and Starlette only in the Ray Serve transport (service.ray_serve); psycopg only in the
+PostgreSQL store backend (heads.pg); matplotlib only in the benchmark's report; no private name
+imported from another module.
 """
 from __future__ import annotations
 
@@ -104,9 +109,10 @@ def _layer(module: str) -> int:
         return 0
     if module.startswith("heads"):
         return 1
-    if module.startswith("service.codecs") or module == "service.routes":
+    if module.startswith("service.codecs") or module in ("service.routes", "service.router"):
         return 3
-    if module in ("service.app", "service.ws"):
+    if module in ("service.app", "service.ws", "service.ray_serve") or \
+            module.startswith("service.grpc_"):
         return 4
     if module.startswith("service.cli"):
         return 6
@@ -137,10 +143,18 @@ def test_lower_layers_never_import_higher_ones():
 
 AIOHTTP_ALLOWED = ("service.app", "service.ws", "bench.")
 MATPLOTLIB_ALLOWED = ("bench.report",)
+GRPC_ALLOWED = ("service.grpc_", "bench.grpc_load")
+RAY_ALLOWED = ("service.ray_serve",)
 
 
 @pytest.mark.parametrize("library,allowed", [("aiohttp", AIOHTTP_ALLOWED),
                                              ("matplotlib", MATPLOTLIB_ALLOWED),
+                                             ("grpc", GRPC_ALLOWED),
+                                             ("tritonclient", GRPC_ALLOWED),
+                                             ("tensorflow_serving", GRPC_ALLOWED),
+                                             ("ray", RAY_ALLOWED),
+                                             ("starlette", RAY_ALLOWED),
+                                             ("psycopg", ("heads.pg",)),
                                              ("tensorflow", ("backbone.", "heads.files",
                                                              "heads.store", "heads.train",
                                                              "bench.runner"))])

@@ -148,7 +148,7 @@ async def call(service, module, name: str, **kwargs):
 def info_dict(head) -> dict:
     return {"bot_id": head.bot_id, "version": head.version, "n_classes": head.n_classes,
             "labels": list(head.labels), "created": "2024-01-01T00:00:00Z",
-            "versions": [head.version]}
+            "versions": [head.version], "pinned": False}
 
 
 def test_admin_routes():
@@ -162,8 +162,8 @@ def test_admin_routes():
 async def test_list_and_show_bots():
     status, reply = await call(admin_service(), admin, "list_bots")
     assert (status, json.loads(reply.body)) == (200, {"bots": [
-        {"bot_id": "acme", "version": 3, "n_classes": 2},
-        {"bot_id": "zed", "version": 1, "n_classes": 3}]})
+        {"bot_id": "acme", "version": 3, "n_classes": 2, "pinned": False},
+        {"bot_id": "zed", "version": 1, "n_classes": 3, "pinned": False}]})
     status, reply = await call(admin_service(), admin, "show_bot", params={"bot_id": "acme"})
     assert (status, json.loads(reply.body)) == (200, info_dict(ACME))
     status, reply = await call(admin_service(), admin, "show_bot", params={"bot_id": "nope"})

@@ -616,7 +616,7 @@ async def test_infer_with_a_malformed_body_is_400():
     (request_of(bytes_input([b64(b"a")]), outputs=[
         {"name": "probabilities", "parameters": {"classification": "9" * 40}}]), b"",
      f"classification must be an integer >= 1, got {'9' * 32}"),
-], ids=lambda v: str(v)[:30])
+], ids=lambda v: (v.hex() or "no-binary") if isinstance(v, bytes) else str(v)[:30])
 def test_exact_messages(obj, binary, message):
     body, hl = body_of(obj, binary)
     with pytest.raises(BadRequest) as info:
