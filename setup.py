@@ -49,7 +49,7 @@ setup(
             "ruff==0.17.5",
             # Property tests of the codecs (tests/fuzz).
             "hypothesis==6.170.15",
-            # Every operation of /openapi.json against a real server (tests/service/test_openapi.py).
+            # Every operation of /openapi.json against a real server (test_openapi.py).
             "schemathesis==4.32.5",
         ],
         # The trunk on OpenVINO (`--runtime openvino`), compiled in-process from the restored
