@@ -1,5 +1,6 @@
 """Small image makers shared by the backbone tests."""
 import io
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -37,3 +38,8 @@ def write_v1_checkpoint(source_prefix: str, path) -> str:
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             return saver.save(session, str(path), write_meta_graph=False)
+
+
+def graph_cache_of(prefix: str) -> Path:
+    """Where `serve` keeps the graph of a trunk checkpoint: graph_cache/ next to it."""
+    return Path(prefix).parent / "graph_cache"

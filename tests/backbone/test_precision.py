@@ -267,9 +267,10 @@ def test_concurrent_calls_equal_serial_calls(variant, images):
 
 def test_closed_variant_refuses(trunk_checkpoint, variant, cache_dir, images):
     # A fresh instance (from the module's cache: cheap), not the shared one.
+    # NOTE: with_logits as the variant was built, or the cached graph/compiled model is not it.
     other = Trunk.from_checkpoint(trunk_checkpoint, device="cpu", runtime=variant.runtime,
                                   precision=variant.precision, warmup_batch_sizes=(),
-                                  graph_cache_dir=cache_dir)
+                                  with_logits=True, graph_cache_dir=cache_dir)
     other.close()
     other.close()
     with pytest.raises(RuntimeError, match="closed"):

@@ -1,5 +1,6 @@
 """The real Inception-V4 trunk: layout, restore, errors, batching, threads, several trunks."""
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from backbone.checkpoint import (
     write_random_checkpoint,
 )
 from backbone.inception_v4 import aux_logits_specs, variable_specs
-from tests.backbone.helpers import encode, pattern
+from tests.backbone.helpers import encode, graph_cache_of, pattern
 
 CONTRACT = json.loads((Path(__file__).parents[1] / "data" / "inception_v4_contract.json").read_text())
 
@@ -182,12 +183,14 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
         Trunk.from_checkpoint(str(prefix))
 
 
-def test_graph_cache_restart_gives_the_same_features(trunk, trunk_checkpoint, images, tmp_path):
-    """First start builds and saves the graph; the next imports it instead of rebuilding."""
+def test_graph_cache_restart_gives_the_same_features(trunk, trunk_checkpoint, images, tmp_path,
+                                                     serving_graph_cache):
+    """A saved graph is imported instead of rebuilt; a corrupt one is rebuilt and saved again.
+    (`serving_graph_cache` is the first start: it built the graph and saved it.)"""
     cache_dir = tmp_path / "graph_cache"
-    first = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
-    assert not first.graph_from_cache and list(cache_dir.glob("*.meta"))
-    first.close()
+    shutil.copytree(serving_graph_cache, cache_dir)
+    saved = sorted(cache_dir.glob("*.meta"))
+    assert saved
     second = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
     try:
         assert second.graph_from_cache
@@ -196,12 +199,15 @@ def test_graph_cache_restart_gives_the_same_features(trunk, trunk_checkpoint, im
                                    atol=1e-4)
     finally:
         second.close()
-    # A corrupt cache entry is ignored (rebuilt), never fatal.
-    for meta in cache_dir.glob("*.meta"):
+    # A corrupt cache entry is ignored (rebuilt), never fatal, and saved again.
+    for meta in saved:
         meta.write_bytes(b"garbage")
     third = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
     assert not third.graph_from_cache
     third.close()
+    fourth = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
+    assert fourth.graph_from_cache  # the rebuilt graph was saved again
+    fourth.close()
 
 
 def test_v1_checkpoint_file_like_the_official_one(trunk, trunk_checkpoint, images, tmp_path):
@@ -215,7 +221,9 @@ def test_v1_checkpoint_file_like_the_official_one(trunk, trunk_checkpoint, image
     assert not Path(f"{path}.index").exists()  # V1: one file
     assert default_trunk_checkpoint(store) == path
     assert trunk_digest(path) == trunk_digest(trunk_checkpoint)
-    official = Trunk.from_checkpoint(path, with_logits=True)
+    # The session trunk's saved graph (same layout): what is tested is the V1 restore.
+    official = Trunk.from_checkpoint(path, with_logits=True,
+                                     graph_cache_dir=graph_cache_of(trunk_checkpoint))
     try:
         np.testing.assert_allclose(official.features_and_logits(images[:2])[1],
                                    trunk.features_and_logits(images[:2])[1], atol=1e-4)

@@ -89,13 +89,8 @@ def pg():
 
 
 @pytest.fixture(scope="module")
-def deployment(pg, trunk_checkpoint, tmp_path_factory):
-    from backbone import Trunk
-
-    # The graph cache next to the checkpoint, where `serve` keeps it, built once here: the
-    # replicas then import the graph (about 1 s each) instead of building it side by side.
-    Trunk.from_checkpoint(trunk_checkpoint, warmup_batch_sizes=(),
-                          graph_cache_dir=Path(trunk_checkpoint).parent / "graph_cache").close()
+def deployment(pg, trunk_checkpoint, serving_graph_cache, tmp_path_factory):
+    # serving_graph_cache: the replicas import the saved graph instead of building it.
     url = pg.url
     with HeadStore(url) as store:
         for i, bot in enumerate(("alpha", "beta")):

@@ -129,7 +129,7 @@ def _multihead(*args, **kwargs):
 
 
 async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
-        trunk_checkpoint, tmp_path, jpegs):
+        trunk_checkpoint, serving_graph_cache, tmp_path, jpegs):
     store_dir = tmp_path / "live-store"
     port = _free_port()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MULTIHEAD_MAX_WAIT_MS": "200",
