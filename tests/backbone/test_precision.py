@@ -12,6 +12,7 @@ Each extra trunk is built once per module; tests assert bounds, never timings.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from backbone.precision import (
     resolve_runtime,
     session_config,
 )
-from tests.backbone.helpers import encode, pattern
+from tests.backbone.helpers import encode, graph_cache_of, pattern
 
 HAS_BF16 = cpu_has_bf16(cpu_flags())
 HAS_OPENVINO = openvino_available()
@@ -179,8 +180,12 @@ def reference(trunk, images):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("trunk_cache")
+def cache_dir(tmp_path_factory, trunk, trunk_checkpoint):
+    """This module's cache directory, seeded with the graph the session trunk saved (same
+    layout, with the Logits layer): the variants import it; compiled models are this module's."""
+    out = tmp_path_factory.mktemp("trunk_cache")
+    shutil.copytree(graph_cache_of(trunk_checkpoint), out, dirs_exist_ok=True)
+    return out
 
 
 @pytest.fixture(scope="module", params=VARIANTS)
