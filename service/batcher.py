@@ -321,7 +321,7 @@ class Batcher:
         if entry.state == _QUEUED:
             self._queue.remove(entry)
             self._forget(entry)
-            entry.state = _FINISHED
+            entry.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
 
     def _withdraw(self, entries: Iterable[_Entry]) -> None:
         for e in entries:
@@ -377,16 +377,16 @@ class Batcher:
                 continue
             self._forget(e)
             if e.future.done():  # cancelled by a caller without running _discard yet
-                e.state = _FINISHED
+                e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
                 continue
             if e.row.deadline is not None and e.row.deadline <= now:
-                e.state = _FINISHED
+                e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
                 self._rows_expired += 1
                 e.future.set_exception(
                     DeadlineExceeded("the request's deadline passed while it waited for the trunk")
                 )
                 continue
-            e.state = _RUNNING
+            e.state = _RUNNING  # pragma: no mutate (only `== _QUEUED` is ever read)
             batch.append(e)
         queue.extendleft(reversed(kept))  # other groups' rows keep their place and order
         return batch
@@ -458,7 +458,7 @@ class Batcher:
             self._fail(batch, error)
             return
         for e, result in zip(batch, results):
-            e.state = _FINISHED
+            e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
             if e.future.done():  # the client went away while its row ran
                 continue
             try:
@@ -473,7 +473,7 @@ class Batcher:
     @staticmethod
     def _fail(batch: Iterable[_Entry], exc: BaseException) -> None:
         for e in batch:
-            e.state = _FINISHED
+            e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
             if not e.future.done():
                 e.future.set_exception(copy_for_waiter(exc))
 
@@ -489,7 +489,7 @@ class Batcher:
         while self._queue:
             e = self._queue.popleft()
             self._forget(e)
-            e.state = _FINISHED
+            e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
             if not e.future.done():
                 e.future.set_exception(copy_for_waiter(exc))
 
