@@ -15,7 +15,7 @@ import pytest
 from bench.pgserver import PgServer, PgServerError
 from heads import HeadStore, open_store
 
-BACKENDS = ["sqlite", "postgresql"]
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
 
 
 @pytest.fixture

@@ -84,6 +84,19 @@ def test_opening_a_postgresql_store_connects_lazily_and_hides_the_password(caplo
     assert "s3cret" not in caplog.text
 
 
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://[::1/db", "<unparseable URL>"),  # urlsplit refuses it: nothing of it shown
+    # The last @ ends the user info; the first : in it starts the password.
+    ("postgresql://me@corp:p@ss:w@h/db", "postgresql://me@corp:***@h/db"),
+    ("postgresql://u:a:b@h/db", "postgresql://u:***@h/db"),
+    ("postgresql://h/db?PassWord=a=b&sslmode=require", "postgresql://h/db?password=***&sslmode=require"),
+    ("postgresql://h/db?passwordx=1", "postgresql://h/db?passwordx=1"),
+    ("postgresql://h/db", "postgresql://h/db"),
+])
+def test_redact_url_forms(url, shown):
+    assert redact_url(url) == shown
+
+
 def test_redact_url():
     assert redact_url("postgresql://u:pw@h:1/db?sslmode=require&password=x") == (
         "postgresql://u:***@h:1/db?sslmode=require&password=***")

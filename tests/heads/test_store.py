@@ -355,7 +355,8 @@ def _assert_consistent(location, active, versions, registered=None):
 
 # Registration steps of each backend (see heads.store._fault_hook).
 STEPS = {"sqlite": ["written", "renamed", "rows_added"], "postgresql": ["written", "rows_added"]}
-BACKEND_STEPS = [pytest.param(backend, step, id=f"{backend}-{step}")
+BACKEND_STEPS = [pytest.param(backend, step, id=f"{backend}-{step}",
+                              marks=[pytest.mark.postgresql] if backend == "postgresql" else [])
                  for backend, steps in STEPS.items() for step in steps]
 
 
@@ -400,11 +401,13 @@ CRASH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("backend, step", [
     pytest.param("sqlite", "renamed", id="sqlite-renamed"),
     pytest.param("sqlite", "rows_added", id="sqlite-rows_added"),
-    pytest.param("postgresql", "written", id="postgresql-written"),
-    pytest.param("postgresql", "rows_added", id="postgresql-rows_added"),
+    pytest.param("postgresql", "written", id="postgresql-written", marks=pytest.mark.postgresql),
+    pytest.param("postgresql", "rows_added", id="postgresql-rows_added",
+                 marks=pytest.mark.postgresql),
 ])
 def test_process_killed_mid_registration_leaves_a_consistent_registry(location_of, backend,
                                                                        step):
@@ -453,6 +456,7 @@ def _wait_for(predicate, timeout_s=10.0):
     return None
 
 
+@pytest.mark.subprocess
 def test_reader_sees_another_process_change_within_one_second(tmp_path):
     """A running reader (a server) and the admin CLI in other processes share one store.
     (Directory store only: each CLI run imports TensorFlow. test_pg.py has the PostgreSQL
@@ -496,3 +500,114 @@ def test_reader_sees_another_process_change_within_one_second(tmp_path):
         elapsed = _wait_for(version_is(None))
         assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
         assert reader.cache_stats()["resident_heads"] == 0
+
+
+# -- what the registry answers, and the slim import's rules (no trunk needed) ----------------------
+
+def test_bot_info_to_dict_public_and_admin(store):
+    w, b, labels = random_head(3, seed=2)
+    store.register("acme", w, b, labels, source="first")
+    store.register("acme", w, b, labels, source="second")
+    info = store.info("acme")
+    admin = info.to_dict()
+    assert admin == {"bot_id": "acme", "version": 2, "n_classes": 3, "labels": list(labels),
+                     "created": info.created, "versions": [1, 2], "source": "second"}
+    assert isinstance(admin["labels"], list) and isinstance(admin["versions"], list)
+    public = info.to_dict(with_source=False)
+    assert public == {k: v for k, v in admin.items() if k != "source"}
+    json.dumps(admin)  # JSON-ready
+
+
+def _slim_checkpoint(prefix, n_classes, seed=4):
+    from heads.files import SLIM_BIASES_KEY, SLIM_WEIGHTS_KEY
+
+    w, b, _ = random_head(n_classes, seed=seed)
+    return save_checkpoint(prefix, {SLIM_WEIGHTS_KEY: w, SLIM_BIASES_KEY: b}), w, b
+
+
+def test_register_from_slim_imports_the_logits_layer(store, tmp_path):
+    prefix, w, b = _slim_checkpoint(tmp_path / "slim.ckpt", 4)
+    labels = [f"k{i}" for i in range(4)]
+    assert store.register_from_slim("imported", prefix, labels) == 1
+    head = store.get("imported")
+    np.testing.assert_array_equal(head.weights, w)
+    np.testing.assert_array_equal(head.biases, b)
+    assert head.labels == tuple(labels)
+    assert store.info("imported").source == f"slim:{os.path.abspath(prefix)}"
+    # A labels file works too, and a wrong label count names the checkpoint.
+    labels_file = write_labels(tmp_path / "labels.txt", labels)
+    assert store.register_from_slim("imported", Path(prefix), labels_file) == 2
+    with pytest.raises(InvalidHead, match=r"slim checkpoint '.*slim\.ckpt': .*3 labels"):
+        store.register_from_slim("imported", prefix, labels[:3])
+    with pytest.raises(InvalidBotId):
+        store.register_from_slim("../imported", prefix, labels)
+    assert store.info("imported").version == 2
+
+
+def test_register_from_slim_compares_trunks_unless_forced(store, tmp_path, monkeypatch):
+    import backbone
+    from heads import TrunkMismatch
+
+    prefix, _, _ = _slim_checkpoint(tmp_path / "tuned.ckpt", 3)
+    serving = tmp_path / "serving.ckpt"
+    digests = {os.fspath(prefix): "a" * 64, os.fspath(serving): "b" * 64}
+    seen = []
+
+    def digest(p):
+        seen.append(p)
+        return digests[p]
+
+    monkeypatch.setattr(backbone, "trunk_digest", digest)
+    labels = ["x", "y", "z"]
+    with pytest.raises(TrunkMismatch) as exc:
+        store.register_from_slim("tuned", prefix, labels, serving_trunk_prefix=serving)
+    message = str(exc.value)
+    assert f"'{prefix}'" in message and f"'{serving}'" in message
+    assert "(digest aaaaaaaaaaaa vs bbbbbbbbbbbb)" in message and "bot 'tuned'" in message
+    assert message.endswith("use --force (force=True) to import its classifier layer anyway")
+    assert seen == [os.fspath(prefix), os.fspath(serving)]
+    assert not store.exists("tuned")
+    # Forced: imported, and the history says so.
+    assert store.register_from_slim("tuned", prefix, labels, serving_trunk_prefix=serving,
+                                    force=True) == 1
+    assert store.info("tuned").source == (f"slim:{os.path.abspath(prefix)} (forced: trunk "
+                                          "aaaaaaaaaaaa differs from the serving trunk)")
+    # Same trunk: imported without --force, and the source is plain.
+    digests[os.fspath(serving)] = "a" * 64
+    assert store.register_from_slim("same", prefix, labels, serving_trunk_prefix=serving) == 1
+    assert store.info("same").source == f"slim:{os.path.abspath(prefix)}"
+
+
+def test_register_checkpoint_names_the_checkpoint_of_a_refused_head(store, tmp_path):
+    w, b, _ = random_head(3, seed=5)
+    prefix = save_checkpoint(tmp_path / "head.ckpt", {"dense/kernel": w, "dense/bias": b})
+    with pytest.raises(InvalidHead) as exc:
+        store.register_checkpoint("acme", prefix, ["a", "b"], weights_name="dense/kernel",
+                                  biases_name="dense/bias")
+    assert str(exc.value) == (f"checkpoint '{prefix}': "
+                              "2 labels given for a head with 3 classes")
+    assert not store.exists("acme")
+
+
+@pytest.mark.parametrize("to", ["2", 2.0, True, None])
+def test_rollback_takes_an_integer_version_only(store, to):
+    for seed in (1, 2, 3):
+        store.register("acme", *random_head(3, seed=seed))
+    if to is None:  # the default: the highest version below the active one
+        assert store.rollback("acme", to) == 2
+        return
+    with pytest.raises(UnknownVersion) as exc:
+        store.rollback("acme", to=to)
+    assert str(exc.value) == f"version must be an integer, got {to!r}"
+    assert store.info("acme").version == 3
+
+
+def test_rollback_refusals_name_the_bot(store):
+    store.register("acme", *random_head(3, seed=1))
+    with pytest.raises(UnknownVersion) as exc:
+        store.rollback("acme")
+    assert str(exc.value) == "bot 'acme' has no version before v1 to roll back to"
+    with pytest.raises(UnknownVersion) as exc:
+        store.rollback("acme", to=np.int64(4))
+    assert str(exc.value) == "bot 'acme' has no version 4 (versions on disk: 1)"
+    assert store.rollback("acme", to=np.int64(1)) == 1

@@ -1,0 +1,105 @@
+"""The directory store's SQLite registry (`heads.registry`) and its backend (`heads.disk`) read
+directly: the history rows of every action, a registry file whose schema is not committed yet, and
+the refusals of the directory backend. Fast (no trunk, no server): `make mutation` runs it."""
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+
+import pytest
+
+from heads import UnknownBot
+from heads.disk import DiskBackend
+from heads.registry import Registry
+from tests.heads.helpers import random_head
+
+KEYS = {"action", "version", "previous", "at", "source"}
+
+
+def test_history_rows_of_register_rollback_and_remove(store):
+    store.register("acme", *random_head(3, seed=1))
+    store.register("acme", *random_head(3, seed=2), source="second")
+    store.rollback("acme")
+    store.remove("acme")
+    rows = store.history("acme")
+    assert all(set(r) == KEYS for r in rows)
+    assert [(r["action"], r["version"], r["previous"], r["source"]) for r in rows] == [
+        ("register", 1, None, "api"), ("register", 2, 1, "second"), ("rollback", 1, 2, None),
+        ("remove", None, 1, None)]
+    stamps = [r["at"] for r in rows]
+    assert stamps == sorted(stamps) and all(s.endswith("+00:00") for s in stamps)
+    # The removal deleted the bot and its versions, not its history; its number is not reused.
+    assert not store.exists("acme") and store.list() == []
+    assert store.register("acme", *random_head(3, seed=3)) == 3
+    assert [(r["action"], r["version"], r["previous"]) for r in store.history("acme")][-1] == (
+        "register", 3, None)
+    # Another bot's history is its own.
+    store.register("beta", *random_head(2, seed=4))
+    assert [r["action"] for r in store.history("beta")] == ["register"]
+
+
+def test_the_registry_snapshot_lists_every_stored_version(store):
+    store.register("b-bot", *random_head(2, seed=1))
+    store.register("a-bot", *random_head(3, seed=2))
+    store.register("a-bot", *random_head(3, seed=3))
+    store.rollback("a-bot")
+    registry = Registry(store.root / "registry.sqlite", store.root / "registry.lock")
+    try:
+        everything = registry.snapshot()
+        assert [(active, row.bot_id, row.version, row.n_classes, versions)
+                for active, row, versions in everything] == [
+            (1, "a-bot", 1, 3, [1, 2]), (1, "b-bot", 1, 2, [1])]
+        assert isinstance(everything[0][1].version, int)
+        one = registry.snapshot("b-bot")
+        assert [(row.bot_id, versions) for _, row, versions in one] == [("b-bot", [1])]
+        assert registry.snapshot("nobody") == [] and registry.history("nobody") == []
+    finally:
+        registry.close()
+
+
+def test_a_registry_file_without_its_schema_reads_as_empty(tmp_path):
+    """A first writer created the file but has not committed its tables: readers see an empty
+    store. Any other SQLite error is raised, never taken for an empty store."""
+    db = tmp_path / "registry.sqlite"
+    sqlite3.connect(db).close()  # the file exists, with no tables
+    registry = Registry(db, tmp_path / "registry.lock")
+    try:
+        assert registry.snapshot() == [] and registry.snapshot("acme") == []
+        assert registry.history("acme") == [] and registry.active_map() == {}
+    finally:
+        registry.close()
+    with sqlite3.connect(db) as conn:  # tables of another shape: an error, not "empty"
+        conn.execute("CREATE TABLE bots (x)")
+        conn.execute("CREATE TABLE versions (y)")
+        conn.execute("CREATE TABLE history (z)")
+    registry = Registry(db, tmp_path / "registry.lock")
+    try:
+        for read in (registry.snapshot, lambda: registry.history("acme")):
+            with pytest.raises(sqlite3.OperationalError, match="no such column"):
+                read()
+    finally:
+        registry.close()
+
+
+def test_the_directory_backend_names_the_unknown_bot_and_its_root(tmp_path):
+    backend = DiskBackend(tmp_path / "store")
+    try:
+        assert backend.describe() == str(tmp_path / "store")
+        for act in (lambda: backend.remove("ghost"), lambda: backend.rollback("ghost", max)):
+            with pytest.raises(UnknownBot) as exc:
+                act()
+            assert "'ghost'" in str(exc.value)
+    finally:
+        backend.close()
+
+
+def test_remove_succeeds_when_the_bot_folder_is_already_gone(store):
+    """An operator deleted a bot's folder by hand: `remove` still unregisters it (the rows are
+    what counts) instead of failing on the missing files."""
+    store.register("acme", *random_head(3, seed=1))
+    store.register("acme", *random_head(3, seed=2))
+    shutil.rmtree(store.heads_dir / "acme")
+    store.remove("acme")
+    assert not store.exists("acme") and store.list() == []
+    assert os.listdir(store.heads_dir) == []
