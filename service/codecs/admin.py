@@ -46,7 +46,8 @@ def parse_head_upload(parts: list[Part]) -> HeadUpload:
         elif filename.endswith(".index") or part.name == "index":
             index = part.data
         elif ".data-" in filename or part.name == "data":
-            shard = filename[filename.index(".data-"):] if ".data-" in filename \
+            # The last `.data-` starts the shard suffix: a prefix may hold `.data-` too.
+            shard = filename[filename.rindex(".data-"):] if ".data-" in filename \
                 else DEFAULT_SHARD
             if "/" in shard or "\\" in shard:
                 raise BadRequest(f"bad checkpoint shard file name '{filename[:64]}'")

@@ -112,3 +112,20 @@ def test_psycopg_is_imported_only_when_a_postgresql_store_is_opened(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("location, message", [
+    (42, "a store location is a directory path or a postgresql:// URL, not int"),
+    ("  ", "the store location is empty"),
+    ("postgres:db", "malformed PostgreSQL store URL 'postgres:db': write "
+                    "postgresql://user@host:port/dbname"),
+    ("postgresql:/x", "malformed PostgreSQL store URL 'postgresql:/x': write "
+                      "postgresql://user@host:port/dbname"),
+    ("s3://b/h", "unsupported store scheme 's3://' in 's3://b/h': a store is a directory path "
+                 "(SQLite registry and head files) or a postgresql:// or postgres:// URL "
+                 "(PostgreSQL)"),
+])
+def test_parse_location_refusals_word_for_word(location, message):
+    with pytest.raises(InvalidStoreLocation) as exc:
+        parse_location(location)
+    assert str(exc.value) == message

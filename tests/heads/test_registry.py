@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from heads import UnknownBot
+from heads import HeadStore, UnknownBot
 from heads.disk import DiskBackend
 from heads.registry import Registry
 from tests.heads.helpers import random_head
@@ -103,3 +103,37 @@ def test_remove_succeeds_when_the_bot_folder_is_already_gone(store):
     store.remove("acme")
     assert not store.exists("acme") and store.list() == []
     assert os.listdir(store.heads_dir) == []
+
+
+def test_a_closed_registry_refuses_reads_and_writes(store):
+    store.register("acme", *random_head(3, seed=1))
+    registry = Registry(store.root / "registry.sqlite", store.root / "registry.lock")
+    assert registry.snapshot("acme")
+    registry.close()
+    registry.close()  # idempotent
+    for act in (registry.snapshot, lambda: registry.history("acme"), registry.active_map):
+        with pytest.raises(RuntimeError) as exc:
+            act()
+        assert str(exc.value) == "the head store is closed"
+
+
+def test_a_registration_sweeps_crash_leftovers_of_its_bot(store):
+    """What a crashed writer leaves in a bot's folder (a temp dir, a version folder no row points
+    to) is deleted by the bot's next registration; registered versions and foreign files stay."""
+    store.register("acme", *random_head(3, seed=1))
+    bot_dir = store.heads_dir / "acme"
+    (bot_dir / ".tmp-v2-deadbeef").mkdir()
+    (bot_dir / ".tmp-v2-deadbeef" / "head.ckpt.index").write_bytes(b"partial")
+    (bot_dir / "v7").mkdir()  # unregistered: a writer died after renaming, before its rows
+    (bot_dir / "notes").mkdir()  # not ours: left alone
+    assert store.register("acme", *random_head(3, seed=2)) == 2
+    assert sorted(p.name for p in bot_dir.iterdir()) == ["notes", "v1", "v2"]
+    assert store.get("acme").version == 2 and store.rollback("acme") == 1
+
+
+def test_the_first_registration_creates_the_heads_folder(tmp_path):
+    store_root = tmp_path / "deep" / "store"
+    with HeadStore(store_root) as s:
+        assert not store_root.exists()  # nothing created by opening
+        s.register("acme", *random_head(3, seed=1))
+        assert (store_root / "heads" / "acme").is_dir() and (store_root / "registry.sqlite").exists()

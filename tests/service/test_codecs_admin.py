@@ -72,6 +72,15 @@ def test_upload_by_file_names_keeps_every_shard():
                                          ".data-00001-of-00002": b"D1"}, b"cat\ndog\n", {})
 
 
+def test_a_checkpoint_prefix_holding_data_keeps_its_shard_suffix():
+    """The last `.data-` starts the shard suffix (it used to be the first, so a prefix like
+    `run.data-v2` made the shard `.data-v2.data-…` and the upload a 422)."""
+    upload = parse_head_upload([p("files", b"IDX", "run.data-v2.index"),
+                                p("files", b"D", "run.data-v2.data-00000-of-00001"),
+                                p("labels", b"a\nb")])
+    assert upload.shards == {".data-00000-of-00001": b"D"} and upload.index == b"IDX"
+
+
 def test_upload_by_part_names_uses_the_default_shard_and_tensor_names():
     upload = parse_head_upload([
         p("index", b"IDX"), p("data", b"D"), p("labels", b"a\nb"),

@@ -414,3 +414,63 @@ def test_the_version_defaults_to_the_installed_package():
 def test_route_templates_become_openapi_paths(template, path, names):
     assert openapi.openapi_path(template) == path
     assert openapi.path_param_names(template) == names
+
+
+# -- the docs endpoints, built here (the route table's copy is built before a mutant applies) -------
+
+def test_the_docs_endpoints_are_the_routed_ones_and_every_operation_has_a_summary(described):
+    from service.routes import ENDPOINTS
+
+    endpoints, doc = described
+    routed = {e.name: (e.method, e.path) for e in ENDPOINTS}
+    for e in openapi.endpoints(lambda: []):
+        assert (e.method, e.path) == routed[e.name], e.name
+    assert {"/openapi.json", "/docs", "/docs/{asset}"} <= {e.path for e in endpoints.values()}
+    for method, path, op in openapi.operations(doc):
+        assert op["summary"].strip(), (method, path)
+    page = operation_of(doc, "docs_page")["responses"]
+    assert page["200"]["content"] == {"text/html": {"schema": {"type": "string"}}}
+    assert set(operation_of(doc, "docs_asset")["responses"]) == {"200", "404"}
+
+
+async def test_docs_assets_are_read_once_each_and_cached_by_name():
+    by_name = {e.name: e for e in openapi.endpoints(lambda: [])}
+    service = FakeService()
+    bodies = {}
+    for name in ("docs.js", "swagger-ui.css", "docs.js", "swagger-ui.css"):
+        reply = await by_name["docs_asset"].handle(service, req(params={"asset": name}))
+        assert reply.status == 200 and reply.content_type == openapi.ASSETS[name][1]
+        assert reply.body == openapi._asset_path(name).read_bytes(), name
+        bodies.setdefault(name, reply.body)
+        assert reply.body == bodies[name]
+    assert bodies["docs.js"] != bodies["swagger-ui.css"]
+    assert service.blocking == ["read_bytes", "read_bytes"]  # one read per asset, then cached
+
+
+def _schemas(node: Any):
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _schemas(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _schemas(value)
+
+
+def test_required_fields_are_documented_properties_and_binary_media_is_binary(described):
+    """A renamed property would leave `required` naming a field the schema no longer types; a
+    binary body or answer without `format: binary` is text to client generators."""
+    _, doc = described
+    for schema in _schemas(doc):
+        if "required" in schema and "properties" in schema:
+            assert set(schema["required"]) <= set(schema["properties"]), schema
+    binary = 0
+    for _, _, op in openapi.operations(doc):
+        contents = [op.get("requestBody", {}).get("content", {})]
+        contents += [answer.get("content", {}) for answer in op["responses"].values()]
+        for content in contents:
+            for media, entry in content.items():
+                if media == "application/octet-stream" or media in ("image/*", "image/png"):
+                    assert entry["schema"]["format"] == "binary", (op["operationId"], media)
+                    binary += 1
+    assert binary >= 4  # image uploads, infer's binary request and answer, the favicons
