@@ -611,3 +611,24 @@ def test_rollback_refusals_name_the_bot(store):
         store.rollback("acme", to=np.int64(4))
     assert str(exc.value) == "bot 'acme' has no version 4 (versions on disk: 1)"
     assert store.rollback("acme", to=np.int64(1)) == 1
+
+
+def test_a_head_removed_or_replaced_by_another_writer_since_the_last_poll(store_dir):
+    """A reader whose bot list is stale (within its poll interval) asks for a head another writer
+    has removed: the failed load makes it re-read the registry, and it answers UnknownBot, or the
+    head that replaced it."""
+    with HeadStore(store_dir) as writer, HeadStore(store_dir) as reader:
+        writer.register("acme", *random_head(3, seed=1))
+        writer.register("beta", *random_head(2, seed=2))
+        reader.change_poll_s = 3600.0  # one read now, then no poll: only a failed load re-reads
+        assert reader.exists("acme") and reader.exists("beta")  # known, not loaded yet
+        writer.remove("acme")
+        with pytest.raises(UnknownBot) as exc:
+            reader.get("acme")
+        assert "'acme'" in str(exc.value)
+        writer.remove("beta")
+        w, b, labels = random_head(4, seed=3)
+        assert writer.register("beta", w, b, labels) == 2  # numbers are never reused
+        head = reader.get("beta")
+        assert (head.version, head.n_classes) == (2, 4)
+        np.testing.assert_array_equal(head.weights, w)
