@@ -421,11 +421,10 @@ def test_route_templates_become_openapi_paths(template, path, names):
 def test_the_docs_endpoints_are_the_routed_ones_and_every_operation_has_a_summary(described):
     from service.routes import ENDPOINTS
 
-    endpoints, doc = described
+    _, doc = described
     routed = {e.name: (e.method, e.path) for e in ENDPOINTS}
     for e in openapi.endpoints(lambda: []):
         assert (e.method, e.path) == routed[e.name], e.name
-    assert {"/openapi.json", "/docs", "/docs/{asset}"} <= {e.path for e in endpoints.values()}
     for method, path, op in openapi.operations(doc):
         assert op["summary"].strip(), (method, path)
     page = operation_of(doc, "docs_page")["responses"]

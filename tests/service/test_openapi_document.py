@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from heads import InvalidBotId, validate_bot_id
 from service.codecs import openapi
-from service.codecs.base import Answer, Endpoint, Param, json_answer
 from service.codecs.common import BOT_ID_PATTERN
 from service.routes import ENDPOINTS
 
@@ -119,43 +118,6 @@ def test_the_document_is_valid_openapi_3_0():
 def test_route_templates_become_openapi_paths(template, path):
     assert openapi.openapi_path(template) == path
     assert openapi.path_param_names(template) == re.findall(r"\{(\w+)\}", path)
-
-
-async def _nothing(service, request):  # pragma: no cover - never called
-    raise AssertionError
-
-
-_OK = {200: json_answer("ok", {"type": "object"})}
-
-
-@pytest.mark.parametrize("endpoints,message", [
-    ([Endpoint("GET", "/a", "a", _nothing)], "documents no 2xx answer"),
-    ([Endpoint("GET", "/a", "a", _nothing, answers=_OK),
-      Endpoint("GET", "/b", "a", _nothing, answers=_OK)], "operation id 'a' used twice"),
-    ([Endpoint("GET", "/a", "a", _nothing, answers=_OK),
-      Endpoint("GET", "/a", "b", _nothing, answers=_OK)], "routed twice"),
-    ([Endpoint("GET", "/a", "a", _nothing, answers=_OK, path_params={"x": {}})],
-     r"path_params \['x'\] are not in /a"),
-    ([Endpoint("GET", "/a", "a", _nothing, errors=(503,),
-               answers={**_OK, 503: Answer("loading")})], "both an answer and an error"),
-    ([Endpoint("GET", "/a", "a", _nothing,
-               answers={200: json_answer("ok", {"title": "T", "type": "string"})}),
-      Endpoint("GET", "/b", "b", _nothing,
-               answers={200: json_answer("ok", {"title": "T", "type": "integer"})})],
-     "two different schemas are titled 'T'"),
-])
-def test_the_generator_refuses_an_inconsistent_description(endpoints, message):
-    with pytest.raises(ValueError, match=message):
-        openapi.document(endpoints)
-
-
-def test_auto_rules_add_auth_and_admission_errors():
-    body_endpoint = Endpoint("POST", "/a", "a", _nothing, answers=_OK, admin=True,
-                             body=ENDPOINTS[0].body, params=(Param("q", "query", {}),))
-    op = openapi.document([body_endpoint])["paths"]["/a"]["post"]
-    assert sorted(op["responses"]) == ["200", "401", "403", "413", "503"]
-    assert op["responses"]["503"]["headers"]["Retry-After"]["required"] is False
-    assert op["parameters"] == [{"name": "q", "in": "query", "required": False, "schema": {}}]
 
 
 def _ecma_full_match(pattern: str, text: str) -> bool:
