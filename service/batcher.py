@@ -66,19 +66,15 @@ class Row:
     enqueued_s: float
 
 
-# Entry states. An entry is in `_queue` exactly when QUEUED.
-_QUEUED, _RUNNING, _FINISHED = 0, 1, 2
-
-
 class _Entry:
     """A row and its future. Identity equality (no dataclass `__eq__`), for `deque.remove`."""
 
-    __slots__ = ("row", "future", "state")
+    __slots__ = ("row", "future", "queued")
 
     def __init__(self, row: Row, future: asyncio.Future) -> None:
         self.row = row
         self.future = future
-        self.state = _QUEUED
+        self.queued = True  # in `Batcher._queue` exactly while True (`Batcher._forget`)
 
 
 class Batcher:
@@ -318,10 +314,9 @@ class Batcher:
 
     def _discard(self, entry: _Entry) -> None:
         """Remove a still-queued entry (its caller went away)."""
-        if entry.state == _QUEUED:
+        if entry.queued:
             self._queue.remove(entry)
             self._forget(entry)
-            entry.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
 
     def _withdraw(self, entries: Iterable[_Entry]) -> None:
         for e in entries:
@@ -330,6 +325,8 @@ class Batcher:
             self._discard(e)
 
     def _forget(self, entry: _Entry) -> None:
+        """Bookkeeping of an entry that has just left the queue."""
+        entry.queued = False
         g = entry.row.group
         self._group_rows[g] -= 1
         if self._group_rows[g] <= 0:
@@ -377,16 +374,13 @@ class Batcher:
                 continue
             self._forget(e)
             if e.future.done():  # cancelled by a caller without running _discard yet
-                e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
                 continue
             if e.row.deadline is not None and e.row.deadline <= now:
-                e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
                 self._rows_expired += 1
                 e.future.set_exception(
                     DeadlineExceeded("the request's deadline passed while it waited for the trunk")
                 )
                 continue
-            e.state = _RUNNING  # pragma: no mutate (only `== _QUEUED` is ever read)
             batch.append(e)
         queue.extendleft(reversed(kept))  # other groups' rows keep their place and order
         return batch
@@ -458,7 +452,6 @@ class Batcher:
             self._fail(batch, error)
             return
         for e, result in zip(batch, results):
-            e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
             if e.future.done():  # the client went away while its row ran
                 continue
             try:
@@ -473,7 +466,6 @@ class Batcher:
     @staticmethod
     def _fail(batch: Iterable[_Entry], exc: BaseException) -> None:
         for e in batch:
-            e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
             if not e.future.done():
                 e.future.set_exception(copy_for_waiter(exc))
 
@@ -489,7 +481,6 @@ class Batcher:
         while self._queue:
             e = self._queue.popleft()
             self._forget(e)
-            e.state = _FINISHED  # pragma: no mutate (only `== _QUEUED` is ever read)
             if not e.future.done():
                 e.future.set_exception(copy_for_waiter(exc))
 
