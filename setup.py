@@ -1,5 +1,5 @@
 """multihead: many image classifiers ("bots") sharing one Inception-V4 trunk."""
-from setuptools import setup
+from setuptools import find_packages, setup
 
 # NOTE: tf-keras 2.21 declares `tensorflow>=2.21,<2.22`, so requiring `tensorflow-cpu` here as
 # well would install two TensorFlow distributions over each other in one site-packages. The
@@ -14,14 +14,15 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",  # asyncio.timeout (the batcher)
-    packages=["backbone", "heads", "service", "service.codecs", "service.cli", "bench"],
+    packages=find_packages(include=["backbone*", "heads*", "service*", "bench*"]),
     package_data={"service": ["static/*"]},
     install_requires=[
         f"tensorflow=={TF_VERSION}",
         "tf-slim==1.1.0",
         # Same minor version as TensorFlow: tf-slim's layers need tf_keras' legacy layers.
         "tf-keras==2.21.0",
-        # NOTE: service.app replaces aiohttp's RequestHandler.handle_error (JSON answers to
+        # NOTE: service.transports.http.app replaces aiohttp's RequestHandler.handle_error (JSON
+        # answers to
         # unparseable requests); re-check that hook when moving past 3.14.
         "aiohttp>=3.14,<3.15",
         "numpy>=1.26,<3",

@@ -483,7 +483,7 @@ class Bench:
                    "policies": {}}
         if want_service:
             self.results["service"] = service
-        from service.settings import BATCH_POLICIES
+        from service.core.settings import BATCH_POLICIES
 
         # Mixed first: the open-loop rate both policies face is taken from its throughput.
         policies = (sorted(BATCH_POLICIES, key=lambda p: p != "mixed") if want_service

@@ -1,14 +1,14 @@
-"""`multihead demo`: create what the demo needs in a store (see `service.demo`)."""
+"""`multihead demo`: create what the demo needs in a store (see `service.cli.demo_setup`)."""
 from __future__ import annotations
 
 import argparse
 import logging
 import time
 
+from service.cli.demo_images import KINDS
+from service.cli.demo_setup import PER_CLASS, ensure_demo
 from service.cli.options import features_option, store_dir, store_option, trunk_kwargs
-from service.demo import PER_CLASS, ensure_demo
-from service.demo_images import KINDS
-from service.settings import InvalidSettings
+from service.core.settings import InvalidSettings
 
 
 def add_commands(sub) -> None:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from backbone.errors import BackboneError
 from heads.errors import HeadsError
 from service.cli import bench, bots, demo, serve, trunk
-from service.errors import ServiceError
-from service.settings import InvalidSettings
+from service.core.errors import ServiceError
+from service.core.settings import InvalidSettings
 
 COMMAND_GROUPS = (serve, demo, trunk, bots, bench)
 

@@ -6,7 +6,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from service.settings import CHOICES, InvalidSettings, Settings
+from service.core.settings import CHOICES, InvalidSettings, Settings
 
 STORE_ENV = Settings.env_var("store")
 TRUNK_ENV = Settings.env_var("trunk_checkpoint")

@@ -7,8 +7,8 @@ import os
 import threading
 
 from backbone.tfimport import import_tensorflow
-from service.errors import ServiceError
-from service.settings import Settings
+from service.core.errors import ServiceError
+from service.core.settings import Settings
 
 
 def add_commands(sub) -> None:
@@ -77,7 +77,7 @@ def require_pinned_bots(settings: Settings) -> None:
         return
     from heads import HeadStore
     from heads.backend import redact_url
-    from service.runtime import check_pinned_bots
+    from service.core.context import check_pinned_bots
 
     with HeadStore(settings.store) as store:
         check_pinned_bots(store, settings.pinned_bots,
@@ -101,13 +101,20 @@ def run_serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.ray:
         try:
-            from service import ray_serve
+            from service.transports.ray import serve as ray_serve
         except ImportError as exc:
             raise ServiceError(f"--ray needs Ray Serve ({exc.name} is missing): "
                                f"pip install 'multihead[ray]'") from None
         ray_serve.run(settings)
         return 0
-    from service.app import run_app  # aiohttp: imported only by the command that serves
+    from service.transports.http.app import (
+        run_app,  # aiohttp: imported only by the command that serves
+    )
 
-    run_app(settings)
+    listeners = []
+    if settings.grpc_port is not None:
+        from service.transports.grpc.server import GrpcServer  # grpc: imported only when it serves
+
+        listeners.append(GrpcServer)
+    run_app(settings, listeners)
     return 0

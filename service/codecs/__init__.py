@@ -7,10 +7,11 @@ Protocol v2, TF Serving REST) is written ONCE here, as:
   body bytes) into a typed call, and render a result or a domain error as a `Reply` (status,
   headers, body);
 - an `Endpoint` per route: `handle(service, request) -> Reply`, which parses, calls the
-  protocol-agnostic `Service` (`service.runtime`), and renders.
+  protocol-agnostic `Service` (`service.core.context`), and renders.
 
-`service.codecs.base` holds the shared types and `dispatch`; `service.routes` lists every
-endpoint. Transports only move bytes: the aiohttp app (`service.app`) maps each `Endpoint` to a
+`service.codecs.base` holds the shared types and `dispatch`; `service.codecs.routes` lists every
+endpoint. Transports only move bytes: the aiohttp app (`service.transports.http.app`) maps each
+`Endpoint` to a
 route and calls `dispatch`; a Ray Serve ASGI proxy or a gRPC server are further transports
 over the same endpoints and functions. Nothing in this package imports aiohttp (a test keeps it so).
 

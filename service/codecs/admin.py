@@ -12,10 +12,10 @@ from heads import HeadsError
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_SCHEMA, is_number
 from service.codecs.native import Part, parse_multipart
-from service.errors import BadRequest, UnsupportedMediaType
+from service.core.errors import BadRequest, UnsupportedMediaType
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 DEFAULT_SHARD = ".data-00000-of-00001"
 
@@ -94,12 +94,12 @@ def render_info(service: Service, info) -> dict:
     """A bot's public description: the registry's view (no training source: a server path) and
     whether it is pinned (its head always resident)."""
     return {**info.to_dict(with_source=False),
-            "pinned": info.bot_id in service.settings.pinned_bots}
+            "pinned": info.bot_id in service.core.settings.pinned_bots}
 
 
 async def list_bots(service: Service, request: Request) -> Reply:
     infos = await service.bots()
-    pinned = service.settings.pinned_bots
+    pinned = service.core.settings.pinned_bots
     return json_reply({"bots": [
         {"bot_id": i.bot_id, "version": i.version, "n_classes": i.n_classes,
          "pinned": i.bot_id in pinned} for i in infos]})

@@ -7,11 +7,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from service.auth import check_admin
-from service.errors import ServiceError, error_body, error_status
+from service.core.auth import check_admin
+from service.core.errors import ServiceError, error_body, error_status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Re
     """Runs one endpoint for one request: admin check, handler, errors mapped to a Reply."""
     try:
         if endpoint.admin:
-            check_admin(service.settings.admin_token, request.header("authorization"))
+            check_admin(service.core.settings.admin_token, request.header("authorization"))
         return await endpoint.handle(service, request)
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         return error_reply(exc)

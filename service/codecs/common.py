@@ -11,11 +11,11 @@ import numpy as np
 
 from heads import BotInfo, Head, UnknownVersion
 from service.codecs.base import Param, Request
-from service.engine import Images, Prediction
-from service.errors import BadRequest
+from service.core.engine import Images, Prediction
+from service.core.errors import BadRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 
 # A bot id as a path parameter of the interop routes: no '/', no ':' (TF Serving's `:predict`).

@@ -51,11 +51,11 @@ from service.codecs.common import (
     model_paths,
     parse_json_object,
 )
-from service.engine import Images, Prediction
-from service.errors import BadRequest, HeadUnavailable, NotReady
+from service.core.engine import Images, Prediction
+from service.core.errors import BadRequest, HeadUnavailable, NotReady
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 SERVER_NAME = "multihead"
 EXTENSIONS = ("binary_tensor_data", "classification")

@@ -1,7 +1,8 @@
 """The API description: an OpenAPI 3.0.3 document generated from the endpoints themselves, and
 the endpoints that serve it and its docs page.
 
-    GET /openapi.json        the document (every route of `service.routes.ENDPOINTS`, these too)
+    GET /openapi.json        the document (every route of `service.codecs.routes.ENDPOINTS`, these
+    too)
     GET /docs                the docs page: Swagger UI, served from this package and the
     GET /docs/{asset}        swagger-ui-bundle package (no CDN, nothing fetched elsewhere)
 
@@ -31,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.codecs.base import JSON, Answer, Endpoint, Reply, Request
-from service.errors import NotFound
+from service.core.errors import NotFound
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 OPENAPI_VERSION = "3.0.3"
 TITLE = "multihead"

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from service.codecs.base import Answer, Endpoint, Reply, Request, json_answer, json_reply
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 
 async def healthz(service: Service, request: Request) -> Reply:
@@ -21,8 +21,8 @@ async def readyz(service: Service, request: Request) -> Reply:
 
 async def metrics(service: Service, request: Request) -> Reply:
     stats = service.store.cache_stats()
-    service.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
-    body, content_type = service.metrics.render()
+    service.core.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
+    body, content_type = service.core.metrics.render()
     return Reply(200, body, content_type)
 
 

@@ -1,17 +1,15 @@
 """The import layers of the project, checked by parsing every module's imports (lazy ones in
-functions and `TYPE_CHECKING` ones included):
+functions and `TYPE_CHECKING` ones included). Layers are folders (LAYERS below):
 
-    backbone  <-  heads  <-  service core  <-  service.codecs  <-  service.routes
-                                                                 <-  transports (service.app, service.ws,
-                                                                     service.grpc_*, service.ray_serve)
-                                                                 <-  service.cli  ->  bench
+    backbone <- heads <- service/core <- service/codecs <- service/transports/common
+             <- service/transports/{http,grpc,ray} <- bench <- service/cli
 
-No import cycle among modules; aiohttp only in the transports and the benchmark client; grpc
-and the packages of its generated code (tritonclient, tensorflow_serving) only in the gRPC
-transport's modules (service.grpc_*) and the benchmark's gRPC client (bench.grpc_load);
-Ray and Starlette only in the Ray Serve transport (service.ray_serve); psycopg only in the
-PostgreSQL store backend (heads.pg); matplotlib only in the benchmark's report; no private name
-imported from another module.
+The three transports never import each other. No import cycle among modules; aiohttp only in
+the HTTP transport and the benchmark client; grpc and the packages of its generated code
+(tritonclient, tensorflow_serving) only in the gRPC transport and the benchmark's gRPC client
+(bench.grpc_load); Ray and Starlette only in the Ray transport; psycopg only in the PostgreSQL
+store backend (heads.pg); matplotlib only in the benchmark's report; no private name imported
+from another module.
 """
 from __future__ import annotations
 
@@ -103,28 +101,50 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# Layers by folder (a module's layer is that of the longest prefix that names it); lower
+# layers must not import higher ones. Every module of `service/` lives in one of its folders.
+LAYERS = {
+    "backbone": 0,
+    "service": 2,  # the package's __init__ only (the test below keeps it so)
+    "heads": 1,
+    "service.core": 2,
+    "service.codecs": 3,
+    "service.transports.common": 4,
+    "service.transports.http": 5,
+    "service.transports.grpc": 5,
+    "service.transports.ray": 5,
+    "bench": 6,
+    "service.cli": 7,
+}
+
+
 def _layer(module: str) -> int:
-    """Lower layers must not import higher ones."""
-    if module.startswith("backbone"):
-        return 0
-    if module.startswith("heads"):
-        return 1
-    if module.startswith("service.codecs") or module in ("service.routes", "service.router"):
-        return 3
-    if module in ("service.app", "service.ws", "service.ray_serve") or \
-            module.startswith("service.grpc_"):
-        return 4
-    if module.startswith("service.cli"):
-        return 6
-    if module.startswith("bench"):
-        return 5
-    return 2  # service core: errors, settings, batcher, metrics, engine, runtime, demo
+    """The layer of a module, by the longest folder prefix in LAYERS."""
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")),
+               key=len, default=None)
+    assert best is not None, f"{module} is in no layer folder"
+    return LAYERS[best]
+
+
+def test_every_service_module_lives_in_a_layer_folder():
+    loose = sorted(str(path.relative_to(REPO)) for path in MODULES.values()
+                   if path.parent == REPO / "service" and path.name != "__init__.py")
+    assert loose == []
+    assert all(_layer(m) >= 0 for m in MODULES)
+
+
+def test_the_transports_never_import_each_other():
+    rooms = ("service.transports.http", "service.transports.grpc", "service.transports.ray")
+    crossing = sorted((src, dst) for src, dsts in _edges().items() for dst in dsts
+                      for a in rooms for b in rooms
+                      if a != b and src.startswith(a + ".") and dst.startswith(b + "."))
+    assert crossing == []
 
 
 def test_the_parser_sees_every_package_and_edges():
-    assert {"backbone.trunk", "heads.store", "service.app", "service.codecs.native",
+    assert {"backbone.trunk", "heads.store", "service.transports.http.app", "service.codecs.native",
             "bench.runner"} <= set(MODULES)
-    assert "service.engine" in _edges()["service.runtime"]
+    assert "service.core.engine" in _edges()["service.core.context"]
 
 
 def test_no_import_cycle():
@@ -141,10 +161,10 @@ def test_lower_layers_never_import_higher_ones():
     assert wrong == []
 
 
-AIOHTTP_ALLOWED = ("service.app", "service.ws", "bench.")
+AIOHTTP_ALLOWED = ("service.transports.http.", "bench.")
 MATPLOTLIB_ALLOWED = ("bench.report",)
-GRPC_ALLOWED = ("service.grpc_", "bench.grpc_load")
-RAY_ALLOWED = ("service.ray_serve",)
+GRPC_ALLOWED = ("service.transports.grpc.", "bench.grpc_load")
+RAY_ALLOWED = ("service.transports.ray.",)
 
 
 @pytest.mark.parametrize("library,allowed", [("aiohttp", AIOHTTP_ALLOWED),

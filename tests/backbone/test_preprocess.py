@@ -120,7 +120,7 @@ def test_jpeg_draft_mode_is_close_to_a_full_decode():
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
 def test_a_bytearray_or_view_upload_decodes_like_bytes(fmt):
-    """Uploads arrive as a bytearray filled in place (see service.app); trailing bytes after the
+    """Uploads arrive as a bytearray filled in place (see service.transports.http.app); trailing bytes after the
     image are ignored, as for bytes."""
     data = encode(pattern(5, size=(200, 150)), fmt)
     want = preprocess(data)

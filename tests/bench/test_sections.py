@@ -70,8 +70,8 @@ async def _serve(aiohttp_server, trunk, store_dir, **settings):
     import asyncio
 
     from heads import HeadStore
-    from service.app import create_app
-    from service.settings import Settings
+    from service.core.settings import Settings
+    from service.transports.http.app import create_app
 
     store = HeadStore(store_dir)
     app = create_app(Settings(store=str(store_dir), warmup=False, max_wait_ms=2.0, **settings),

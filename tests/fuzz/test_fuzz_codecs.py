@@ -12,7 +12,7 @@ from service.codecs.common import parse_top_k
 from service.codecs.native import parse_bot_ids, parse_multipart
 from service.codecs.oip import parse_infer_request
 from service.codecs.tfserving import parse_predict_request
-from service.errors import ServiceError, error_status
+from service.core.errors import ServiceError, error_status
 
 FAST = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from service import admission
-from service.admission import ByteBudget, Reservation
-from service.errors import BadRequest, Overloaded, PayloadTooLarge
-from service.settings import InvalidSettings, Settings
+from service.core import admission
+from service.core.admission import ByteBudget, Reservation
+from service.core.errors import BadRequest, Overloaded, PayloadTooLarge
+from service.core.settings import InvalidSettings, Settings
 
 
 def test_fixed_replicas_and_per_replica_resources():
-    from service.ray_serve import deployment_options
+    from service.transports.ray.serve import deployment_options
 
     options = deployment_options(Settings(ray=True, replicas=3, replica_cpus=2.0,
                                           replica_gpus=0.5, max_ongoing_requests=40))
@@ -21,7 +21,7 @@ def test_fixed_replicas_and_per_replica_resources():
 
 
 def test_max_replicas_turns_autoscaling_on_from_replicas_or_min_replicas():
-    from service.ray_serve import deployment_options
+    from service.transports.ray.serve import deployment_options
 
     auto = deployment_options(Settings(replicas=2, max_replicas=5, target_ongoing_requests=8))
     assert "num_replicas" not in auto
@@ -48,7 +48,7 @@ def test_invalid_ray_settings_are_refused_naming_the_field(changes, message):
 
 
 def test_local_paths_become_absolute_for_replicas_and_urls_stay(tmp_path, monkeypatch):
-    from service.ray_serve import _absolute
+    from service.transports.ray.serve import _absolute
 
     monkeypatch.chdir(tmp_path)
     local = _absolute(Settings(store="st", trunk_checkpoint="t/ckpt"))

@@ -12,10 +12,10 @@ import numpy as np
 
 from heads import BotInfo, Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
-from service.engine import Images, Prediction
-from service.errors import HeadUnavailable, NotReady
-from service.runtime import FAILED, LOADING, READY, Readiness
-from service.settings import Settings
+from service.core.context import FAILED, LOADING, READY, Readiness
+from service.core.engine import Images, Prediction
+from service.core.errors import HeadUnavailable, NotReady
+from service.core.settings import Settings
 
 
 def make_head(bot_id: str, version: int, labels: list[str]) -> Head:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from heads import HeadStore
-from service.app import SERVICE, create_app
-from service.settings import Settings
+from service.core.settings import Settings
+from service.transports.http.app import SERVICE, create_app
 from tests.backbone.helpers import encode, pattern
 
 BOTS = {"alpha": 2, "bravo": 3, "charlie": 5, "delta": 7, "echo": 11}
@@ -75,8 +75,13 @@ def make_client(aiohttp_client, trunk, store, tmp_path):
     import asyncio
 
     async def make(*, trunk_obj=None, wait_ready=True, **overrides):
-        app = create_app(make_settings(tmp_path, **overrides), trunk=trunk_obj or trunk,
-                         store=store)
+        settings = make_settings(tmp_path, **overrides)
+        listeners = []
+        if settings.grpc_port is not None:
+            from service.transports.grpc.server import GrpcServer
+
+            listeners.append(GrpcServer)
+        app = create_app(settings, trunk=trunk_obj or trunk, store=store, listeners=listeners)
         client = await aiohttp_client(app)
         if wait_ready:
             for _ in range(500):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.app import SERVICE
+from service.transports.http.app import SERVICE
 from tests.backbone.helpers import encode
 from tests.service.conftest import BOTS, GatedTrunk, random_head
 

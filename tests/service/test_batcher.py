@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from service.batcher import Batcher, Row
-from service.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
+from service.core.batcher import Batcher, Row
+from service.core.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,9 +9,9 @@ import pytest
 from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
 from service.codecs.common import parse_top_k
 from service.codecs.native import parse_bot_ids, parse_images, parse_multipart
-from service.errors import BadRequest, PayloadTooLarge
-from service.routes import ENDPOINTS
-from service.settings import Settings
+from service.codecs.routes import ENDPOINTS
+from service.core.errors import BadRequest, PayloadTooLarge
+from service.core.settings import Settings
 
 BOUNDARY = "XyZ"
 CTYPE = f"multipart/form-data; boundary={BOUNDARY}"
@@ -155,7 +155,7 @@ async def test_dispatch_turns_any_error_into_a_json_reply_without_internals():
 
 
 def test_error_reply_keeps_status_headers_and_message_of_domain_errors():
-    from service.errors import Overloaded
+    from service.core.errors import Overloaded
 
     reply = error_reply(Overloaded(retry_after_s=2.2))
     assert (reply.status, reply.headers["Retry-After"]) == (503, "3")

@@ -11,9 +11,9 @@ from service.codecs import admin, native, ops
 from service.codecs.admin import DEFAULT_SHARD, HeadUpload, parse_head_upload, register_upload
 from service.codecs.base import JSON, Endpoint, Reply, Request, dispatch, json_reply
 from service.codecs.native import Part, check_image_content_type, render_bot_result
-from service.engine import Prediction
-from service.errors import BadRequest, UnsupportedMediaType
-from service.settings import Settings
+from service.core.engine import Prediction
+from service.core.errors import BadRequest, UnsupportedMediaType
+from service.core.settings import Settings
 from tests.service.codec_fakes import FakeService, failed, loading, make_head, probabilities, req
 
 BOUNDARY = "b0und"
@@ -285,7 +285,7 @@ async def test_metrics_refreshes_the_resident_heads_then_renders():
     status, reply = await call(service, ops, "metrics")
     assert (status, reply.body, reply.content_type) == (200, b"# metrics\n",
                                                         "text/plain; version=0.0.4")
-    assert service.metrics.resident == (3, 4096)
+    assert service.core.metrics.resident == (3, 4096)
 
 
 # -- native ----------------------------------------------------------------------------------
@@ -471,7 +471,7 @@ def test_internal_errors_are_logged_with_their_traceback_domain_errors_are_not(c
     import logging
 
     from service.codecs.base import error_reply
-    from service.errors import HeadUnavailable
+    from service.core.errors import HeadUnavailable
 
     with caplog.at_level(logging.ERROR, logger="service.codecs.base"):
         for exc in (BadRequest("x"), HeadUnavailable("y"), UnsupportedMediaType("z")):

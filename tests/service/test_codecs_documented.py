@@ -22,7 +22,7 @@ from heads import InvalidBotId, validate_bot_id
 from service.codecs import admin, native, oip, openapi, ops, tfserving
 from service.codecs.base import JSON, Answer, Body, Endpoint, Param, Reply, dispatch, json_answer
 from service.codecs.common import is_number
-from service.errors import DeadlineExceeded
+from service.core.errors import DeadlineExceeded
 from tests.service.codec_fakes import FakeService, loading, make_head, req
 
 HEAD = make_head("acme", 2, ["cat", "dog", "eel"])
@@ -419,7 +419,7 @@ def test_route_templates_become_openapi_paths(template, path, names):
 # -- the docs endpoints, built here (the route table's copy is built before a mutant applies) -------
 
 def test_the_docs_endpoints_are_the_routed_ones_and_every_operation_has_a_summary(described):
-    from service.routes import ENDPOINTS
+    from service.codecs.routes import ENDPOINTS
 
     _, doc = described
     routed = {e.name: (e.method, e.path) for e in ENDPOINTS}

@@ -19,8 +19,8 @@ from service.codecs.oip import (
     infer_response,
     parse_infer_request,
 )
-from service.engine import Images, Prediction
-from service.errors import BadRequest
+from service.core.engine import Images, Prediction
+from service.core.errors import BadRequest
 from tests.service.codec_fakes import FakeService, failed, loading, make_head, probabilities, req
 
 SHAPE = [299, 299, 3]

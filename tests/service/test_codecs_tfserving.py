@@ -20,9 +20,9 @@ from service.codecs.common import (
     parse_json_object,
 )
 from service.codecs.tfserving import parse_predict_request, render_predictions, status_report
-from service.engine import Prediction
-from service.errors import BadRequest
-from service.runtime import Readiness
+from service.core.context import Readiness
+from service.core.engine import Prediction
+from service.core.errors import BadRequest
 from tests.service.codec_fakes import FakeService, failed, loading, make_head, probabilities, req
 
 IMAGE = np.full((299, 299, 3), 0.25, np.float32)

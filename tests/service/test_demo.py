@@ -7,11 +7,11 @@ import io
 import pytest
 
 from heads import HeadStore
-from service.app import SERVICE, create_app
+from service.cli.demo_images import KINDS, demo_image
+from service.cli.demo_setup import ensure_demo
 from service.cli.main import main
-from service.demo import ensure_demo
-from service.demo_images import KINDS, demo_image
-from service.settings import Settings
+from service.core.settings import Settings
+from service.transports.http.app import SERVICE, create_app
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -10,11 +10,11 @@ import pytest
 
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head
-from service.batcher import Row
-from service.engine import Engine, FeatureCache, Item, score
-from service.errors import BadRequest, PayloadTooLarge
-from service.metrics import Metrics
-from service.settings import Settings
+from service.core.batcher import Row
+from service.core.engine import Engine, FeatureCache, Item, score
+from service.core.errors import BadRequest, PayloadTooLarge
+from service.core.metrics import Metrics
+from service.core.settings import Settings
 from tests.backbone.helpers import encode, pattern
 from tests.service.conftest import random_head
 

@@ -16,14 +16,20 @@ import types
 import numpy as np
 import pytest
 
-import service.engine as engine_module
+import service.core.engine as engine_module
 from backbone.errors import ImageTooLarge, InvalidImage
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head
-from service.engine import Engine, FeatureCache, Images, Item, score
-from service.errors import BadRequest, DeadlineExceeded, Overloaded, PayloadTooLarge, ShuttingDown
-from service.metrics import Metrics
-from service.settings import Settings
+from service.core.engine import Engine, FeatureCache, Images, Item, score
+from service.core.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    Overloaded,
+    PayloadTooLarge,
+    ShuttingDown,
+)
+from service.core.metrics import Metrics
+from service.core.settings import Settings
 from tests.backbone.helpers import encode, pattern
 from tests.service.conftest import random_head
 

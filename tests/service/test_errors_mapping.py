@@ -18,7 +18,7 @@ from heads.errors import (
     UnknownBot,
     UnknownVersion,
 )
-from service import errors as e
+from service.core import errors as e
 
 
 @pytest.mark.parametrize("exc, status, code, grpc_code", [

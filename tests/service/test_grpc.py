@@ -32,11 +32,11 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from backbone import preprocess
-from service.app import GRPC_SERVER, SERVICE
-from service.errors import ServiceError
-from service.grpc_server import GrpcServer
-from service.runtime import Service
-from service.settings import InvalidSettings, Settings
+from service.core.context import Service
+from service.core.errors import ServiceError
+from service.core.settings import InvalidSettings, Settings
+from service.transports.grpc.server import GrpcServer
+from service.transports.http.app import LISTENERS, SERVICE
 from tests.backbone.helpers import encode, pattern
 from tests.service.conftest import GatedTrunk, make_settings
 
@@ -61,7 +61,7 @@ def make_grpc(make_client):
     once the gRPC server serves."""
     async def make(**overrides):
         client = await make_client(grpc_port=0, **overrides)
-        server = client.app[GRPC_SERVER]
+        server = client.app[LISTENERS][0]
         await asyncio.wait_for(server.wait_started(), 60)
         return client, f"127.0.0.1:{server.port}"
 
@@ -450,7 +450,7 @@ async def test_deadline_and_in_flight_budget(make_grpc, channels, trunk, jpegs):
         await expect_error("DEADLINE_EXCEEDED", t.infer, BOT, [bytes_input([png])],
                            client_timeout=0.5)
         # Withdrawn from the queue, its bytes given back: it never reaches the trunk.
-        await until(lambda: service.engine.batcher.queue_depth == 0
+        await until(lambda: service.core.engine.batcher.queue_depth == 0
                     and service.inflight.used_bytes == len(jpeg))
     finally:
         counting.gate.set()

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from PIL import Image
 
-from service.app import SERVICE
-from service.batcher import Batcher
-from service.runtime import Service
+from service.core.batcher import Batcher
+from service.core.context import Service
+from service.transports.http.app import SERVICE
 from tests.backbone.helpers import encode
 from tests.service.conftest import GatedTrunk, make_settings
 
@@ -136,7 +136,7 @@ async def test_a_websocket_message_over_its_limit_closes_with_1009(make_client):
 # -- the queue refuses before decoding ------------------------------------------------------------
 
 async def test_a_full_queue_refuses_before_decoding(make_client, trunk, monkeypatch):
-    import service.engine as engine_module
+    import service.core.engine as engine_module
 
     decoded = []
     real = engine_module.preprocess
@@ -171,7 +171,7 @@ async def test_a_full_queue_refuses_before_decoding(make_client, trunk, monkeypa
 # -- nothing blocks the event loop ------------------------------------------------------------
 
 async def test_heads_of_a_fully_cached_request_run_off_the_event_loop(make_client, monkeypatch):
-    import service.engine as engine_module
+    import service.core.engine as engine_module
 
     threads = []
     real = engine_module.score
@@ -245,7 +245,7 @@ async def test_a_failed_batch_gives_each_request_its_own_exception():
 async def test_a_trunk_that_fails_to_load_is_logged_with_its_traceback(store, tmp_path, caplog):
     settings = make_settings(tmp_path, trunk_checkpoint=str(tmp_path / "missing.ckpt"))
     service = Service(settings, store=store)
-    with caplog.at_level(logging.ERROR, logger="service.runtime"):
+    with caplog.at_level(logging.ERROR, logger="service.core.context"):
         await service.start()
         assert not await service.wait_ready()
     assert service.readiness.status == "failed" and "missing.ckpt" in service.readiness.error

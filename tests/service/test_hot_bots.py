@@ -14,9 +14,15 @@ import numpy as np
 import pytest
 
 from heads import HeadStore
-from service.app import SERVICE, create_app
-from service.runtime import PreloadError, Service, check_pinned_bots, most_recent, preload_heads
-from service.settings import InvalidSettings, Settings
+from service.core.context import (
+    PreloadError,
+    Service,
+    check_pinned_bots,
+    most_recent,
+    preload_heads,
+)
+from service.core.settings import InvalidSettings, Settings
+from service.transports.http.app import SERVICE, create_app
 from tests.service.conftest import BOTS, random_head
 
 pytestmark = pytest.mark.timeout(180)
@@ -211,13 +217,14 @@ def test_preload_heads_loads_pinned_then_newest_and_reports_what_it_left_out(tmp
 
 def test_an_unknown_pin_is_refused_at_start_with_one_line_and_exit_2(tmp_path, trunk_checkpoint,
                                                                    capsys, monkeypatch):
-    import service.app
+    import service.transports.http.app
     from service.cli.main import main
 
     with HeadStore(tmp_path / "store") as setup:
         register_in_order(setup, {"alpha": 2})
     served = []
-    monkeypatch.setattr(service.app, "run_app", served.append)  # never block on serving
+    monkeypatch.setattr(service.transports.http.app, "run_app",
+                        lambda settings, listeners=(): served.append(settings))  # never block
     args = ["serve", "--store", str(tmp_path / "store"), "--trunk-checkpoint", trunk_checkpoint,
             "--device", "cpu", "--precision", "fp32"]
 

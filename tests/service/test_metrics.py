@@ -5,7 +5,7 @@ import random
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.metrics import OTHER, Metrics, TopBots
+from service.core.metrics import OTHER, Metrics, TopBots
 
 
 def samples(m: Metrics) -> dict[tuple[str, tuple], float]:

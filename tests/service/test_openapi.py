@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from service.codecs import openapi
-from service.routes import ENDPOINTS
+from service.codecs.routes import ENDPOINTS
 from tests.service.conftest import BOTS, random_head
 from tests.service.test_openapi_document import ADMIN_OPERATIONS, document
 

@@ -1,5 +1,5 @@
 """The API description as a document: /openapi.json is generated from the route table
-(`service.routes.ENDPOINTS`), valid OpenAPI 3.0, and says what each operation takes and answers.
+(`service.codecs.routes.ENDPOINTS`), valid OpenAPI 3.0, and says what each operation takes and answers.
 
 Fast (no trunk, no server), so `make mutation` runs it against `service/codecs/openapi.py`; the
 served document, the docs page and Schemathesis over a real server are in test_openapi.py.
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from heads import InvalidBotId, validate_bot_id
 from service.codecs import openapi
 from service.codecs.common import BOT_ID_PATTERN
-from service.routes import ENDPOINTS
+from service.codecs.routes import ENDPOINTS
 
 ADMIN_OPERATIONS = ("put_bot", "delete_bot", "rollback_bot")
 
@@ -37,8 +37,8 @@ def test_the_document_lists_exactly_the_routes_of_the_route_table():
 
 
 def test_the_app_serves_no_api_route_that_the_route_table_lacks(tmp_path):
-    from service.app import create_app
-    from service.settings import Settings
+    from service.core.settings import Settings
+    from service.transports.http.app import create_app
 
     app = create_app(Settings(store=str(tmp_path / "store")))
     served = {(r.method, r.resource.canonical) for r in app.router.routes()}

@@ -1,4 +1,4 @@
-"""`service.router`: the Ray transport routes every request as aiohttp does."""
+"""`service.transports.common.router`: the Ray transport routes every request as aiohttp does."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from service.codecs.base import Endpoint, Reply
-from service.router import Router, template_regex
-from service.routes import ENDPOINTS
+from service.codecs.routes import ENDPOINTS
+from service.transports.common.router import Router, template_regex
 
 
 async def _noop(service, request) -> Reply:

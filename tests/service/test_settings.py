@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from service.settings import Settings
+from service.core.settings import Settings
 
 
 def parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from service.settings import InvalidSettings, Settings, _help
+from service.core.settings import InvalidSettings, Settings, _help
 
 
 def refused(**overrides) -> str:
@@ -208,7 +208,7 @@ def test_a_blank_optional_variable_means_unset(text):
 def test_only_unknown_multihead_variables_are_warned_about(caplog):
     env = {"MULTIHEAD_MAX_BATCH": "4", "MULTIHEAD_PORT": "9000", "PORT": "1",
            "XMULTIHEAD_HOST": "x"}
-    with caplog.at_level(logging.WARNING, logger="service.settings"):
+    with caplog.at_level(logging.WARNING, logger="service.core.settings"):
         s = Settings.from_env_and_args(None, environ=env)
     assert s.port == 9000
     assert [r.getMessage() for r in caplog.records] == [

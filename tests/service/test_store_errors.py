@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from heads import HeadLoadError, StoreUnavailable
-from service.errors import HeadUnavailable, ReplicaLost, error_body, error_status, grpc_status
-from service.runtime import Service
-from service.settings import Settings
+from service.core.context import Service
+from service.core.errors import HeadUnavailable, ReplicaLost, error_body, error_status, grpc_status
+from service.core.settings import Settings
 
 
 def test_an_unreachable_store_is_503_with_retry_after():

@@ -28,11 +28,11 @@ import numpy as np
 from backbone.spec import FEATURE_DIM, INPUT
 from backbone.tfimport import import_tensorflow
 from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
-from service.admission import ByteBudget
-from service.engine import Engine, Images, Prediction
-from service.errors import HeadUnavailable, NotReady, ServiceError
-from service.metrics import Metrics
-from service.settings import Settings
+from service.core.admission import ByteBudget
+from service.core.engine import Engine, Images, Prediction
+from service.core.errors import HeadUnavailable, NotReady, ServiceError
+from service.core.metrics import Metrics
+from service.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

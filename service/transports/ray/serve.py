@@ -7,7 +7,8 @@ Two deployments form the application:
   each request through the SAME codecs as the aiohttp server (`dispatch`), so every protocol
   behaves the same on both transports.
 - `MultiheadIngress`, what Ray's HTTP proxy calls: light processes without TensorFlow that
-  route with `service.router.Router` over `service.routes.ENDPOINTS` (404/405 as aiohttp gives
+  route with `service.transports.common.router.Router` over `service.codecs.routes.ENDPOINTS`
+  (404/405 as aiohttp gives
   them), read the body within the size limit and byte budget, and pass the request to a model
   replica through a deployment handle (Ray balances the replicas). When a model replica dies
   with requests in flight, a request that is safe to repeat (everything but the admin writes)
@@ -25,8 +26,10 @@ answers 503 `not_ready` after PROBE_TIMEOUT_S). Every answer names its model rep
 
 Entry points: `run(settings)` for `multihead serve --ray` (starts a local Ray unless
 `--ray-address` names a cluster, deploys, serves until SIGTERM/SIGINT, then removes the
-application), and `app_builder(args)` for Ray's own tooling (`serve run`, a `RayService`
-manifest): `import_path: service.ray_serve:app_builder`, `args` holding settings by field name.
+application), and `app_builder(args)` for Ray's own tooling (`serve run`, a
+`RayService`
+manifest): `import_path: service.transports.ray.serve:app_builder`, `args` holding settings by
+field name.
 """
 from __future__ import annotations
 
@@ -49,14 +52,14 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from service import admission, memory
-from service.admission import ByteBudget, Reservation
 from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply, json_reply
-from service.errors import BadRequest, DeadlineExceeded, NotReady, Overloaded, ReplicaLost
-from service.router import Router
-from service.routes import ENDPOINTS
-from service.runtime import Service
-from service.settings import Settings
+from service.codecs.routes import ENDPOINTS
+from service.core import admission, memory
+from service.core.admission import ByteBudget, Reservation
+from service.core.context import Service
+from service.core.errors import BadRequest, DeadlineExceeded, NotReady, Overloaded, ReplicaLost
+from service.core.settings import Settings
+from service.transports.common.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +154,7 @@ class Replica:
                     method=call.method, path=call.path, params=call.params, query=call.query,
                     headers=call.headers, read_body=read_body))
         elapsed_s = time.perf_counter() - start
-        self.service.metrics.observe_request(endpoint.path, reply.status, elapsed_s)
+        self.service.core.metrics.observe_request(endpoint.path, reply.status, elapsed_s)
         headers = dict(reply.headers)
         headers[REPLICA_HEADER] = self.name
         headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
@@ -274,7 +277,7 @@ def build_app(settings: Settings) -> serve.Application:
 
 
 def app_builder(args: Mapping[str, Any]) -> serve.Application:
-    """For Ray's tooling (`serve run service.ray_serve:app_builder key=value ...`, a
+    """For Ray's tooling (`serve run service.transports.ray.serve:app_builder key=value ...`, a
     `RayService` manifest): the settings come from MULTIHEAD_* variables overridden by `args`
     (field names, values as text)."""
     return build_app(Settings.from_mapping(args))

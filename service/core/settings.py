@@ -16,7 +16,7 @@ from typing import Any
 
 from backbone.precision import PRECISIONS, RUNTIMES
 from heads import InvalidBotId, validate_bot_id
-from service.batcher import POLICIES as BATCH_POLICIES
+from service.core.batcher import POLICIES as BATCH_POLICIES
 
 # Fields whose value is one of a few names: validated, and offered as choices by the flags.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -205,7 +205,8 @@ class Settings:
         ),
     )
 
-    # -- more than one process: Ray Serve (`multihead serve --ray`; see service/ray_serve.py) --
+    # -- more than one process: Ray Serve (`multihead serve --ray`; see
+    # service/transports/ray/serve.py) --
     ray: bool = field(
         default=False,
         metadata=_help(

@@ -31,8 +31,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from service.codecs import oip
 from service.codecs.base import Reply
-from service.errors import BadRequest
-from service.grpc_common import Rpcs, codec_request
+from service.core.errors import BadRequest
+from service.transports.grpc.common import Rpcs, codec_request
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Mapping

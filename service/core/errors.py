@@ -2,7 +2,8 @@
 (and to gRPC status codes: the table's last column, used by the gRPC transport).
 
 Nothing here imports aiohttp: the errors are raised by the batcher, the settings and the request
-parsing helpers, and one aiohttp middleware (in `service.app`) turns any exception into
+parsing helpers, and one aiohttp middleware (in `service.transports.http.app`) turns any exception
+into
 `{"error": "...", "code": "..."}` with the status and headers `error_status` gives.
 
 The table also covers the errors of `backbone/` and `heads/`. They are matched by the qualified

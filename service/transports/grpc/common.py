@@ -5,7 +5,7 @@ protocol codecs of `service.codecs` (the OIP v2 and TF Serving rules are written
 An RPC's request message becomes the codecs' transport-neutral `Request` (the model and version
 as the REST route's path parameters; a body when the codec reads one), the codec's `Reply` or
 its JSON becomes the RPC's response message, and a domain error becomes a gRPC status through
-the one error table (`service.errors.grpc_status`).
+the one error table (`service.core.errors.grpc_status`).
 
 Every RPC runs through `Rpcs.run`:
 
@@ -40,9 +40,9 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from service.admission import Reservation
 from service.codecs.base import Reply, Request
-from service.errors import (
+from service.core.admission import Reservation
+from service.core.errors import (
     DeadlineExceeded,
     ServiceError,
     ShuttingDown,
@@ -52,7 +52,7 @@ from service.errors import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Rpcs:
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
-            self.service.metrics.observe_request(method, status, time.perf_counter() - start)
+            self.service.core.metrics.observe_request(method, status, time.perf_counter() - start)
 
     async def answer(self, method: str, message: Message, context: grpc.aio.ServicerContext,
                      handler: Callable[[Service, Request], Awaitable[Reply]], request: Request,

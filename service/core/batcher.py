@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.errors import (
+from service.core.errors import (
     BadRequest,
     BatchError,
     DeadlineExceeded,

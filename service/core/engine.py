@@ -25,10 +25,10 @@ import numpy as np
 from backbone import preprocess
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
-from service.batcher import Batcher, Row
-from service.errors import BadRequest, Overloaded, PayloadTooLarge, ShuttingDown
-from service.metrics import Metrics
-from service.settings import Settings
+from service.core.batcher import Batcher, Row
+from service.core.errors import BadRequest, Overloaded, PayloadTooLarge, ShuttingDown
+from service.core.metrics import Metrics
+from service.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

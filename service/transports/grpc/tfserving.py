@@ -16,7 +16,8 @@ GetModelStatus are the REST answers, parsed into the messages through the proto3
 
 The generated messages and servicer bases come from the `tensorflow-serving-api` package
 (`tensorflow_serving.apis.*_pb2(_grpc)`): nothing is copied or generated here. They import
-TensorFlow's own protos, hence TensorFlow: `service.grpc_server` loads this module after the
+TensorFlow's own protos, hence TensorFlow: `service.transports.grpc.server` loads this module after
+the
 trunk's `import_tensorflow`.
 """
 from __future__ import annotations
@@ -39,8 +40,8 @@ from tensorflow_serving.apis import (
 from heads import Head, UnknownVersion
 from service.codecs import tfserving
 from service.codecs.common import active_head, classify_with, parse_top_k
-from service.errors import BadRequest
-from service.grpc_common import Rpcs, codec_request, from_json, reply_json
+from service.core.errors import BadRequest
+from service.transports.grpc.common import Rpcs, codec_request, from_json, reply_json
 
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
@@ -153,7 +154,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             head = await active_head(service, spec_request(method, request.model_spec))
             metadata = {key: value for key, value in (context.invocation_metadata() or ())
                         if isinstance(value, str)}
-            top_k = parse_top_k(metadata, service.settings.top_k_default)
+            top_k = parse_top_k(metadata, service.core.settings.top_k_default)
             images = await service.run_blocking(predict_images, request)
             predictions = await classify_with(service, head, images, top_k=top_k)
             outputs = tfserving.render_predictions(predictions, columnar=True)["outputs"]

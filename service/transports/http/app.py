@@ -1,13 +1,14 @@
 """The aiohttp transport: moves bytes between HTTP and the protocol codecs.
 
-Every route of `service.routes.ENDPOINTS` becomes an aiohttp route whose handler builds a
+Every route of `service.codecs.routes.ENDPOINTS` becomes an aiohttp route whose handler builds a
 transport-neutral `Request`, calls `dispatch` (admin check, codec, service, error mapping) and
 writes the `Reply`. What only aiohttp does stays here: the request body limit, the WebSocket
-route (`service.ws`), the web page and static files, JSON bodies for aiohttp's own 404/405,
-per-route request metrics, and the lifecycle (`cleanup_ctx`: the `Service` starts its bring-up
-at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped accepting). With
-`grpc_port` set, the gRPC listener (`service.grpc_server`) over the same `Service` starts and
-stops with it: it stops accepting when HTTP does, and drains within the same timeout.
+route (`service.transports.http.ws`), the web page and static files, JSON bodies for aiohttp's
+own 404/405, per-route request metrics, and the lifecycle (`cleanup_ctx`: the `Service` starts
+its bring-up at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped
+accepting). The listeners given to `create_app` (the gRPC server, when the command that serves
+has a `grpc_port`) run over the same `Service` and start and stop with it: they stop accepting
+when HTTP does, and drain within the same timeout.
 """
 from __future__ import annotations
 
@@ -15,26 +16,29 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web, web_protocol
 
 from heads import HeadStore
-from service import admission, memory, ws
-from service.admission import Reservation
 from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
-from service.errors import INTERNAL_MESSAGE, BadRequest
-from service.routes import ENDPOINTS
-from service.runtime import Service
-from service.settings import Settings
+from service.codecs.routes import ENDPOINTS
+from service.core import admission, memory
+from service.core.admission import Reservation
+from service.core.context import Service
+from service.core.errors import INTERNAL_MESSAGE, BadRequest
+from service.core.settings import Settings
+from service.transports.common.lifecycle import ListenerFactory
+from service.transports.http import ws
 
 log = logging.getLogger(__name__)
 
-STATIC_DIR = Path(__file__).parent / "static"
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 
 SERVICE = web.AppKey("service", Service)
-# The gRPC listener (`service.grpc_server.GrpcServer`), present when `grpc_port` is set.
-GRPC_SERVER = web.AppKey("grpc_server")
+# The listeners beside HTTP (the gRPC server when `grpc_port` is set), started and stopped with it.
+LISTENERS = web.AppKey("listeners", list)
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
                413: "payload_too_large", 415: "unsupported_media_type"}
@@ -78,7 +82,7 @@ def _handler(endpoint: Endpoint):
         service = request.app[SERVICE]
         # NOTE: held until the answer is built: the body's bytes live that long.
         with Reservation(service.inflight) as held:
-            admission.admit(request.content_length, service.settings.max_body_bytes, held)
+            admission.admit(request.content_length, service.core.settings.max_body_bytes, held)
             reply = await dispatch(service, endpoint, to_request(request, held))
         return to_response(reply)
 
@@ -150,22 +154,21 @@ web_protocol.RequestHandler.handle_error = _protocol_error
 
 async def _lifecycle(app: web.Application):
     service = app[SERVICE]
-    grpc_server = app.get(GRPC_SERVER)
-    if grpc_server is not None:
-        await grpc_server.open()  # binds now; serves once its modules are loaded
+    for listener in app[LISTENERS]:
+        await listener.open()  # binds now (a port in use fails the start)
     await service.start()
     yield
-    if grpc_server is not None:
-        await grpc_server.close()  # the drain begun by _stop_accepting_grpc
+    for listener in app[LISTENERS]:
+        await listener.close()  # the drain begun by _stop_accepting
     await service.close()
 
 
-async def _stop_accepting_grpc(app: web.Application) -> None:
-    """on_shutdown, i.e. when the HTTP sites stopped accepting: gRPC refuses new calls too, and
-    its calls in flight drain while the HTTP handlers do (same `request_timeout_s`)."""
-    grpc_server = app.get(GRPC_SERVER)
-    if grpc_server is not None:
-        grpc_server.begin_stop()
+async def _stop_accepting(app: web.Application) -> None:
+    """on_shutdown, i.e. when the HTTP sites stopped accepting: the other listeners refuse new
+    calls too, and their calls in flight drain while the HTTP handlers do (same
+    `request_timeout_s`)."""
+    for listener in app[LISTENERS]:
+        listener.begin_stop()
 
 
 async def index(request: web.Request) -> web.StreamResponse:
@@ -175,18 +178,16 @@ async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(page)
 
 
-def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
-               ) -> web.Application:
+def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None,
+               listeners: Sequence[ListenerFactory] = ()) -> web.Application:
     """The application. Pass `trunk`/`store` to share already-built ones (tests, benchmark);
-    the app then neither builds nor closes them."""
+    the app then neither builds nor closes them. `listeners` build the other listeners of this
+    process (the gRPC server) from its `Service`; they start and stop with the app."""
     app = web.Application(middlewares=[transport_middleware],
                           client_max_size=settings.max_body_bytes)
     app[SERVICE] = Service(settings, trunk=trunk, store=store)
-    if settings.grpc_port is not None:
-        from service.grpc_server import GrpcServer  # grpc: imported only when it serves
-
-        app[GRPC_SERVER] = GrpcServer(app[SERVICE])
-        app.on_shutdown.append(_stop_accepting_grpc)
+    app[LISTENERS] = [factory(app[SERVICE]) for factory in listeners]
+    app.on_shutdown.append(_stop_accepting)
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/", index)
     for endpoint in ENDPOINTS:
@@ -200,9 +201,9 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     return app
 
 
-def run_app(settings: Settings) -> None:
+def run_app(settings: Settings, listeners: Sequence[ListenerFactory] = ()) -> None:
     """Serves until SIGTERM/SIGINT, then shuts down gracefully: stop accepting, drain, close."""
     memory.tune_allocator()
-    web.run_app(create_app(settings), host=settings.host, port=settings.port,
+    web.run_app(create_app(settings, listeners=listeners), host=settings.host, port=settings.port,
                 shutdown_timeout=settings.request_timeout_s,
                 print=lambda msg: log.info(msg.strip()))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 
-from service.errors import Forbidden, Unauthorized
+from service.core.errors import Forbidden, Unauthorized
 
 
 def check_admin(token: str | None, authorization: str | None) -> None:

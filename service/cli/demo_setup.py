@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.demo_images import KINDS, demo_image, write_demo_images
+from service.cli.demo_images import KINDS, demo_image, write_demo_images
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """Routing for a transport without a router of its own (the Ray Serve replica).
 
-`Router` reads the route templates of `service.routes.ENDPOINTS` the way aiohttp does, so both
+`Router` reads the route templates of `service.codecs.routes.ENDPOINTS` the way aiohttp does, so
+both
 transports route every request alike: `{name}` matches one path segment, `{name:regex}` matches
 `regex`, the first endpoint in table order wins, and a method a path does not have is 405 with
 `Allow` (HEAD included: aiohttp adds no HEAD to an `add_route("GET", ...)` route either).

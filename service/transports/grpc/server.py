@@ -1,11 +1,15 @@
 """The gRPC transport: a grpc.aio server on `--grpc-port`, in the serving process, over the same
 `Service` (engine, cross-bot batcher, store, readiness, in-flight budget) as the aiohttp app.
 
-    KServe v2 / Triton   inference.GRPCInferenceService           (service.grpc_kserve)
+    KServe v2 / Triton   inference.GRPCInferenceService           (service.transports.grpc.kserve)
     TF Serving           tensorflow.serving.PredictionService,
-                         tensorflow.serving.ModelService          (service.grpc_tfserving)
+                         tensorflow.serving.ModelService
+                         (service.transports.grpc.tfserving)
 
-Lifecycle (driven by `service.app`): `open()` binds the port at start-up, so a port in use fails
+
+Lifecycle (a `Listener` of the HTTP transport, `service.transports.common.lifecycle`): `open()`
+binds the port at start-up, so a port
+in use fails
 the start like the HTTP one does; the services' modules (which import TensorFlow through the
 generated TF Serving messages) are loaded in the background after the trunk's TensorFlow import,
 then the server starts: the HTTP health routes do not wait for it, and a client that connects
@@ -31,11 +35,11 @@ from typing import TYPE_CHECKING
 import grpc
 
 from backbone.tfimport import import_tensorflow
-from service.errors import ServiceError
-from service.grpc_common import Rpcs
+from service.core.errors import ServiceError
+from service.transports.grpc.common import Rpcs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.runtime import Service
+    from service.core.context import Service
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +57,8 @@ def listen_address(host: str, port: int) -> str:
 
 def _registrations() -> list[Callable[[grpc.aio.Server, Rpcs], list[str]]]:
     """The services' `register` functions (imports their generated modules: blocking)."""
-    from service import grpc_kserve, grpc_tfserving
+    from service.transports.grpc import kserve as grpc_kserve
+    from service.transports.grpc import tfserving as grpc_tfserving
 
     return [grpc_kserve.register, grpc_tfserving.register]
 
@@ -82,7 +87,7 @@ class GrpcServer:
         Raises:
             ServiceError: the grpc extra is not installed, or the port cannot be bound.
         """
-        settings = self.service.settings
+        settings = self.service.core.settings
         assert settings.grpc_port is not None, "open() needs a grpc_port"
         missing = [name for name in STUB_PACKAGES if importlib.util.find_spec(name) is None]
         if missing:
@@ -112,14 +117,14 @@ class GrpcServer:
         stderr is given back, and its one-line message would be lost.
         """
         await asyncio.get_running_loop().run_in_executor(
-            None, import_tensorflow, self.service.settings.device)
+            None, import_tensorflow, self.service.core.settings.device)
         raise ServiceError(message)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         # NOTE: the TF Serving messages import TensorFlow; the trunk's quiet import goes first
         # (it is usually under way already, and this waits for it through its lock).
-        await loop.run_in_executor(None, import_tensorflow, self.service.settings.device)
+        await loop.run_in_executor(None, import_tensorflow, self.service.core.settings.device)
         registrations = await loop.run_in_executor(None, _registrations)
         assert self._server is not None
         for register in registrations:
@@ -152,10 +157,10 @@ class GrpcServer:
         # NOTE: the server keeps accepting connections meanwhile, so that a new call gets a
         # clear UNAVAILABLE (shutting_down) rather than a reset connection; grpc's own graceful
         # stop would cancel calls arriving during its grace instead.
-        drained = await self._rpcs.drain(self.service.settings.request_timeout_s)
+        drained = await self._rpcs.drain(self.service.core.settings.request_timeout_s)
         if not drained:
             log.warning("gRPC: %d call(s) still running after %.0f s; cancelling them",
-                        self._rpcs.in_flight, self.service.settings.request_timeout_s)
+                        self._rpcs.in_flight, self.service.core.settings.request_timeout_s)
         await self._server.stop(grace=None)
         log.info("gRPC on %s stopped", self._address)
 

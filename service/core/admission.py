@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator
 
-from service.errors import BadRequest, Overloaded, PayloadTooLarge
+from service.core.errors import BadRequest, Overloaded, PayloadTooLarge
 
 # What a refused client is told to wait: a body admitted is usually served within a second.
 RETRY_AFTER_S = 1.0
