@@ -270,6 +270,35 @@ def test_every_repository_path_named_in_the_docs_exists():
     assert missing == [], f"paths named in the docs that do not exist: {missing}"
 
 
+STATUS_CODE = re.compile(r"\b[1-5]\d\d `([a-z]+(?:_[a-z]+)*)`")
+# Codes the transports answer with before any codec runs (no route, wrong method): spelled in
+# their source as `"code": "..."` or in a status -> code map.
+TRANSPORT_CODE = re.compile(r'"code":\s*"([a-z_]+)"|\b[1-5]\d\d:\s*"([a-z_]+)"')
+
+
+def _known_codes() -> set[str]:
+    known = set(actual_codes())
+    for path in (REPO / "service").rglob("*.py"):
+        known |= {a or b for a, b in TRANSPORT_CODE.findall(path.read_text(encoding="utf-8"))}
+    return known
+
+
+def named_codes(text: str) -> set[str]:
+    """Error codes the prose gives with their status: "503 `overloaded`"."""
+    return set(STATUS_CODE.findall(_prose(text)))
+
+
+def test_every_error_code_named_with_its_status_exists():
+    known = _known_codes()
+    assert "method_not_allowed" in known
+    named = {(path.relative_to(REPO).as_posix(), code) for path in DOC_FILES
+             for code in named_codes(_text(path))}
+    assert ("docs/configuration.md", "image_too_large") in named
+    unknown = sorted(c for c in named if c[1] not in known)
+    assert unknown == [], f"error codes in the docs that nothing answers: {unknown}"
+    assert named_codes("a 404 `no_such_code` answer") - known == {"no_such_code"}
+
+
 # -- links, the README, the tour -----------------------------------------------------------------
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
