@@ -114,7 +114,7 @@ class ErrorCode:
     http: int
     grpc: str
     headers: tuple[str, ...]
-    raised_for: tuple[str, ...]  # "`heads.errors.UnknownBot`: No bot with this id ..."
+    raised_for: tuple[str, ...]  # "`UnknownBot`: No bot with this id is registered (HTTP 404)."
 
 
 LAYERS = ("service.", "heads.", "backbone.")
