@@ -45,8 +45,10 @@ class InvalidSettings(ValueError):
     """A setting (flag, environment variable or field) has an invalid value."""
 
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+# What a variable's text may be, by the field's type.
+_WORDS = {**dict.fromkeys(("1", "true", "yes", "on"), True),
+          **dict.fromkeys(("0", "false", "no", "off"), False)}
+_EXPECTED = {bool: "one of 1/0, true/false, yes/no, on/off", int: "an integer", float: "a number"}
 
 
 # -- constraints: field metadata, one check each ---------------------------------------------
@@ -518,35 +520,16 @@ def _public_dict(obj: Any) -> dict[str, Any]:
 def _parse(f: dataclasses.Field, label: str, text: str) -> Any:
     """`text` (an environment variable's, or a mapping's) as a value of `f`'s type; refused
     naming `label` (the variable, or the setting)."""
-    try:
-        return _parse_text(text, f)
-    except ValueError as exc:
-        raise InvalidSettings(f"{label}={_shown(f, text)}: {exc}") from None
-
-
-def _parse_text(text: str, f: dataclasses.Field) -> Any:
     kind = _base_type(f)
     stripped = text.strip()
-    if _optional(f) and stripped == "":
+    if _optional(f) and not stripped:
         return None
-    if kind is bool:
-        low = stripped.lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
-    if kind is int:
-        try:
-            return int(stripped)
-        except ValueError:
-            raise ValueError("expected an integer") from None
-    if kind is float:
-        try:
-            return float(stripped)
-        except ValueError:
-            raise ValueError("expected a number") from None
-    return text
+    if kind not in _EXPECTED:
+        return text
+    try:
+        return _WORDS[stripped.lower()] if kind is bool else kind(stripped)
+    except (KeyError, ValueError):
+        raise InvalidSettings(f"{label}={_shown(f, text)}: expected {_EXPECTED[kind]}") from None
 
 
 def _check(f: dataclasses.Field, value: Any) -> None:
