@@ -1,16 +1,19 @@
-"""Options every command shares, defined once: `--store` and `--trunk-checkpoint`, and how
-they resolve (flag, else environment, else default) for every command alike."""
+"""Options every command shares, defined once: `--store`, `--trunk-checkpoint`, and the trunk's
+`--precision` and `--runtime`. Each resolves as `serve` resolves it, by `Settings.resolve`
+(flag, else environment, else default; checked like serve checks it), for every command alike."""
 from __future__ import annotations
 
 import argparse
 import os
 from collections.abc import Mapping
 
-from service.core.settings import CHOICES, InvalidSettings, Settings
+from service.core.settings import Settings
 
 STORE_ENV = Settings.env_var("store")
 TRUNK_ENV = Settings.env_var("trunk_checkpoint")
-DEFAULT_STORE = Settings.__dataclass_fields__["store"].default
+DEFAULT_STORE = Settings.field_of("store").default
+# The trunk's settings a command that extracts features shares with `serve`.
+FEATURE_SETTINGS = ("precision", "runtime")
 
 
 def store_option() -> argparse.ArgumentParser:
@@ -38,37 +41,31 @@ def features_option() -> argparse.ArgumentParser:
     """Parent parser with the serving trunk's `--precision` and `--runtime`: a command that
     runs images through the trunk extracts features the way `serve` will."""
     parent = argparse.ArgumentParser(add_help=False)
-    for name in ("precision", "runtime"):
+    for name in FEATURE_SETTINGS:
+        f = Settings.field_of(name)
         parent.add_argument(
-            f"--{name}", choices=CHOICES[name], default=None,
+            f"--{name}", choices=f.metadata["choices"], default=None,
             help=f"trunk {name}, as for `serve` (default: ${Settings.env_var(name)}, else "
-                 f"'{Settings.__dataclass_fields__[name].default}')")
+                 f"'{f.default}')")
     return parent
 
 
 def trunk_kwargs(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> dict:
-    """`precision` and `runtime` for `Trunk.from_checkpoint`: flag, else environment, else the
-    serving default, so training sees the features serving will."""
-    out = {}
-    for name in ("precision", "runtime"):
-        value = (getattr(args, name, None) or environ.get(Settings.env_var(name))
-                 or Settings.__dataclass_fields__[name].default)
-        if value not in CHOICES[name]:
-            raise InvalidSettings(f"{Settings.env_var(name)}={value!r}: must be one of "
-                                  f"{', '.join(CHOICES[name])}")
-        out[name] = value
-    return out
+    """`precision` and `runtime` for `Trunk.from_checkpoint`, resolved as `serve` resolves
+    them, so training sees the features serving will."""
+    return {name: Settings.resolve(name, getattr(args, name, None), environ)
+            for name in FEATURE_SETTINGS}
 
 
 def store_dir(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
     """The store of a command: --store, else $MULTIHEAD_STORE, else 'checkpoints'."""
-    return getattr(args, "store", None) or environ.get(STORE_ENV) or DEFAULT_STORE
+    return Settings.resolve("store", getattr(args, "store", None), environ)
 
 
 def trunk_prefix(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
     """The trunk of a command: --trunk-checkpoint, else $MULTIHEAD_TRUNK_CHECKPOINT, else the
     store's own trunk checkpoint."""
-    given = getattr(args, "trunk_checkpoint", None) or environ.get(TRUNK_ENV)
+    given = Settings.resolve("trunk_checkpoint", getattr(args, "trunk_checkpoint", None), environ)
     if given:
         return given
     from backbone.checkpoint import default_trunk_checkpoint

@@ -86,7 +86,7 @@ def require_pinned_bots(settings: Settings) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env_and_args(args)
-    if not (settings.ray and settings.ray_address):
+    if not (settings.ray and settings.deployment.ray_address):
         # NOTE: on a Ray cluster the replicas find the trunk on their own machines, and the
         # CPU they run on is theirs: their bring-up reports either failing.
         require_trunk(settings)

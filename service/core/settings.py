@@ -3,6 +3,19 @@ flags (flags win), validated once at startup, then passed explicitly. Nothing el
 service reads the environment.
 
     settings = Settings.from_env_and_args(args)      # args from `multihead serve ...`
+
+`Settings` holds what one server process serves with; its `deployment` field, a `Deployment`,
+how `multihead serve --ray` deploys that process on Ray Serve. Users see one flat list: one flag
+and one variable per field of either (`--replicas`, `MULTIHEAD_REPLICAS`).
+
+Where each piece lives:
+- a field's constraints are its metadata (`setting(default, help, at_least=1, ...)`, checked by
+  the functions of `CONSTRAINTS`); `validate` checks every field in one loop, then the few rules
+  between fields (`RULES`, `DEPLOYMENT_RULES`);
+- every setting resolves one way, `Settings.resolve`: flag, else environment, else default. The
+  other commands' shared options (`service.cli.options`) resolve through it too;
+- what a log, a message or a status page may show of a value is `_public` (a secret as ***, a
+  URL without its password), used by messages, `repr` and `public_dict` alike.
 """
 from __future__ import annotations
 
@@ -10,338 +23,291 @@ import argparse
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from backbone.precision import PRECISIONS, RUNTIMES
 from heads import InvalidBotId, validate_bot_id
+from heads.backend import redact_url
 from service.core.batcher import POLICIES as BATCH_POLICIES
-
-# Fields whose value is one of a few names: validated, and offered as choices by the flags.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "batch_policy": BATCH_POLICIES,
-    "precision": (*PRECISIONS, "auto"),
-    "runtime": (*RUNTIMES, "auto"),
-}
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "MULTIHEAD_"
 MIB = 1024 * 1024
-
+SECRET = "***"  # what is shown of a secret, wherever it would be
+# Metadata key of a field that holds a group of settings (a dataclass of their own).
+GROUP = "group"
 
 
 class InvalidSettings(ValueError):
     """A setting (flag, environment variable or field) has an invalid value."""
 
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+# What a variable's text may be, by the field's type.
+_WORDS = {**dict.fromkeys(("1", "true", "yes", "on"), True),
+          **dict.fromkeys(("0", "false", "no", "off"), False)}
+_EXPECTED = {bool: "one of 1/0, true/false, yes/no, on/off", int: "an integer", float: "a number"}
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+# -- constraints: field metadata, one check each ---------------------------------------------
+
+Constraint = Callable[[dataclasses.Field, Any, Any], "str | None"]
+
+
+def _non_empty(f: dataclasses.Field, value: Any, _: bool) -> str | None:
+    if value:
+        return None
+    hint = " (leave it unset for the default)" if _optional(f) else ""
+    return f"{f.name} must not be empty{hint}"
+
+
+def _device(name: str, value: str) -> str | None:
+    if value in ("auto", "cpu", "gpu"):
+        return None
+    head, _, index = value.partition(":")
+    if head == "gpu" and index.isascii() and index.isdigit():
+        return None
+    return f"{name} must be auto, cpu, gpu or gpu:N, got {value!r}"
+
+
+def _token(name: str, value: str) -> str | None:
+    if value and not any(c.isspace() for c in value):
+        return None
+    return f"{name} must be non-empty and contain no whitespace"  # NOTE: never the token itself
+
+
+def _bot_list(name: str, value: str) -> str | None:
+    for bot_id in _bot_ids(value):
+        try:
+            validate_bot_id(bot_id)
+        except InvalidBotId as exc:
+            return f"{name}: {exc}"
+    return None
+
+
+# A field's own constraints, by metadata key, in the order they are checked: each gives the
+# message of a value that breaks it, else None. A bound refuses NaN too (`nan >= x` is False).
+CONSTRAINTS: dict[str, Constraint] = {
+    "at_least": lambda f, value, low: (
+        None if value >= low else f"{f.name} must be >= {low}, got {value}"),
+    "above": lambda f, value, low: (
+        None if value > low else f"{f.name} must be > {low}, got {value}"),
+    "at_most": lambda f, value, high: (
+        None if value <= high else f"{f.name} must be <= {high}, got {value}"),
+    "non_empty": _non_empty,
+    "choices": lambda f, value, choices: (
+        None if value in choices else
+        f"{f.name} must be one of {', '.join(choices)}, got {_shown(f, value)}"),
+    "check": lambda f, value, check: check(f.name, value),  # a rule of its own: name -> message
+}
+# What a field's metadata may say besides its constraints: its help text, whether its value is
+# a secret (never shown) or may be a URL holding a password (shown without it), its group.
+ANNOTATIONS = ("help", "secret", "url", GROUP)
+
+
+def setting(default: Any, help: str, **metadata: Any) -> Any:
+    """A settings field: its default, its help text (the flag's), and its constraints
+    (`CONSTRAINTS` keys: `at_least=1`, `choices=(...)`, ...) or annotations (`secret=True`)."""
+    unknown = set(metadata) - set(CONSTRAINTS) - set(ANNOTATIONS)
+    if unknown:
+        raise TypeError(f"unknown setting metadata: {', '.join(sorted(unknown))}")
+    # NOTE: repr=False keeps a secret out of the repr a subclass's dataclass generates too.
+    return field(default=default, repr=not metadata.get("secret"),
+                 metadata={"help": help, **metadata})
+
+
+# -- the Ray Serve deployment -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
+class Deployment:
+    """How `multihead serve --ray` deploys the service on Ray Serve (read only under --ray; see
+    service/transports/ray/serve.py): replica count or autoscaling range, per-replica
+    resources, the ingress, the cluster. Validated at construction, like `Settings`."""
+
+    replicas: int = setting(
+        1, "Ray Serve replicas (a fixed count; see --max-replicas)", at_least=1)
+    ray_address: str | None = setting(
+        None,
+        "Ray cluster to deploy to (e.g. auto, or ray://head:10001); unset starts a local "
+        "Ray for this process",
+        url=True)
+    min_replicas: int | None = setting(
+        None, "autoscaling: fewest replicas (unset: --replicas); with --max-replicas",
+        at_least=0)
+    max_replicas: int | None = setting(
+        None,
+        "autoscaling: most replicas; set, it turns Ray Serve's autoscaling on between "
+        "--min-replicas and this, driven by --target-ongoing-requests",
+        at_least=1)
+    target_ongoing_requests: float = setting(
+        16.0, "autoscaling: requests in flight per replica that Ray aims at", above=0)
+    max_ongoing_requests: int = setting(
+        64,
+        "requests one Ray replica takes at once (Ray's own default of 5 would starve the "
+        "cross-bot batcher); beyond it Ray's proxy queues them",
+        at_least=1)
+    ingress_replicas: int = setting(
+        1,
+        "Ray Serve ingress replicas: light processes (no TensorFlow) that take requests "
+        "from Ray's proxy and hand them to the model replicas, retrying on another replica "
+        "when one dies mid-request",
+        at_least=1)
+    replica_cpus: float = setting(1.0, "CPUs Ray reserves for each replica", at_least=0)
+    replica_gpus: float = setting(
+        0.0, "GPUs Ray reserves for each replica; a fraction shares one GPU", at_least=0)
+
+    def __post_init__(self) -> None:
+        _validate(self, DEPLOYMENT_RULES)
+
+    @property
+    def fewest_replicas(self) -> int:
+        """The low end of the autoscaling range: min_replicas, else replicas."""
+        return self.min_replicas if self.min_replicas is not None else self.replicas
+
+
+# -- the settings of one server process ---------------------------------------------------------
+
+
+@dataclass(frozen=True, repr=False)  # `__repr__` below: never a secret
 class Settings:
     """Every option of `multihead serve`, with safe defaults.
 
     Construct it with `Settings.from_env_and_args(...)`, or directly in tests
-    (`Settings(max_batch_size=4)`); construction validates and raises `InvalidSettings` (a
-    ValueError) naming the field and the value.
+    (`Settings(max_batch_size=4)`, `Settings(deployment=Deployment(replicas=2))`); construction
+    validates and raises `InvalidSettings` (a ValueError) naming the field and the value.
     """
 
-    host: str = field(default="127.0.0.1", metadata=_help("address to listen on"))
-    port: int = field(default=8080, metadata=_help("TCP port to listen on (0 picks a free port)"))
-    grpc_port: int | None = field(
-        default=None,
-        metadata=_help(
-            "TCP port of the gRPC listener on --host: KServe v2 / Triton GRPCInferenceService "
-            "and TF Serving PredictionService + ModelService, same engine and batcher as HTTP "
-            "(8001 is Triton's convention; 0 picks a free port). Unset: no gRPC, since it is "
-            "one more listener to expose and secure and needs the grpc extra "
-            "(pip install 'multihead[grpc]')"
-        ),
-    )
-    store: str = field(
-        default="checkpoints",
-        metadata=_help(
-            "the registered bots: a store directory (holding trunk/ and heads/), or a "
-            "postgresql://user@host:port/db URL shared by many processes and machines (then "
-            "--trunk-checkpoint is required)"
-        ),
-    )
-    trunk_checkpoint: str | None = field(
-        default=None,
-        metadata=_help("trunk checkpoint prefix; unset means the trunk inside --store"),
-    )
-    device: str = field(
-        default="auto", metadata=_help("where the trunk runs: auto, cpu, gpu or gpu:N")
-    )
-    precision: str = field(
-        default="auto",
-        metadata=_help(
-            "trunk precision: fp32; bf16 (CPUs with avx512_bf16 or AMX); fp16 (GPU); auto = "
-            "fp16 on a GPU, bf16 on a CPU that has it, else fp32. Refused where the hardware "
-            "lacks it, never emulated; heads stay fp32"
-        ),
-    )
-    runtime: str = field(
-        default="tf",
-        metadata=_help(
-            "trunk runtime: tf; openvino (CPU, compiled in-process from the same restored "
-            "tf-slim graph, cached in graph_cache/ next to the trunk checkpoint; needs the "
-            "openvino extra); "
-            "auto = openvino on a CPU when installed, else tf"
-        ),
-    )
-    max_batch_size: int = field(
-        default=16, metadata=_help("most images in one trunk batch (any mix of bots)")
-    )
-    max_wait_ms: float = field(
-        default=5.0,
-        metadata=_help("longest a batch waits for more images after its first one, in ms"),
-    )
-    max_queue_rows: int = field(
-        default=256,
-        metadata=_help("most images waiting for the trunk; beyond it: 503 + Retry-After"),
-    )
-    request_timeout_s: float = field(
-        default=30.0, metadata=_help("deadline of one request, in seconds (504 when it passes)")
-    )
-    max_body_bytes: int = field(
-        default=20 * MIB, metadata=_help("largest accepted request body, in bytes (413 beyond)")
-    )
-    max_inflight_bytes: int = field(
-        default=256 * MIB,
-        metadata=_help(
-            "budget of request bytes in flight across all requests (bodies being read or "
-            "served, plus each open WebSocket's message size); a request that does not fit is "
-            "refused with 503 + Retry-After BEFORE its body is read"
-        ),
-    )
-    max_ws_message_bytes: int = field(
-        default=4 * MIB,
-        metadata=_help(
-            "largest WebSocket message (one image), in bytes; each open socket holds this much "
-            "of the in-flight budget"
-        ),
-    )
-    max_image_pixels: int = field(
-        default=40_000_000,
-        metadata=_help("largest decoded image, in pixels (413 beyond; decompression-bomb guard)"),
-    )
-    max_images_per_request: int = field(
-        default=32, metadata=_help("most images in one request (413 beyond)")
-    )
-    top_k_default: int = field(
-        default=5, metadata=_help("predictions per image when the request gives no top_k")
-    )
-    feature_cache_size: int = field(
-        default=1024,
-        metadata=_help("trunk features kept by image digest, in entries (0 disables the cache)"),
-    )
-    heads_memory_mb: int = field(
-        default=2048,
-        metadata=_help(
-            "memory budget of the resident heads, in MiB (a 100-class head takes 0.6 MiB: "
-            "the default keeps about 3,400 resident; colder ones load on demand)"
-        ),
-    )
-    admin_token: str | None = field(
-        default=None,
-        repr=False,  # NOTE: never printed, logged or shown in a traceback's locals.
-        metadata=_help(
-            "bearer token of the admin routes (PUT/DELETE /bots); unset disables them. "
-            "Prefer the environment variable: flags show up in `ps`"
-        ),
-    )
-    preprocess_threads: int = field(
-        default=2, metadata=_help("threads decoding and preprocessing images")
-    )
-    batch_policy: str = field(
-        default="mixed",
-        metadata=_help(
-            "mixed: one trunk batch holds any mix of bots; per_group: one bot per batch "
-            "(what per-model servers do; for comparison)"
-        ),
-    )
-    metrics_top_bots: int = field(
-        default=20,
-        metadata=_help("busiest bots that get their own /metrics label; the rest are 'other'"),
-    )
-    warmup: bool = field(
-        default=True,
-        metadata=_help(
-            "run the trunk before reporting ready: at batch 1 on the CPU (a first run at a new "
-            "batch size costs only 20-100 ms more there), at every power-of-two batch size up "
-            "to max_batch_size on a GPU"
-        ),
-    )
-    graph_cache: bool = field(
-        default=True,
-        metadata=_help(
-            "keep the built trunk graph in graph_cache/ next to the trunk checkpoint "
-            "(<store>/trunk/graph_cache for the store's own trunk) and re-import it on the "
-            "next start instead of rebuilding it with tf-slim (restarts in seconds)"
-        ),
-    )
+    host: str = setting("127.0.0.1", "address to listen on", non_empty=True)
+    port: int = setting(8080, "TCP port to listen on (0 picks a free port)",
+                        at_least=0, at_most=65535)
+    grpc_port: int | None = setting(
+        None,
+        "TCP port of the gRPC listener on --host: KServe v2 / Triton GRPCInferenceService "
+        "and TF Serving PredictionService + ModelService, same engine and batcher as HTTP "
+        "(8001 is Triton's convention; 0 picks a free port). Unset: no gRPC, since it is "
+        "one more listener to expose and secure and needs the grpc extra "
+        "(pip install 'multihead[grpc]')",
+        at_least=0, at_most=65535)
+    store: str = setting(
+        "checkpoints",
+        "the registered bots: a store directory (holding trunk/ and heads/), or a "
+        "postgresql://user@host:port/db URL shared by many processes and machines (then "
+        "--trunk-checkpoint is required)",
+        non_empty=True, url=True)
+    trunk_checkpoint: str | None = setting(
+        None, "trunk checkpoint prefix; unset means the trunk inside --store", non_empty=True)
+    device: str = setting("auto", "where the trunk runs: auto, cpu, gpu or gpu:N", check=_device)
+    precision: str = setting(
+        "auto",
+        "trunk precision: fp32; bf16 (CPUs with avx512_bf16 or AMX); fp16 (GPU); auto = "
+        "fp16 on a GPU, bf16 on a CPU that has it, else fp32. Refused where the hardware "
+        "lacks it, never emulated; heads stay fp32",
+        choices=(*PRECISIONS, "auto"))
+    runtime: str = setting(
+        "tf",
+        "trunk runtime: tf; openvino (CPU, compiled in-process from the same restored "
+        "tf-slim graph, cached in graph_cache/ next to the trunk checkpoint; needs the "
+        "openvino extra); "
+        "auto = openvino on a CPU when installed, else tf",
+        choices=(*RUNTIMES, "auto"))
+    max_batch_size: int = setting(
+        16, "most images in one trunk batch (any mix of bots)", at_least=1)
+    max_wait_ms: float = setting(
+        5.0, "longest a batch waits for more images after its first one, in ms", at_least=0)
+    max_queue_rows: int = setting(
+        256, "most images waiting for the trunk; beyond it: 503 + Retry-After", at_least=1)
+    request_timeout_s: float = setting(
+        30.0, "deadline of one request, in seconds (504 when it passes)", above=0)
+    max_body_bytes: int = setting(
+        20 * MIB, "largest accepted request body, in bytes (413 beyond)", at_least=1)
+    max_inflight_bytes: int = setting(
+        256 * MIB,
+        "budget of request bytes in flight across all requests (bodies being read or "
+        "served, plus each open WebSocket's message size); a request that does not fit is "
+        "refused with 503 + Retry-After BEFORE its body is read")
+    max_ws_message_bytes: int = setting(
+        4 * MIB,
+        "largest WebSocket message (one image), in bytes; each open socket holds this much "
+        "of the in-flight budget",
+        at_least=1)
+    max_image_pixels: int = setting(
+        40_000_000, "largest decoded image, in pixels (413 beyond; decompression-bomb guard)",
+        at_least=1)
+    max_images_per_request: int = setting(
+        32, "most images in one request (413 beyond)", at_least=1)
+    top_k_default: int = setting(
+        5, "predictions per image when the request gives no top_k", at_least=1)
+    feature_cache_size: int = setting(
+        1024, "trunk features kept by image digest, in entries (0 disables the cache)",
+        at_least=0)
+    heads_memory_mb: int = setting(
+        2048,
+        "memory budget of the resident heads, in MiB (a 100-class head takes 0.6 MiB: "
+        "the default keeps about 3,400 resident; colder ones load on demand)",
+        at_least=1)
+    admin_token: str | None = setting(
+        None,
+        "bearer token of the admin routes (PUT/DELETE /bots); unset disables them. "
+        "Prefer the environment variable: flags show up in `ps`",
+        check=_token, secret=True)
+    preprocess_threads: int = setting(
+        2, "threads decoding and preprocessing images", at_least=1)
+    batch_policy: str = setting(
+        "mixed",
+        "mixed: one trunk batch holds any mix of bots; per_group: one bot per batch "
+        "(what per-model servers do; for comparison)",
+        choices=BATCH_POLICIES)
+    metrics_top_bots: int = setting(
+        20, "busiest bots that get their own /metrics label; the rest are 'other'", at_least=0)
+    warmup: bool = setting(
+        True,
+        "run the trunk before reporting ready: at batch 1 on the CPU (a first run at a new "
+        "batch size costs only 20-100 ms more there), at every power-of-two batch size up "
+        "to max_batch_size on a GPU")
+    graph_cache: bool = setting(
+        True,
+        "keep the built trunk graph in graph_cache/ next to the trunk checkpoint "
+        "(<store>/trunk/graph_cache for the store's own trunk) and re-import it on the "
+        "next start instead of rebuilding it with tf-slim (restarts in seconds)")
     # -- hot bots: heads resident before ready ---------------------------------------------
-    pin: str | None = field(
-        default=None,
-        metadata=_help(
-            "bots whose heads are loaded before /readyz says ready and never evicted, "
-            "comma-separated (a,b,c); serve refuses to start if one is not registered"
-        ),
-    )
-    preload: int = field(
-        default=0,
-        metadata=_help(
-            "load the heads of the N most recently registered bots before ready (after the "
-            "pinned ones, as many as fit in heads_memory_mb); unlike pinned ones they stay "
-            "evictable"
-        ),
-    )
+    pin: str | None = setting(
+        None,
+        "bots whose heads are loaded before /readyz says ready and never evicted, "
+        "comma-separated (a,b,c); serve refuses to start if one is not registered",
+        check=_bot_list)
+    preload: int = setting(
+        0,
+        "load the heads of the N most recently registered bots before ready (after the "
+        "pinned ones, as many as fit in heads_memory_mb); unlike pinned ones they stay "
+        "evictable",
+        at_least=0)
 
-    # -- more than one process: Ray Serve (`multihead serve --ray`; see
-    # service/transports/ray/serve.py) --
-    ray: bool = field(
-        default=False,
-        metadata=_help(
-            "serve through Ray Serve: --replicas processes, each with its own trunk and "
-            "batcher, behind Ray's HTTP proxy on --host/--port (needs the ray extra; no "
-            "WebSocket route or web page there)"
-        ),
-    )
-    replicas: int = field(
-        default=1, metadata=_help("Ray Serve replicas (a fixed count; see --max-replicas)")
-    )
-    ray_address: str | None = field(
-        default=None,
-        metadata=_help(
-            "Ray cluster to deploy to (e.g. auto, or ray://head:10001); unset starts a local "
-            "Ray for this process"
-        ),
-    )
-    min_replicas: int | None = field(
-        default=None,
-        metadata=_help("autoscaling: fewest replicas (unset: --replicas); with --max-replicas"),
-    )
-    max_replicas: int | None = field(
-        default=None,
-        metadata=_help(
-            "autoscaling: most replicas; set, it turns Ray Serve's autoscaling on between "
-            "--min-replicas and this, driven by --target-ongoing-requests"
-        ),
-    )
-    target_ongoing_requests: float = field(
-        default=16.0,
-        metadata=_help("autoscaling: requests in flight per replica that Ray aims at"),
-    )
-    max_ongoing_requests: int = field(
-        default=64,
-        metadata=_help(
-            "requests one Ray replica takes at once (Ray's own default of 5 would starve the "
-            "cross-bot batcher); beyond it Ray's proxy queues them"
-        ),
-    )
-    ingress_replicas: int = field(
-        default=1,
-        metadata=_help(
-            "Ray Serve ingress replicas: light processes (no TensorFlow) that take requests "
-            "from Ray's proxy and hand them to the model replicas, retrying on another replica "
-            "when one dies mid-request"
-        ),
-    )
-    replica_cpus: float = field(
-        default=1.0, metadata=_help("CPUs Ray reserves for each replica")
-    )
-    replica_gpus: float = field(
-        default=0.0,
-        metadata=_help("GPUs Ray reserves for each replica; a fraction shares one GPU"),
-    )
+    # -- more than one process: Ray Serve (`multihead serve --ray`) ---------------------------
+    ray: bool = setting(
+        False,
+        "serve through Ray Serve: --replicas processes, each with its own trunk and "
+        "batcher, behind Ray's HTTP proxy on --host/--port (needs the ray extra; no "
+        "WebSocket route or web page there)")
+    # Its fields are settings like the others (flags, variables), listed right after --ray.
+    deployment: Deployment = field(default_factory=Deployment, metadata={GROUP: Deployment})
 
     def __post_init__(self) -> None:
         self.validate()
 
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={_shown(f, getattr(self, f.name))}"
+                          for f in dataclasses.fields(self))
+        return f"{type(self).__name__}({shown})"
+
     # -- validation -------------------------------------------------------------------------
 
     def validate(self) -> None:
-        """Raise `InvalidSettings("<field> must be ...: <value>")` for the first invalid field."""
-        for f in dataclasses.fields(self):
-            _check_type(f.name, getattr(self, f.name), f.type)
-
-        _at_least("port", self.port, 0)
-        if self.port > 65535:
-            raise InvalidSettings(f"port must be <= 65535, got {self.port}")
-        if self.grpc_port is not None:
-            _at_least("grpc_port", self.grpc_port, 0)
-            if self.grpc_port > 65535:
-                raise InvalidSettings(f"grpc_port must be <= 65535, got {self.grpc_port}")
-            if self.grpc_port == self.port and self.port != 0:
-                raise InvalidSettings(f"grpc_port must differ from port ({self.port})")
-        if not self.host:
-            raise InvalidSettings("host must not be empty")
-        if not self.store:
-            raise InvalidSettings("store must not be empty")
-        if self.trunk_checkpoint is not None and not self.trunk_checkpoint:
-            raise InvalidSettings("trunk_checkpoint must not be empty (leave it unset for the "
-                                  "default)")
-        if not _valid_device(self.device):
-            raise InvalidSettings(f"device must be auto, cpu, gpu or gpu:N, got "
-                                  f"{self.device!r}")
-        _at_least("max_batch_size", self.max_batch_size, 1)
-        _at_least("max_wait_ms", self.max_wait_ms, 0)
-        _at_least("max_queue_rows", self.max_queue_rows, 1)
-        _positive("request_timeout_s", self.request_timeout_s)
-        _at_least("max_body_bytes", self.max_body_bytes, 1)
-        _at_least("max_ws_message_bytes", self.max_ws_message_bytes, 1)
-        for name in ("max_body_bytes", "max_ws_message_bytes"):
-            if getattr(self, name) > self.max_inflight_bytes:
-                # Otherwise a request within the limits could never be admitted, even when idle.
-                raise InvalidSettings(f"{name} ({getattr(self, name)}) must be <= "
-                                      f"max_inflight_bytes ({self.max_inflight_bytes})")
-        _at_least("max_image_pixels", self.max_image_pixels, 1)
-        _at_least("max_images_per_request", self.max_images_per_request, 1)
-        if self.max_queue_rows < self.max_images_per_request:
-            # Otherwise a request within the limits could never be accepted, even when idle.
-            raise InvalidSettings(
-                f"max_queue_rows ({self.max_queue_rows}) must be >= max_images_per_request "
-                f"({self.max_images_per_request})"
-            )
-        _at_least("top_k_default", self.top_k_default, 1)
-        _at_least("feature_cache_size", self.feature_cache_size, 0)
-        _at_least("heads_memory_mb", self.heads_memory_mb, 1)
-        if self.admin_token is not None and (
-            not self.admin_token or any(c.isspace() for c in self.admin_token)
-        ):
-            # Never echo the token itself.
-            raise InvalidSettings("admin_token must be non-empty and contain no whitespace")
-        _at_least("preprocess_threads", self.preprocess_threads, 1)
-        for name, choices in CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise InvalidSettings(f"{name} must be one of {', '.join(choices)}, got "
-                                      f"{getattr(self, name)!r}")
-        _at_least("metrics_top_bots", self.metrics_top_bots, 0)
-        for bot_id in self.pinned_bots:
-            try:
-                validate_bot_id(bot_id)
-            except InvalidBotId as exc:
-                raise InvalidSettings(f"pin: {exc}") from None
-        _at_least("preload", self.preload, 0)
-        _at_least("replicas", self.replicas, 1)
-        _at_least("ingress_replicas", self.ingress_replicas, 1)
-        if self.min_replicas is not None:
-            _at_least("min_replicas", self.min_replicas, 0)
-        if self.max_replicas is not None:
-            low = self.min_replicas if self.min_replicas is not None else self.replicas
-            _at_least("max_replicas", self.max_replicas, max(1, low))
-        _positive("target_ongoing_requests", self.target_ongoing_requests)
-        _at_least("max_ongoing_requests", self.max_ongoing_requests, 1)
-        _at_least("replica_cpus", self.replica_cpus, 0)
-        _at_least("replica_gpus", self.replica_gpus, 0)
+        """Raise `InvalidSettings` for the first invalid field: of the wrong type, outside its
+        own constraints (its metadata), or breaking a rule between fields (`RULES`)."""
+        _validate(self, RULES)
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -359,11 +325,9 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     def public_dict(self) -> dict[str, Any]:
-        """All fields for logging / a status page, with the admin token redacted."""
-        out = dataclasses.asdict(self)
-        if out["admin_token"] is not None:
-            out["admin_token"] = "***"
-        return out
+        """All fields for logging / a status page, nested as `dataclasses.asdict` nests them,
+        with a set admin token shown as *** and a store URL without its password."""
+        return _public_dict(self)
 
     # -- construction from the outside world ------------------------------------------------
 
@@ -373,89 +337,142 @@ class Settings:
         return ENV_PREFIX + name.upper()
 
     @classmethod
+    def flat_fields(cls) -> tuple[dataclasses.Field, ...]:
+        """Every setting, in flag order: the fields, with a group's (`deployment`) in its
+        place. Each has one flag and one environment variable."""
+        out: list[dataclasses.Field] = []
+        for f in dataclasses.fields(cls):
+            group = f.metadata.get(GROUP)
+            out += dataclasses.fields(group) if group else [f]
+        return tuple(out)
+
+    @classmethod
+    def field_of(cls, name: str) -> dataclasses.Field:
+        """The field of one setting (`default`, `metadata`), a group's included."""
+        for f in cls.flat_fields():
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @classmethod
+    def resolve(cls, name: str, given: Any = None,
+                environ: Mapping[str, str] = os.environ) -> Any:
+        """One setting: `given` (a flag's value; None when the flag is absent), else its
+        `MULTIHEAD_<NAME>` variable parsed to the field's type, else the default; checked
+        against the field's own constraints (the rules between fields wait for the whole
+        object). Raises `InvalidSettings` naming the variable or the field."""
+        f = cls.field_of(name)
+        var = cls.env_var(name)
+        if given is not None:
+            value = given
+        elif var in environ:
+            value = _parse(f, var, environ[var])
+        else:
+            value = f.default
+        _check(f, value)
+        return value
+
+    @classmethod
     def from_env_and_args(
         cls,
         args: argparse.Namespace | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> Settings:
-        """Defaults, overridden by `MULTIHEAD_<FIELD>` variables, overridden by CLI flags.
+        """Defaults, overridden by `MULTIHEAD_<FIELD>` variables, overridden by CLI flags: each
+        setting by `resolve`.
 
         A flag counts as given when its value in `args` is not None (`add_arguments` makes every
         default None for that reason). Raises `InvalidSettings` naming the variable or field.
         """
-        values: dict[str, Any] = {}
-        names = {f.name: f for f in dataclasses.fields(cls)}
-        for name, f in names.items():
-            var = cls.env_var(name)
-            if var in environ:
-                try:
-                    values[name] = _parse(environ[var], f.type)
-                except ValueError as exc:
-                    shown = "***" if name == "admin_token" else repr(environ[var])
-                    raise InvalidSettings(f"{var}={shown}: {exc}") from None
-        known_vars = {cls.env_var(n) for n in names}
+        flat = cls.flat_fields()
+        values = {f.name: cls.resolve(f.name, getattr(args, f.name, None), environ)
+                  for f in flat}
+        known_vars = {cls.env_var(f.name) for f in flat}
         for var in environ:
             if var.startswith(ENV_PREFIX) and var not in known_vars:
                 log.warning("ignoring unknown environment variable %s", var)
-        if args is not None:
-            for name in names:
-                value = getattr(args, name, None)
-                if value is not None:
-                    values[name] = value
-        return cls(**values)
+        fields = {}
+        for f in dataclasses.fields(cls):
+            group = f.metadata.get(GROUP)
+            fields[f.name] = (group(**{g.name: values[g.name] for g in dataclasses.fields(group)})
+                              if group else values[f.name])
+        return cls(**fields)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any],
                      environ: Mapping[str, str] = os.environ) -> Settings:
-        """As `from_env_and_args`, with the flags given as a mapping of field name -> value
+        """As `from_env_and_args`, with the flags given as a mapping of setting name -> value
         (a Ray Serve config's `args`); text is parsed as its environment variable would be.
         Unknown names are refused."""
-        names = {f.name: f for f in dataclasses.fields(cls)}
+        names = {f.name: f for f in cls.flat_fields()}
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise InvalidSettings(f"unknown setting(s): {', '.join(unknown)}")
-        given: dict[str, Any] = {}
-        for name, value in values.items():
-            if isinstance(value, str):
-                try:
-                    value = _parse(value, names[name].type)
-                except ValueError as exc:
-                    shown = "***" if name == "admin_token" else repr(value)
-                    raise InvalidSettings(f"{name}={shown}: {exc}") from None
-            given[name] = value
+        given = {name: _parse(names[name], name, value) if isinstance(value, str) else value
+                 for name, value in values.items()}
         return cls.from_env_and_args(argparse.Namespace(**given), environ)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one `--flag` per field; each flag's help names its env var and default.
+        """Add one `--flag` per setting; each flag's help names its env var and default.
 
         Every default is None so `from_env_and_args` can tell a given flag from an absent one.
         """
         group = parser.add_argument_group(
             "serve settings", f"each flag can also be set by its {ENV_PREFIX}* variable; flags win"
         )
-        defaults = cls.__dataclass_fields__
-        for f in dataclasses.fields(cls):
+        for f in cls.flat_fields():
             flag = "--" + f.name.replace("_", "-")
-            default = defaults[f.name].default
-            shown = "unset" if default is None else default
+            shown = "unset" if f.default is None else f.default
             if f.name.endswith("_bytes"):
-                shown = f"{default} = {default // MIB} MiB"
+                shown = f"{f.default} = {f.default // MIB} MiB"
             text = f"{f.metadata.get('help', '')} (env {cls.env_var(f.name)}; default: {shown})"
             text = text.replace("%", "%%")
-            kind = _base_type(f.type)
+            kind = _base_type(f)
             if kind is bool:
                 group.add_argument(
                     flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                     help=text,
                 )
             else:
-                choices = CHOICES.get(f.name)
+                choices = f.metadata.get("choices")
                 metavar = None if choices else {int: "N", float: "X"}.get(kind, f.name.upper())
                 group.add_argument(
                     flag, dest=f.name, type=kind, default=None, metavar=metavar,
                     choices=choices, help=text,
                 )
+
+
+# -- rules between fields, checked after every field's own: each gives the message of
+# settings that break it, else None ------------------------------------------------------------
+
+def _distinct_ports(s: Settings) -> str | None:
+    # 0 and 0 are two free ports, not one.
+    if s.grpc_port is not None and s.grpc_port == s.port != 0:
+        return f"grpc_port must differ from port ({s.port})"
+    return None
+
+
+def _admissible_requests(s: Settings) -> str | None:
+    # Otherwise a request within the limits could never be admitted or queued, even when idle.
+    for name in ("max_body_bytes", "max_ws_message_bytes"):
+        if getattr(s, name) > s.max_inflight_bytes:
+            return (f"{name} ({getattr(s, name)}) must be <= max_inflight_bytes "
+                    f"({s.max_inflight_bytes})")
+    if s.max_queue_rows < s.max_images_per_request:
+        return (f"max_queue_rows ({s.max_queue_rows}) must be >= max_images_per_request "
+                f"({s.max_images_per_request})")
+    return None
+
+
+def _autoscaling_range(d: Deployment) -> str | None:
+    if d.max_replicas is not None and d.max_replicas < d.fewest_replicas:
+        return f"max_replicas must be >= {d.fewest_replicas}, got {d.max_replicas}"
+    return None
+
+
+RULES: tuple[Callable[[Settings], str | None], ...] = (_distinct_ports, _admissible_requests)
+DEPLOYMENT_RULES: tuple[Callable[[Deployment], str | None], ...] = (_autoscaling_range,)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -466,44 +483,60 @@ _TYPES: dict[str, type] = {
 }
 
 
-def _base_type(annotation: Any) -> type:
+def _base_type(f: dataclasses.Field) -> type:
+    if GROUP in f.metadata:
+        return f.metadata[GROUP]
     # `from __future__ import annotations` makes field types strings.
-    return _TYPES[annotation] if isinstance(annotation, str) else annotation
+    return _TYPES[f.type] if isinstance(f.type, str) else f.type
 
 
-def _optional(annotation: Any) -> bool:
-    return isinstance(annotation, str) and annotation.endswith("| None")
+def _optional(f: dataclasses.Field) -> bool:
+    return isinstance(f.type, str) and f.type.endswith("| None")
 
 
-def _parse(text: str, annotation: Any) -> Any:
-    kind = _base_type(annotation)
-    stripped = text.strip()
-    if _optional(annotation) and stripped == "":
+def _public(f: dataclasses.Field, value: Any) -> Any:
+    """A value as a log, a message or a status page may show it: a secret as ***, a URL
+    without its password."""
+    if value is None:
         return None
-    if kind is bool:
-        low = stripped.lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise InvalidSettings("expected one of 1/0, true/false, yes/no, on/off")
-    if kind is int:
-        try:
-            return int(stripped)
-        except ValueError:
-            raise InvalidSettings("expected an integer") from None
-    if kind is float:
-        try:
-            return float(stripped)
-        except ValueError:
-            raise InvalidSettings("expected a number") from None
-    return text
+    if f.metadata.get("secret"):
+        return SECRET
+    if f.metadata.get("url") and isinstance(value, str):
+        return redact_url(value)
+    return value
 
 
-def _check_type(name: str, value: Any, annotation: Any) -> None:
-    if value is None and _optional(annotation):
+def _shown(f: dataclasses.Field, value: Any) -> str:
+    """A value in a message or a repr: its `_public` repr (a set secret as a bare ***)."""
+    return SECRET if f.metadata.get("secret") and value is not None else repr(_public(f, value))
+
+
+def _public_dict(obj: Any) -> dict[str, Any]:
+    return {f.name: (_public_dict(getattr(obj, f.name)) if GROUP in f.metadata
+                     else _public(f, getattr(obj, f.name)))
+            for f in dataclasses.fields(obj)}
+
+
+def _parse(f: dataclasses.Field, label: str, text: str) -> Any:
+    """`text` (an environment variable's, or a mapping's) as a value of `f`'s type; refused
+    naming `label` (the variable, or the setting)."""
+    kind = _base_type(f)
+    stripped = text.strip()
+    if _optional(f) and not stripped:
+        return None
+    if kind not in _EXPECTED:
+        return text
+    try:
+        return _WORDS[stripped.lower()] if kind is bool else kind(stripped)
+    except (KeyError, ValueError):
+        raise InvalidSettings(f"{label}={_shown(f, text)}: expected {_EXPECTED[kind]}") from None
+
+
+def _check(f: dataclasses.Field, value: Any) -> None:
+    """Raise `InvalidSettings` for a value of the wrong type or outside `f`'s constraints."""
+    if value is None and _optional(f):
         return
-    kind = _base_type(annotation)
+    kind = _base_type(f)
     if kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif kind is int:
@@ -511,27 +544,23 @@ def _check_type(name: str, value: Any, annotation: Any) -> None:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        shown = "***" if name == "admin_token" else repr(value)
-        raise InvalidSettings(f"{name} must be {kind.__name__}, got {shown}")
+        raise InvalidSettings(f"{f.name} must be {kind.__name__}, got {_shown(f, value)}")
+    for key, constraint in CONSTRAINTS.items():
+        if key in f.metadata:
+            message = constraint(f, value, f.metadata[key])
+            if message:
+                raise InvalidSettings(message)
 
 
-def _at_least(name: str, value: float, low: float) -> None:
-    if value != value or value < low:  # NaN fails too
-        raise InvalidSettings(f"{name} must be >= {low}, got {value}")
-
-
-def _positive(name: str, value: float) -> None:
-    if value != value or value <= 0:
-        raise InvalidSettings(f"{name} must be > 0, got {value}")
+def _validate(obj: Any, rules: tuple[Callable[[Any], str | None], ...]) -> None:
+    for f in dataclasses.fields(obj):
+        _check(f, getattr(obj, f.name))
+    for rule in rules:
+        message = rule(obj)
+        if message:
+            raise InvalidSettings(message)
 
 
 def _bot_ids(text: str) -> tuple[str, ...]:
     """`"a, b,,a"` -> `("a", "b")`."""
     return tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
-
-
-def _valid_device(device: str) -> bool:
-    if device in ("auto", "cpu", "gpu"):
-        return True
-    head, _, index = device.partition(":")
-    return head == "gpu" and index.isascii() and index.isdigit()

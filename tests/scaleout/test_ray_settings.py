@@ -1,4 +1,6 @@
-"""The Ray Serve settings and deployment options, and the transport-neutral body reader."""
+"""The Ray Serve deployment settings and the options Ray gets from them, and the
+transport-neutral body reader. (Each deployment setting's bounds and messages are in
+tests/service/test_settings.py, generated from the field metadata.)"""
 from __future__ import annotations
 
 import pytest
@@ -6,14 +8,14 @@ import pytest
 from service.core import admission
 from service.core.admission import ByteBudget, Reservation
 from service.core.errors import BadRequest, Overloaded, PayloadTooLarge
-from service.core.settings import InvalidSettings, Settings
+from service.core.settings import Deployment, InvalidSettings, Settings
 
 
 def test_fixed_replicas_and_per_replica_resources():
     from service.transports.ray.serve import deployment_options
 
-    options = deployment_options(Settings(ray=True, replicas=3, replica_cpus=2.0,
-                                          replica_gpus=0.5, max_ongoing_requests=40))
+    options = deployment_options(Settings(ray=True, deployment=Deployment(
+        replicas=3, replica_cpus=2.0, replica_gpus=0.5, max_ongoing_requests=40)))
     assert options["num_replicas"] == 3 and "autoscaling_config" not in options
     assert options["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 0.5}
     assert options["max_ongoing_requests"] == 40
@@ -23,11 +25,12 @@ def test_fixed_replicas_and_per_replica_resources():
 def test_max_replicas_turns_autoscaling_on_from_replicas_or_min_replicas():
     from service.transports.ray.serve import deployment_options
 
-    auto = deployment_options(Settings(replicas=2, max_replicas=5, target_ongoing_requests=8))
+    auto = deployment_options(Settings(deployment=Deployment(
+        replicas=2, max_replicas=5, target_ongoing_requests=8)))
     assert "num_replicas" not in auto
     assert auto["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5,
                                           "target_ongoing_requests": 8.0}
-    scaled = deployment_options(Settings(min_replicas=0, max_replicas=2))
+    scaled = deployment_options(Settings(deployment=Deployment(min_replicas=0, max_replicas=2)))
     assert scaled["autoscaling_config"]["min_replicas"] == 0
 
 
@@ -44,16 +47,18 @@ def test_max_replicas_turns_autoscaling_on_from_replicas_or_min_replicas():
 ])
 def test_invalid_ray_settings_are_refused_naming_the_field(changes, message):
     with pytest.raises(InvalidSettings, match=message):
-        Settings(**changes)
+        Deployment(**changes)
 
 
 def test_local_paths_become_absolute_for_replicas_and_urls_stay(tmp_path, monkeypatch):
     from service.transports.ray.serve import _absolute
 
     monkeypatch.chdir(tmp_path)
-    local = _absolute(Settings(store="st", trunk_checkpoint="t/ckpt"))
+    local = _absolute(Settings(store="st", trunk_checkpoint="t/ckpt",
+                               deployment=Deployment(replicas=2)))
     assert local.store == str(tmp_path / "st")
     assert local.trunk_checkpoint == str(tmp_path / "t" / "ckpt")
+    assert local.deployment == Deployment(replicas=2)  # the deployment travels along
     url = "postgresql://u@h:5432/db"
     assert _absolute(Settings(store=url, trunk_checkpoint="/abs/ckpt")).store == url
 
@@ -61,7 +66,8 @@ def test_local_paths_become_absolute_for_replicas_and_urls_stay(tmp_path, monkey
 def test_settings_from_a_ray_config_mapping_parse_text_and_refuse_unknown_names():
     settings = Settings.from_mapping({"replicas": "2", "ray": "yes", "replica_cpus": 0.5},
                                      environ={"MULTIHEAD_MAX_BATCH_SIZE": "4"})
-    assert (settings.replicas, settings.ray, settings.replica_cpus) == (2, True, 0.5)
+    assert (settings.deployment.replicas, settings.ray, settings.deployment.replica_cpus) == (
+        2, True, 0.5)
     assert settings.max_batch_size == 4  # the environment still counts, under the args
     with pytest.raises(InvalidSettings, match="unknown setting"):
         Settings.from_mapping({"replica": 2}, environ={})

@@ -230,27 +230,26 @@ class Ingress:
 
 def deployment_options(settings: Settings) -> dict[str, Any]:
     """Ray Serve options of the replica deployment, from the settings."""
-    actor: dict[str, Any] = {"num_cpus": settings.replica_cpus}
-    if settings.replica_gpus:
-        actor["num_gpus"] = settings.replica_gpus
+    actor: dict[str, Any] = {"num_cpus": settings.deployment.replica_cpus}
+    if settings.deployment.replica_gpus:
+        actor["num_gpus"] = settings.deployment.replica_gpus
     options: dict[str, Any] = {
         "name": DEPLOYMENT_NAME,
         "ray_actor_options": actor,
         # NOTE: Ray's default (5) would starve the cross-bot batcher, which needs many requests
         # in one replica at once; the replica's own queue limit and byte budget still apply.
-        "max_ongoing_requests": settings.max_ongoing_requests,
+        "max_ongoing_requests": settings.deployment.max_ongoing_requests,
         "graceful_shutdown_timeout_s": settings.request_timeout_s,
         "health_check_period_s": 5.0,
     }
-    if settings.max_replicas is not None:
+    if settings.deployment.max_replicas is not None:
         options["autoscaling_config"] = {
-            "min_replicas": (settings.min_replicas if settings.min_replicas is not None
-                             else settings.replicas),
-            "max_replicas": settings.max_replicas,
-            "target_ongoing_requests": settings.target_ongoing_requests,
+            "min_replicas": settings.deployment.fewest_replicas,
+            "max_replicas": settings.deployment.max_replicas,
+            "target_ongoing_requests": settings.deployment.target_ongoing_requests,
         }
     else:
-        options["num_replicas"] = settings.replicas
+        options["num_replicas"] = settings.deployment.replicas
     return options
 
 
@@ -270,9 +269,10 @@ def build_app(settings: Settings) -> serve.Application:
     settings = _absolute(settings)
     model = serve.deployment(Replica).options(**deployment_options(settings))
     ingress = serve.deployment(Ingress).options(
-        name=INGRESS_NAME, num_replicas=settings.ingress_replicas,
+        name=INGRESS_NAME, num_replicas=settings.deployment.ingress_replicas,
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=settings.max_ongoing_requests * max(1, settings.replicas))
+        max_ongoing_requests=(settings.deployment.max_ongoing_requests
+                              * max(1, settings.deployment.replicas)))
     return ingress.bind(model.bind(settings), settings)
 
 
@@ -289,16 +289,16 @@ def run(settings: Settings) -> None:
     import ray
     from ray.serve.config import HTTPOptions
 
-    local = settings.ray_address is None
-    ray.init(address="local" if local else settings.ray_address, include_dashboard=False,
-             log_to_driver=True)
+    local = settings.deployment.ray_address is None
+    ray.init(address="local" if local else settings.deployment.ray_address,
+             include_dashboard=False, log_to_driver=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which sets its own
         signal.signal(signum, lambda *_: stop.set())
     try:
         serve.start(http_options=HTTPOptions(host=settings.host, port=settings.port))
-        log.info("deploying %d replica(s) on Ray %s", settings.replicas,
-                 "(local)" if local else settings.ray_address)
+        log.info("deploying %d replica(s) on Ray %s", settings.deployment.replicas,
+                 "(local)" if local else settings.deployment.ray_address)
         serve.run(build_app(settings), name=APP_NAME, route_prefix="/")
         log.info("serving on http://%s:%d (Ray Serve)", settings.host, settings.port)
         stop.wait()
