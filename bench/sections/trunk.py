@@ -42,7 +42,7 @@ class TrunkResult(Result):
     restore_s: float | None = None
     rss_after_load_bytes: int | None = None  # the whole bench process (TF runtime included)
     note: str = "efficiency = best trunk images/s / (best matmul FLOP/s / FLOPs per image)"
-    bf16_cpu: bool = False
+    bf16_cpu: bool | None = None  # None: not known (the section did not run)
     # "<runtime>-<precision>" -> {batches, min_cosine, best_images_per_s, images_per_s_b1,
     # images_per_s_b8} (or {error}); "tf-fp32" first.
     runtimes: dict[str, dict] = field(default_factory=dict)
@@ -236,7 +236,7 @@ def targets(trunk: TrunkResult, results: Results) -> list[Target]:
     """Trunk speed by runtime and precision: SKIP on a CPU without bf16."""
     runtimes: dict[str, Any] = trunk.runtimes or {}
     fp32 = runtimes.get("tf-fp32") or {}
-    no_bf16 = "" if trunk.bf16_cpu else "this CPU has no avx512_bf16/amx_bf16"
+    no_bf16 = "this CPU has no avx512_bf16/amx_bf16" if trunk.bf16_cpu is False else ""
     needs = ("trunk",)
     out = []
     for size in (1, 8):
@@ -249,7 +249,7 @@ def targets(trunk: TrunkResult, results: Results) -> list[Target]:
         "tf_bf16_b8", "TF bf16 >= 1.5 x TF fp32 at batch 8", needs,
         ratio((runtimes.get("tf-bf16") or {}).get("images_per_s_b8"),
               fp32.get("images_per_s_b8")), 1.5, ">=", "x", no_bf16))
-    return out if trunk.bf16_cpu else [replace(t, status=SKIP) for t in out]
+    return [replace(t, status=SKIP) for t in out] if trunk.bf16_cpu is False else out
 
 
 SECTION = Section("trunk", TrunkResult, run, render, targets)

@@ -194,3 +194,13 @@ def test_bf16_speed_targets_are_skipped_on_a_cpu_without_bf16():
     t = _by_key(evaluate_targets(results))
     for key in ("best_trunk_b1", "best_trunk_b8", "tf_bf16_b8"):
         assert t[key].status == SKIP and "no avx512_bf16" in t[key].note
+
+
+def test_bf16_speed_targets_do_not_claim_a_cpu_without_bf16_when_the_trunk_did_not_run():
+    results = passing_results()
+    del results["trunk"]
+    t = _by_key(evaluate_targets(results, {"service"}))
+    for key in ("best_trunk_b1", "best_trunk_b8", "tf_bf16_b8"):
+        assert t[key].status == SKIP and t[key].note == ""
+    t = _by_key(evaluate_targets(results, {"trunk"}))  # selected, but it failed
+    assert t["tf_bf16_b8"].status == FAIL
