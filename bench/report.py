@@ -140,7 +140,8 @@ def _import_matplotlib():
 
 def plot_latency_throughput(path: Path, results: Mapping) -> bool:
     """Latency (p50, bar to p95) against throughput of every service load point, one line per
-    batching policy, with the raw trunk's best rate and the matmul ceiling as vertical lines.
+    batching policy, with the raw trunk's best rate, the raw trunk of the servers' runtime and
+    the matmul ceiling as vertical lines.
     Returns False (and writes nothing) when there is nothing to plot or no matplotlib."""
     policies = get_path(results, "service.policies", {}) or {}
     if not any(p.get("points") for p in policies.values()):
@@ -178,7 +179,12 @@ def plot_latency_throughput(path: Path, results: Mapping) -> bool:
     best = get_path(results, "trunk.best_images_per_s")
     if best:
         ax.axvline(best, color="tab:green", linestyle="--", linewidth=1,
-                   label=f"raw trunk best {best:.1f} images/s")
+                   label=f"raw TF fp32 trunk best {best:.1f} images/s")
+    raw = get_path(results, "service.raw_trunk") or {}
+    if raw.get("images_per_s"):
+        ax.axvline(raw["images_per_s"], color="tab:purple", linestyle="-.", linewidth=1,
+                   label=f"raw {raw.get('name')} trunk (the servers' runtime) at batch "
+                         f"{raw.get('batch_size')}: {raw['images_per_s']:.1f} images/s")
     ceiling = get_path(results, "trunk.ceiling_images_per_s")
     if ceiling:
         ax.axvline(ceiling, color="tab:red", linestyle=":", linewidth=1,
