@@ -7,7 +7,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from bench.cli import DESCRIPTION, add_arguments, run
+from bench.cli import DESCRIPTION, add_arguments, command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -16,13 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.command_line = "python -m bench " + shlex.join(argv)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        return 130
-    except ValueError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
+    return command(args, parser.prog)
 
 
 if __name__ == "__main__":

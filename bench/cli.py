@@ -14,6 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
+from bench import runner
+from bench.plan import Plan
 from bench.report import (
     evaluate_targets,
     format_target_line,
@@ -21,14 +23,14 @@ from bench.report import (
     targets_failed,
     write_reports,
 )
-from bench.runner import SECTIONS, Bench, Plan
+from bench.sections import NAMES, parse_names
 
 HELP = "benchmark the shared trunk against the naive designs (writes json, md, png)"
 DESCRIPTION = (
     "Measure the shared-trunk design against the naive ones (rebuild per request, one full "
     "model per bot) on this machine, in one run: raw trunk, the service over HTTP with many "
     "bots, fan-out, bot scale, cold start. Writes bench.json, bench.md and bench.png. "
-    f"Sections: {', '.join(SECTIONS)}.")
+    f"Sections: {', '.join(NAMES)}.")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -42,21 +44,11 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _sections(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    unknown = [n for n in names if n not in SECTIONS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown section(s) {', '.join(unknown) or '(none)'}; choose from "
-            f"{','.join(SECTIONS)}")
-    return names
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds every flag of `multihead bench` to `parser`."""
-    parser.add_argument("--sections", type=_sections, default=SECTIONS,
+    parser.add_argument("--sections", default=",".join(NAMES), metavar="NAME,NAME,...",
                         help=f"comma-separated sections to run (default: all = "
-                             f"{','.join(SECTIONS)})")
+                             f"{','.join(NAMES)})")
     parser.add_argument("--output", default="bench-out", metavar="DIR",
                         help="where bench.json, bench.md, bench.png and server logs go "
                              "(default: bench-out)")
@@ -95,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
-    overrides = {"sections": args.sections, "seed": args.seed,
+    overrides = {"sections": parse_names(args.sections), "seed": args.seed,
                  "progress": not args.no_progress}
     for name, attr in (("bots", "bots"), ("classes", "classes"), ("zipf_s", "zipf_s"),
                        ("concurrency", "concurrency"), ("poisson_rate", "poisson_rate"),
@@ -109,6 +101,18 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
     if overrides.get("bots", 10) < 10:
         raise ValueError("--bots must be >= 10 (the fan-out scores 10 bots)")
     return Plan.quick_plan(**overrides) if args.quick else Plan(**overrides)
+
+
+def command(args: argparse.Namespace, prog: str = "multihead bench") -> int:
+    """`run(args)` as a command: an inconsistent flag (ValueError) is one line on stderr and
+    exit code 2, Ctrl-C exit code 130."""
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,8 +141,8 @@ def _run_and_report(args: argparse.Namespace, plan: Plan) -> int:
     if command is None:
         invoked = Path(sys.argv[0]).name == "multihead" and sys.argv[1:2] == ["bench"]
         command = "multihead " + shlex.join(sys.argv[1:]) if invoked else "multihead bench"
-    bench = Bench(plan, args.output, trunk_checkpoint=args.trunk_checkpoint, command=command)
-    results = bench.run()
+    results = runner.run(plan, args.output, trunk_checkpoint_prefix=args.trunk_checkpoint,
+                         command=command)
     targets = evaluate_targets(results, set(plan.sections))
     written = write_reports(args.output, results, targets)
     print(render_markdown(results, targets))

@@ -1,4 +1,4 @@
-"""Bench section `grpc`: the same server over REST and over gRPC, in one run.
+"""The clients and the load of the `grpc` section: the same server over REST and over gRPC.
 
 One `multihead serve --grpc-port N` process (feature cache off, the service section's bots and
 Zipf popularity, the run's 640x480 JPEGs), three clients of it:
@@ -255,26 +255,3 @@ def run(server, jpegs: Sequence[bytes], bots: Sequence[str], *, zipf_s: float, s
                    load_average_after=[round(x, 2) for x in os.getloadavg()],
                    server={"ready_s": server.ready_s, "pid": server.pid})
     return results
-
-
-def render_markdown(results: dict) -> list[str]:
-    """The section's table for bench.md."""
-    if "skipped" in results:
-        return ["## gRPC vs REST", "", f"Skipped: {results['skipped']}", ""]
-    n = results["concurrency"]
-    nan = float("nan")
-    out = [f"## gRPC vs REST: one server, {results['bots']} bots, feature cache off", ""]
-    out += ["| protocol | p50 ms, 1 client | p95 ms, 1 client | images/s, "
-            f"{n} clients | p50 ms, {n} clients | server: mean batch, trunk ms/image | errors |",
-            "|---|---|---|---|---|---|---|"]
-    for protocol, points in results["protocols"].items():
-        one, many = points["c1"], points.get(f"c{n}", {})
-        out.append(f"| {LABELS.get(protocol, protocol)} | {one['p50_ms']:.1f} | "
-                   f"{one['p95_ms']:.1f} | {many.get('throughput_images_per_s', nan):.2f} | "
-                   f"{many.get('p50_ms', nan):.1f} | {many.get('server_mean_batch', nan):.1f}, "
-                   f"{many.get('server_trunk_ms_per_image', nan):.0f} | "
-                   f"{one['errors'] + many.get('errors', 0)} |")
-    out += ["", f"Load average (1, 5, 15 min) before {results['load_average_before']}, after "
-                f"{results['load_average_after']}: the machine is shared, other processes count.",
-            ""]
-    return out

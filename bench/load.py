@@ -119,6 +119,7 @@ class ServerProcess:
     healthz_s: float | None = None
     ready_s: float | None = None
     _timings: dict = field(default_factory=dict)
+    _trunk: dict = field(default_factory=dict)
     _proc: subprocess.Popen | None = None
     _log: object = None
 
@@ -157,7 +158,7 @@ class ServerProcess:
         that 200 (see `server_timings`)."""
         self.port = free_port()
         self.healthz_s = self.ready_s = None
-        self._timings = {}
+        self._timings, self._trunk = {}, {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("MULTIHEAD_")}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["PYTHONUNBUFFERED"] = "1"
@@ -185,6 +186,7 @@ class ServerProcess:
                     if status == 200:
                         self.ready_s = time.monotonic() - t0
                         self._timings = _readyz_timings(body)
+                        self._trunk = _readyz_trunk(body)
                         return self
                     if b'"failed"' in body:
                         raise ServerError(f"server '{self.name}' failed to load: "
@@ -210,6 +212,17 @@ class ServerProcess:
         start to ready). Only the keys the server reported (none from a server whose /readyz
         has no "timings"); empty before `start()` has seen ready."""
         return dict(self._timings)
+
+    def trunk_info(self) -> dict:
+        """The trunk the server runs, as its /readyz answered when it became ready (`weights`,
+        `device`, `runtime`, `precision`, ...); empty before `start()` has seen ready."""
+        return dict(self._trunk)
+
+    def runtime(self) -> str:
+        """"<runtime>-<precision>" of the server's trunk, e.g. "tf-bf16" (a server whose
+        /readyz does not say runs the TF fp32 trunk)."""
+        info = self._trunk
+        return f"{info.get('runtime', 'tf')}-{info.get('precision', 'fp32')}"
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM (graceful: drain, close), then SIGKILL if it does not exit in time."""
@@ -253,6 +266,15 @@ def _readyz_timings(body: bytes) -> dict[str, float]:
         return {}
     return {str(k): float(v) for k, v in timings.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _readyz_trunk(body: bytes) -> dict:
+    """The "trunk" object of a /readyz JSON body ({} when absent or not JSON)."""
+    try:
+        trunk = json.loads(body).get("trunk")
+    except (ValueError, AttributeError):
+        return {}
+    return dict(trunk) if isinstance(trunk, dict) else {}
 
 
 def _get_status(url: str) -> int:

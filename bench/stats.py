@@ -243,6 +243,16 @@ def mean(values: Iterable[float]) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+def num(value) -> float:
+    """`value` as a float; NaN when it is None or not a number."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float:
     """numerator / denominator, NaN when either is missing, NaN or the denominator is 0."""
     if numerator is None or denominator is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.cli import DESCRIPTION, HELP, add_arguments, run
+from bench.cli import DESCRIPTION, HELP, add_arguments, command
 
 
 def add_commands(sub) -> None:
@@ -14,4 +14,5 @@ def add_commands(sub) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    return run(args)
+    """Runs the benchmark; an inconsistent flag is one line on stderr and exit code 2."""
+    return command(args)

@@ -177,7 +177,8 @@ RAY_ALLOWED = ("service.transports.ray.",)
                                              ("psycopg", ("heads.pg",)),
                                              ("tensorflow", ("backbone.", "heads.files",
                                                              "heads.store", "heads.train",
-                                                             "bench.runner"))])
+                                                             "bench.sections.trunk",
+                                                             "bench.sections.baselines"))])
 def test_heavy_libraries_stay_where_they_belong(library, allowed):
     users = sorted({name for name, path in MODULES.items()
                     for module, _, _ in _imports(name, path)

@@ -9,8 +9,11 @@ import sys
 
 import pytest
 
-from bench import load, runner
+from bench import load
+from bench.context import Context
 from bench.load import ServerError, ServerProcess
+from bench.plan import Plan
+from bench.sections import coldstart
 
 TIMINGS = {"import_s": 2.5, "build_s": 3.25, "restore_s": 0.75, "warmup_s": 0.5,
            "ready_s": 4.75}
@@ -77,16 +80,25 @@ def test_server_timings_come_from_the_readyz_body(fake_serve, tmp_path):
     with server:
         assert server.healthz_s is not None and server.ready_s >= server.healthz_s
         assert server.server_timings() == TIMINGS
+        assert server.runtime() == "tf-fp32"  # a /readyz that does not say: TF fp32
     assert server.server_timings() == TIMINGS  # fetched once, kept after the stop
-    assert runner.coldstart_timings(server.server_timings()) == {
+    assert coldstart.coldstart_timings(server.server_timings()) == {
         "build_s": 3.25, "restore_s": 0.75, "server_ready_s": 4.75}
+
+
+def test_the_servers_runtime_and_precision_come_from_the_readyz_body(fake_serve, tmp_path):
+    trunk = {"weights": "demo", "device": "cpu", "runtime": "openvino", "precision": "bf16"}
+    fake_serve({"status": "ready", "trunk": trunk, "timings": TIMINGS})
+    with _server(tmp_path) as server:
+        assert server.runtime() == "openvino-bf16"
+        assert server.trunk_info() == trunk
 
 
 def test_a_readyz_without_timings_gives_none(fake_serve, tmp_path):
     fake_serve({"status": "ready", "trunk": {"weights": "demo"}})  # /readyz before the change
     with _server(tmp_path) as server:
         assert server.ready_s is not None and server.server_timings() == {}
-    assert runner.coldstart_timings({}) == {}
+    assert coldstart.coldstart_timings({}) == {}
 
 
 def test_a_failed_load_is_an_error_not_a_wait(fake_serve, tmp_path):
@@ -99,11 +111,12 @@ def test_a_failed_load_is_an_error_not_a_wait(fake_serve, tmp_path):
 
 def test_coldstart_section_records_the_servers_timings(fake_serve, tmp_path):
     fake_serve({"status": "ready", "trunk": {"weights": "demo"}, "timings": TIMINGS})
-    b = runner.Bench(runner.Plan.quick_plan(progress=False), tmp_path / "out")
-    b.tmp, b.prefix = tmp_path, "/ckpt/prefix"
-    b.section_coldstart()
-    result = b.results["coldstart"]
+    context = Context(Plan.quick_plan(progress=False), tmp_path / "out", tmp_path,
+                      prefix="/ckpt/prefix")
+    result = coldstart.run(context).to_json()
     assert len(result["starts"]) == 3  # quick: no plain start without the graph cache
+    assert [s["name"] for s in context.server_starts] == [
+        "coldstart-0", "coldstart-1", "coldstart-2"]
     for entry in result["starts"]:
         assert entry["build_s"] == 3.25 and entry["restore_s"] == 0.75
         assert entry["server_ready_s"] == 4.75 and entry["ready_s"] > 0

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from backbone import FEATURE_DIM
-from bench import runner
+from bench.bots import bot_id, random_head, register_bots
+from bench.context import Context
 from bench.load import (
     ServerProcess,
     Workload,
@@ -26,7 +27,9 @@ from bench.load import (
     scrape_metrics,
     serve_command,
 )
+from bench.plan import Plan
 from bench.report import evaluate_targets, write_reports
+from bench.sections import fanout, scale, service
 from bench.stats import rss_bytes
 
 
@@ -56,12 +59,16 @@ def test_server_command_is_multihead_serve_with_the_options(tmp_path):
         assert part in joined
 
 
-def _plan(**overrides) -> runner.Plan:
+def _plan(**overrides) -> Plan:
     values = dict(concurrency=(1, 2), closed_min_requests=3, closed_requests_per_client=1,
                   poisson_requests=3, poisson_rate=20.0, fanout_bots=3, fanout_requests=1,
                   scale_levels=(3, 6), cold_samples=2, classes=5, progress=False)
     values.update(overrides)
-    return runner.Plan(**values)
+    return Plan(**values)
+
+
+def _context(tmp_path, jpegs) -> Context:
+    return Context(_plan(), tmp_path / "out", tmp_path, jpegs=list(jpegs))
 
 
 async def _serve(aiohttp_server, trunk, store_dir, **settings):
@@ -91,16 +98,15 @@ async def _serve(aiohttp_server, trunk, store_dir, **settings):
 
 async def test_service_points_and_fanout_measure_a_real_server(aiohttp_server, trunk, jpegs,
                                                                tmp_path):
-    bots = runner.register_bots(tmp_path / "store", 5, classes=5, seed=0)
-    assert bots == [runner.bot_id(i) for i in range(5)]
+    bots = register_bots(tmp_path / "store", 5, classes=5, seed=0)
+    assert bots == [bot_id(i) for i in range(5)]
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "store")
     try:
-        b = runner.Bench(_plan(), tmp_path / "out")
-        b.jpegs = list(jpegs)
+        context = _context(tmp_path, jpegs)
         data = {"points": []}
-        b.results["service"] = {"policies": {"mixed": data}}
-        await b._service_points(url, bots, "mixed", data)
-        await b._fanout(url, bots)
+        result = service.ServiceResult(policies={"mixed": data})
+        await service.measure_points(context, url, bots, "mixed", data, result)
+        fan = await fanout.measure(context, url, bots)
     finally:
         store.close()
 
@@ -114,13 +120,12 @@ async def test_service_points_and_fanout_measure_a_real_server(aiohttp_server, t
     assert data["points"][-1]["mode"] == "open" and data["points"][-1]["requests"] == 3
     # Only the first sight of each image reaches the batcher; the first point pays for both.
     assert data["points"][0]["batches"] >= 1
-    fan = b.results["fanout"]
-    assert fan["n_bots"] == 3 and fan["single"]["n"] == 1 and fan["fanout"]["n"] == 1
-    assert fan["ratio_p50"] > 0
+    assert fan.n_bots == 3 and fan.single["n"] == 1 and fan.fanout["n"] == 1
+    assert fan.ratio_p50 > 0
 
 
 async def test_workload_spreads_requests_over_zipf_bots(aiohttp_server, trunk, jpegs, tmp_path):
-    bots = runner.register_bots(tmp_path / "store", 3, classes=4, seed=1)
+    bots = register_bots(tmp_path / "store", 3, classes=4, seed=1)
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "store")
     try:
         workload = Workload(jpegs, bots, zipf_s=1.0, seed=0)
@@ -153,32 +158,31 @@ def test_workload_draws_bots_with_zipf_popularity_and_cycles_images():
 
 async def test_scale_registers_levels_and_touches_every_bot(aiohttp_server, trunk, jpegs,
                                                              tmp_path):
-    b = runner.Bench(_plan(), tmp_path / "out")
-    b.jpegs = list(jpegs)
-    result = b.register_levels(tmp_path / "scale")
-    assert [lv["bots"] for lv in result["levels"]] == [3, 6]
-    assert [lv["register"]["n"] for lv in result["levels"]] == [3, 3]
-    assert result["registrations"] == 6 and result["registration_p50_ms"] > 0
-    assert result["weight_bytes_per_bot"] == (FEATURE_DIM * 5 + 5) * 4
+    context = _context(tmp_path, jpegs)
+    result = scale.register_levels(context, tmp_path / "scale")
+    assert [lv["bots"] for lv in result.levels] == [3, 6]
+    assert [lv["register"]["n"] for lv in result.levels] == [3, 3]
+    assert result.registrations == 6 and result.registration_p50_ms > 0
+    assert result.weight_bytes_per_bot == (FEATURE_DIM * 5 + 5) * 4
 
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "scale")
     try:
-        await b.touch_levels(url, rss_bytes, result)
+        await scale.touch_levels(context, url, rss_bytes, result)
     finally:
         store.close()
-    assert result["touched"] == 6
-    assert [lv["touched"] for lv in result["levels"]] == [3, 6]
-    assert result["levels"][-1]["resident_heads"] == 6
-    assert result["cold"]["n"] == 4 and result["warm"]["n"] == 4
-    assert not math.isnan(result["rss_growth_per_bot_bytes"])
+    assert result.touched == 6
+    assert [lv["touched"] for lv in result.levels] == [3, 6]
+    assert result.levels[-1]["resident_heads"] == 6
+    assert result.cold["n"] == 4 and result.warm["n"] == 4
+    assert not math.isnan(result.rss_growth_per_bot_bytes)
 
-    b.results["scale"] = result
-    b.results["meta"] = {"sections": ["scale"], "date": "today", "machine": {}}
-    written = write_reports(tmp_path / "out", b.results, evaluate_targets(b.results))
+    results = {"meta": {"sections": ["scale"], "date": "today", "machine": {}}, "errors": {},
+               "scale": result.to_json()}
+    written = write_reports(tmp_path / "out", results, evaluate_targets(results))
     assert "Bot scale" in written["md"].read_text()
 
 
 def test_random_heads_are_seeded_and_shaped():
-    w, bias, labels = runner.random_head(np.random.default_rng(0), 7)
+    w, bias, labels = random_head(np.random.default_rng(0), 7)
     assert w.shape == (FEATURE_DIM, 7) and w.dtype == np.float32 and bias.shape == (7,)
     assert len(labels) == 7 == len(set(labels))

@@ -1,4 +1,4 @@
-"""The `replicas` section: `multihead serve --ray` with a PostgreSQL store.
+"""Section `replicas`: `multihead serve --ray` with a PostgreSQL store.
 
 Measures, in one run, on a throw-away PostgreSQL server (`bench.pgserver`):
 - the store: registration time and cold head load (first `get` in a fresh process's store),
@@ -13,15 +13,31 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 
+from bench.bots import register_bots
+from bench.context import Context
+from bench.result import Result
+from bench.sections.base import Results, Section
 from bench.stats import rss_bytes
 
 REGISTRATIONS = 50
 POLLERS = 4
+NOTE = ("Ray Serve on this machine (2 cores): each replica runs its own trunk, so 2 replicas "
+        "share the same 2 cores as 1 does; expect little gain here. The gain is for replicas "
+        "on separate machines or GPUs.")
+
+
+@dataclass
+class ReplicasResult(Result):
+    note: str = NOTE
+    store: dict = field(default_factory=dict)  # see `compare_stores`
+    propagation: dict = field(default_factory=dict)  # see `propagation`
+    points: dict[str, dict] = field(default_factory=dict)  # replicas -> 16-client point
+    speedup_2_vs_1: float | None = None
 
 
 def _percentiles(values: Sequence[float]) -> dict:
@@ -60,6 +76,8 @@ def compare_stores(pg_url: str, sqlite_dir: Path, count: int, classes: int, seed
 
 async def _answered_by_all(base: str, bot_id: str, replicas: set[str], timeout_s: float,
                            start: float) -> float:
+    import aiohttp
+
     seen: dict[str, float] = {}
     async with aiohttp.ClientSession() as session:
         async def poll():
@@ -78,6 +96,8 @@ async def _answered_by_all(base: str, bot_id: str, replicas: set[str], timeout_s
 
 async def replica_ids(base: str, want: int, timeout_s: float = 60.0) -> dict[str, int]:
     """{replica: pid} of `want` distinct ready replicas, from /readyz."""
+    import aiohttp
+
     seen: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:
@@ -135,61 +155,48 @@ def ray_session_rss() -> dict:
     return roles
 
 
-def run(runner, register_bots) -> dict:
-    """The section; `runner` is the benchmark's Runner (plan, servers, trunk, images),
-    `register_bots` its way of registering the run's random bots."""
+def run(context: Context) -> ReplicasResult:
     from bench.load import Workload, closed_loop
     from bench.pgserver import PgServer
 
-    plan = runner.plan
-    result: dict = {"note": (
-        "Ray Serve on this machine (2 cores): each replica runs its own trunk, so 2 replicas "
-        "share the same 2 cores as 1 does; expect little gain here. The gain is for replicas "
-        "on separate machines or GPUs.")}
+    plan = context.plan
+    result = ReplicasResult()
     pg = PgServer(durable=True)  # fsync on: compared with SQLite, which fsyncs
     try:
         url = pg.url
-        result["store"] = compare_stores(url, runner.tmp / "replicas-sqlite", REGISTRATIONS,
-                                         plan.classes, plan.seed)
-        from heads import HeadStore
-
-        with HeadStore(url) as store:
-            bots = register_bots(Path("unused"), plan.bots, plan.classes, plan.seed,
-                                 store=store)
+        result.store = compare_stores(url, context.tmp / "replicas-sqlite", REGISTRATIONS,
+                                      plan.classes, plan.seed)
+        bots = register_bots(url, plan.bots, plan.classes, plan.seed)
         requests = plan.closed_requests(16)
-        points = {}
         for count in (1, 2):
-            server = runner._server(f"ray-{count}", url, ray=True, replicas=count,
-                                    **{"feature-cache-size": 0})
-            runner._start(server)
+            server = context.start(context.server(f"ray-{count}", url, ray=True,
+                                                  replicas=count, **{"feature-cache-size": 0}))
             try:
                 ids = asyncio.run(replica_ids(server.url, count))
                 point = asyncio.run(closed_loop(server.url, Workload(
-                    runner.jpegs, bots, zipf_s=plan.zipf_s, seed=plan.seed), 16, requests))
+                    context.jpegs, bots, zipf_s=plan.zipf_s, seed=plan.seed), 16, requests))
                 point["replicas"] = count
                 point["ready_s"] = server.ready_s
                 point["replica_rss_bytes"] = {rid: rss_bytes(pid) for rid, pid in ids.items()}
                 point["ray_processes_rss_bytes"] = ray_session_rss()
                 point["driver_rss_bytes"] = server.rss_bytes()
-                points[str(count)] = point
+                result.points[str(count)] = point
                 if count == 2:
-                    result["propagation"] = propagation(server.url, url, set(ids),
-                                                        REGISTRATIONS, plan.classes, plan.seed)
+                    result.propagation = propagation(server.url, url, set(ids),
+                                                     REGISTRATIONS, plan.classes, plan.seed)
             finally:
                 server.stop()
-        result["points"] = points
-        one, two = points["1"], points["2"]
-        result["speedup_2_vs_1"] = two["throughput_images_per_s"] / one["throughput_images_per_s"]
+        one, two = result.points["1"], result.points["2"]
+        result.speedup_2_vs_1 = (two["throughput_images_per_s"]
+                                 / one["throughput_images_per_s"])
     finally:
         pg.cleanup()
     return result
 
 
-def render_markdown(result: dict) -> list[str]:
-    out = ["", "## Replicas (Ray Serve, PostgreSQL store)", "", result.get("note", ""), ""]
-    if "skipped" in result:
-        return out + [f"Skipped: {result['skipped']}"]
-    points = result.get("points", {})
+def render(result: ReplicasResult, results: Results) -> str:
+    out = ["", "## Replicas (Ray Serve, PostgreSQL store)", "", result.note, ""]
+    points = result.points
     if points:
         out += ["| replicas | images/s at 16 clients | p50 ms | p99 ms | RSS per replica MB |",
                 "|---|---|---|---|---|"]
@@ -197,20 +204,20 @@ def render_markdown(result: dict) -> list[str]:
             rss = ", ".join(f"{v / 2**20:.0f}" for v in p["replica_rss_bytes"].values())
             out.append(f"| {count} | {p['throughput_images_per_s']:.2f} | {p['p50_ms']:.0f} | "
                        f"{p['p99_ms']:.0f} | {rss} |")
-        if "speedup_2_vs_1" in result:
-            out += ["", f"2 replicas / 1 replica throughput: {result['speedup_2_vs_1']:.2f}x"]
+        if result.speedup_2_vs_1 is not None:
+            out += ["", f"2 replicas / 1 replica throughput: {result.speedup_2_vs_1:.2f}x"]
         two = points.get("2")
         if two:
             other = ", ".join(f"{k} {v / 2**20:.0f} MB"
                               for k, v in two["ray_processes_rss_bytes"].items())
             out += ["", f"Ray's own processes with 2 replicas: {other}; driver "
                         f"{two['driver_rss_bytes'] / 2**20:.0f} MB"]
-    prop = result.get("propagation")
+    prop = result.propagation
     if prop:
         out += ["", f"Registration to served by every replica ({prop['n']} registrations): "
                     f"p50 {prop['p50_s'] * 1000:.0f} ms, p99 {prop['p99_s'] * 1000:.0f} ms, "
                     f"max {prop['max_s'] * 1000:.0f} ms"]
-    store = result.get("store")
+    store = result.store
     if store:
         out += ["", f"Store, {store['classes']}-class heads "
                     f"({store['sqlite']['register']['n']} each):", "",
@@ -222,4 +229,7 @@ def render_markdown(result: dict) -> list[str]:
                        f"{s['register']['mean_s'] * 1000:.1f} | "
                        f"{s['cold_load']['p50_s'] * 1000:.1f} | "
                        f"{s['cold_load']['mean_s'] * 1000:.1f} |")
-    return out + [""]
+    return "\n".join(out + [""])
+
+
+SECTION = Section("replicas", ReplicasResult, run, render)

@@ -1,0 +1,60 @@
+"""The plan of a benchmark run: how much of everything it measures (`--quick` shrinks the
+counts, never the kinds). Built by `bench.cli` from the flags; read by every section."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Plan:
+    """How much of everything a run measures, and which sections it runs (in registry order)."""
+
+    quick: bool = False
+    sections: tuple[str, ...] = ()
+    bots: int = 100
+    classes: int = 100
+    zipf_s: float = 1.0
+    concurrency: tuple[int, ...] = (1, 4, 16, 32)
+    closed_min_requests: int = 40  # measured requests per closed-loop point: at least this,
+    closed_requests_per_client: int = 10  # and this many per client
+    poisson_rate: float | None = None  # None: 70 % of the mixed policy's 16-client throughput
+    poisson_requests: int = 150
+    trunk_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    trunk_runs: int = 7
+    matmul_n: int = 2048
+    matmul_runs: int = 7
+    scale_levels: tuple[int, ...] = (10, 100, 1000, 10000)
+    scale_touch_max: int = 2000
+    cold_samples: int = 50
+    fanout_bots: int = 10
+    fanout_requests: int = 20
+    rebuild_reps: int = 3
+    full_models: int = 4
+    full_models_requests: int = 64
+    full_models_concurrency: int = 16
+    images: int = 64
+    overload_uploads: int = 300
+    soak_s: float = 300.0
+    soak_clients: int = 8
+    seed: int = 0
+    max_batch_size: int = 16
+    max_wait_ms: float | None = None  # None: the server's default
+    progress: bool = True
+
+    @classmethod
+    def quick_plan(cls, **overrides) -> Plan:
+        values = dict(quick=True, concurrency=(1, 16), closed_min_requests=16,
+                      closed_requests_per_client=4, poisson_requests=24, trunk_runs=5,
+                      matmul_runs=5, scale_levels=(10, 100, 1000), cold_samples=20,
+                      fanout_requests=8, rebuild_reps=2, full_models_requests=24, images=48,
+                      overload_uploads=100, soak_s=60.0)
+        values.update(overrides)
+        return cls(**values)
+
+    def closed_requests(self, concurrency: int) -> int:
+        """Measured requests of a closed-loop point (after `concurrency` warm-up requests)."""
+        return max(self.closed_min_requests, self.closed_requests_per_client * concurrency)
+
+    def to_json(self) -> dict:
+        """The plan as bench.json's `meta.plan` records it (progress bars are no measurement)."""
+        return {k: v for k, v in asdict(self).items() if k != "progress"}

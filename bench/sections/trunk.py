@@ -1,0 +1,255 @@
+"""Section `trunk`: the raw trunk in this process.
+
+images/s at batch 1..16 on TF fp32, then on every other runtime x precision this machine can
+run (bf16 needs avx512_bf16/AMX; OpenVINO its package) with the min cosine of its features
+against TF fp32; float32 matmul GFLOP/s through TensorFlow -> the machine's ceiling in images/s,
+and the trunk's efficiency against it.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from bench.context import Context, say
+from bench.markdown import fmt, table
+from bench.result import Result
+from bench.sections.base import SKIP, Results, Section, Target
+from bench.stats import ratio, rss_bytes
+
+# Cost of one 299x299 image through Inception-V4 up to PreLogitsFlatten (the trunk), in FLOPs
+# (1 multiply-add = 2 FLOPs): the TF profiler's float_operation count on the official graph
+# (= 12,274,991,520 multiply-adds, 99.8 % of it Conv2D). A copy of the figure in
+# tests/data/inception_v4_contract.json, because the benchmark is installed without the tests'
+# data; tests/bench checks that the two agree.
+FLOPS_PER_IMAGE = 24_549_983_040
+
+
+@dataclass
+class TrunkResult(Result):
+    batches: list[dict] = field(default_factory=list)  # TF fp32, one entry per batch size
+    best_images_per_s: float | None = None
+    best_batch_size: int | None = None
+    batch1_forward_ms: float | None = None
+    matmul: dict = field(default_factory=dict)
+    flops_per_image: int = FLOPS_PER_IMAGE
+    ceiling_images_per_s: float | None = None
+    efficiency_pct: float | None = None
+    build_s: float | None = None
+    restore_s: float | None = None
+    rss_after_load_bytes: int | None = None  # the whole bench process (TF runtime included)
+    note: str = "efficiency = best trunk images/s / (best matmul FLOP/s / FLOPs per image)"
+    bf16_cpu: bool | None = None  # None: not known (the section did not run)
+    # "<runtime>-<precision>" -> {batches, min_cosine, best_images_per_s, images_per_s_b1,
+    # images_per_s_b8} (or {error}); "tf-fp32" first.
+    runtimes: dict[str, dict] = field(default_factory=dict)
+
+
+def bf16_cpu() -> bool:
+    from backbone.precision import cpu_flags, cpu_has_bf16
+
+    return cpu_has_bf16(cpu_flags())
+
+
+def rates(batches: list[dict]) -> dict:
+    """Best images/s and the rates at batch 1 and 8 of one runtime's batch table."""
+    by_size = {b["batch_size"]: b["images_per_s"] for b in batches}
+    best = max(batches, key=lambda b: b["images_per_s"])
+    return {"best_images_per_s": best["images_per_s"], "images_per_s_b1": by_size.get(1),
+            "images_per_s_b8": by_size.get(8)}
+
+
+def time_batches(trunk, images: np.ndarray, sizes: Sequence[int], runs: int,
+                 progress=None) -> list[dict]:
+    """The steady rate of `trunk` at each batch size: one size at a time, one untimed run (the
+    first run at a shape sets up its kernels), then `runs` timed runs back to back."""
+    batches = []
+    for size in sizes:
+        trunk.features(images[:size])
+        if progress is not None:
+            progress(1)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            trunk.features(images[:size])
+            times.append(time.perf_counter() - t0)
+            if progress is not None:
+                progress(1)
+        median = float(np.median(times))
+        batches.append({"batch_size": size, "runs": runs, "median_s": median,
+                        "images_per_s": size / median, "times_s": times})
+    return batches
+
+
+def preprocessed(context: Context, count: int) -> np.ndarray:
+    """`count` of the run's JPEGs, decoded and preprocessed: [count, 299, 299, 3]."""
+    from backbone import preprocess
+
+    return np.stack([preprocess(context.jpegs[i % len(context.jpegs)]) for i in range(count)])
+
+
+def measure_runtime(context: Context, runtime: str, precision: str, images: np.ndarray,
+                    sizes: Sequence[int]) -> tuple[list[dict], np.ndarray]:
+    """(batch table, features of the first 8 images) of the run's trunk on `runtime` x
+    `precision`, built in this process (its graph cached in the run's temp dir)."""
+    from backbone import Trunk
+
+    trunk = Trunk.from_checkpoint(context.prefix, warmup_batch_sizes=(1,), runtime=runtime,
+                                  precision=precision,
+                                  graph_cache_dir=context.tmp / "runtime-cache")
+    try:
+        features = trunk.features(images[:8])  # [8, 1536]
+        return time_batches(trunk, images, sizes, context.plan.trunk_runs), features
+    finally:
+        trunk.close()
+
+
+def measure_matmul(n: int, runs: int) -> dict:
+    """float32 [n, n] @ [n, n] through TensorFlow (one tf.function call per run)."""
+    import tensorflow as tf
+
+    a = tf.random.stateless_normal([n, n], seed=[1, 2], dtype=tf.float32)
+    b = tf.random.stateless_normal([n, n], seed=[3, 4], dtype=tf.float32)
+
+    @tf.function
+    def matmul(x, y):
+        # The sum keeps the result on the device side and costs n^2 adds (0.05 % of 2 n^3).
+        return tf.reduce_sum(tf.linalg.matmul(x, y))
+
+    for _ in range(2):
+        matmul(a, b).numpy()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        matmul(a, b).numpy()
+        times.append(time.perf_counter() - t0)
+    flops = 2.0 * n ** 3
+    gflops = [flops / t / 1e9 for t in times]
+    return {"n": n, "runs": runs, "times_s": times, "gflops_best": max(gflops),
+            "gflops_median": float(np.median(gflops))}
+
+
+def _other_runtimes(context: Context, images: np.ndarray, sizes: Sequence[int],
+                    reference: np.ndarray) -> dict:
+    """Every other runtime x precision this machine can run, against TF fp32's features."""
+    from backbone.precision import openvino_available
+
+    bf16 = bf16_cpu()
+    combos = [("tf", "bf16")] if bf16 else []
+    if openvino_available():
+        combos += [("openvino", "fp32")] + ([("openvino", "bf16")] if bf16 else [])
+    out = {}
+    for runtime, precision in combos:
+        name = f"{runtime}-{precision}"
+        say(f"trunk on {name} ...")
+        try:
+            batches, features = measure_runtime(context, runtime, precision, images, sizes)
+        except Exception as exc:  # noqa: BLE001 - record, and measure the others
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        cosine = np.sum(features * reference, axis=1) / (
+            np.linalg.norm(features, axis=1) * np.linalg.norm(reference, axis=1))
+        out[name] = {"batches": batches, "min_cosine": float(cosine.min()),
+                     "max_abs_diff": float(np.abs(features - reference).max()),
+                     **rates(batches)}
+    return out
+
+
+def run(context: Context) -> TrunkResult:
+    from backbone import Trunk
+
+    plan = context.plan
+    sizes = plan.trunk_batch_sizes
+    images = preprocessed(context, max(sizes))  # [16, 299, 299, 3]
+    trunk = Trunk.from_checkpoint(context.prefix, warmup_batch_sizes=())
+    try:
+        trunk.features(images[:1])  # first run ever: graph-wide initialisation
+        rss_loaded = rss_bytes()
+        matmul_before = measure_matmul(plan.matmul_n, plan.matmul_runs)
+        with context.bar((plan.trunk_runs + 1) * len(sizes), "trunk") as bar:
+            batches = time_batches(trunk, images, sizes, plan.trunk_runs, bar.update)
+        timings = trunk.timings
+        reference = trunk.features(images[:8])  # [8, 1536]: what other runtimes must match
+    finally:
+        trunk.close()
+    runtimes = _other_runtimes(context, images, sizes, reference)
+    matmul_after = measure_matmul(plan.matmul_n, plan.matmul_runs)
+    # The ceiling is a peak: the better of the two measurements (before and after the trunk).
+    matmul = max(matmul_before, matmul_after, key=lambda m: m["gflops_best"])
+    matmul["gflops_best_before_after"] = [matmul_before["gflops_best"],
+                                          matmul_after["gflops_best"]]
+    best = max(batches, key=lambda b: b["images_per_s"])
+    ceiling = matmul["gflops_best"] * 1e9 / FLOPS_PER_IMAGE
+    batch1 = next((b for b in batches if b["batch_size"] == 1), None)
+    say(f"trunk best {best['images_per_s']:.2f} images/s at batch {best['batch_size']}; "
+        f"matmul {matmul['gflops_best']:.0f} GFLOP/s -> ceiling {ceiling:.2f} images/s")
+    return TrunkResult(
+        batches=batches, best_images_per_s=best["images_per_s"],
+        best_batch_size=best["batch_size"],
+        batch1_forward_ms=batch1["median_s"] * 1000 if batch1 else None,
+        matmul=matmul, ceiling_images_per_s=ceiling,
+        efficiency_pct=100.0 * best["images_per_s"] / ceiling, build_s=timings.build_s,
+        restore_s=timings.restore_s, rss_after_load_bytes=rss_loaded, bf16_cpu=bf16_cpu(),
+        runtimes={"tf-fp32": {"batches": batches, "min_cosine": 1.0, **rates(batches)},
+                  **runtimes})
+
+
+def render(trunk: TrunkResult, results: Results) -> str:
+    out = ["## Raw trunk (in process, preprocessed 640×480 JPEGs)", ""]
+    rows = [[b["batch_size"], b["images_per_s"], b["median_s"] * 1000, b["runs"]]
+            for b in trunk.batches]
+    out += table(["batch", "images/s", "ms per batch (median)", "timed runs"], rows)
+    mm = trunk.matmul
+    out += ["", f"Float32 matmul through TensorFlow ({mm.get('n')}×{mm.get('n')}, best of "
+            f"{mm.get('runs')}): {fmt(mm.get('gflops_best'))} GFLOP/s (median "
+            f"{fmt(mm.get('gflops_median'))}). Inception-V4 costs "
+            f"{fmt((trunk.flops_per_image or 0) / 1e9)} GFLOP per image (contract), so "
+            f"the ceiling is {fmt(trunk.ceiling_images_per_s)} images/s; the best "
+            f"trunk rate {fmt(trunk.best_images_per_s)} images/s (batch "
+            f"{trunk.best_batch_size}) is {fmt(trunk.efficiency_pct)} % of it. "
+            f"Graph build {fmt(trunk.build_s)} s, restore "
+            f"{fmt(trunk.restore_s)} s. RSS of the benchmark process once the trunk "
+            f"is loaded and has run once: "
+            f"{fmt((trunk.rss_after_load_bytes or 0) / 1e6)} MB (TensorFlow runtime "
+            f"included).", ""]
+    if len(trunk.runtimes) > 1 or not trunk.bf16_cpu:
+        sizes = [b["batch_size"] for b in trunk.batches]
+        out += [f"By runtime and precision (images/s; min cosine of the features against "
+                f"TF fp32; this CPU {'has' if trunk.bf16_cpu else 'has no'} "
+                f"avx512_bf16/amx_bf16, so bf16 "
+                f"{'runs' if trunk.bf16_cpu else 'is refused and not measured'}):", ""]
+        rows = []
+        for name, r in trunk.runtimes.items():
+            by_size = {b["batch_size"]: b["images_per_s"] for b in r.get("batches", [])}
+            rows.append([name, *[by_size.get(size) for size in sizes], r.get("min_cosine"),
+                         r.get("error", "")])
+        out += table(["runtime-precision", *[f"batch {s}" for s in sizes], "min cosine",
+                      "error"], rows)
+        out += [""]
+    return "\n".join(out)
+
+
+def targets(trunk: TrunkResult, results: Results) -> list[Target]:
+    """Trunk speed by runtime and precision: SKIP on a CPU without bf16."""
+    runtimes: dict[str, Any] = trunk.runtimes or {}
+    fp32 = runtimes.get("tf-fp32") or {}
+    no_bf16 = "this CPU has no avx512_bf16/amx_bf16" if trunk.bf16_cpu is False else ""
+    needs = ("trunk",)
+    out = []
+    for size in (1, 8):
+        key = f"images_per_s_b{size}"
+        best = max((float(r[key]) for r in runtimes.values() if r.get(key)), default=None)
+        out.append(Target.of(
+            f"best_trunk_b{size}", f"best runtime x precision >= 1.8 x TF fp32 at batch {size}",
+            needs, ratio(best, fp32.get(key)), 1.8, ">=", "x", no_bf16))
+    out.append(Target.of(
+        "tf_bf16_b8", "TF bf16 >= 1.5 x TF fp32 at batch 8", needs,
+        ratio((runtimes.get("tf-bf16") or {}).get("images_per_s_b8"),
+              fp32.get("images_per_s_b8")), 1.5, ">=", "x", no_bf16))
+    return [replace(t, status=SKIP) for t in out] if trunk.bf16_cpu is False else out
+
+
+SECTION = Section("trunk", TrunkResult, run, render, targets)
