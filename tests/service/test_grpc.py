@@ -333,7 +333,7 @@ async def test_errors_map_to_grpc_status_codes(make_grpc, channels):
     await expect_error("NOT_FOUND", t.infer, BOT, [bytes_input([png])], model_version="9")
     await expect_error("INVALID_ARGUMENT", t.infer, "../x", [bytes_input([png])])
     await expect_error("RESOURCE_EXHAUSTED", t.infer, BOT, [bytes_input([png] * 33)],
-                       text="33 images")  # max_images_per_request 32
+                       text="more than 32 images")  # max_images_per_request 32
     ints = triton.InferInput("image_bytes", [1], "INT32")
     ints.set_data_from_numpy(np.zeros(1, np.int32))
     await expect_error("INVALID_ARGUMENT", t.infer, BOT, [ints], text="datatype 'INT32'")
@@ -459,7 +459,7 @@ async def test_deadline_and_in_flight_budget(make_grpc, channels, trunk, jpegs):
     assert counting.rows == 1  # the upload's row only
     assert service.inflight.used_bytes == 0
     metrics = await (await client.get("/metrics")).text()
-    route = 'route="/inference.GRPCInferenceService/ModelInfer"'
+    route = 'route="oip_infer"'  # the REST twin's endpoint name
     assert f'{route},status="503"}} 1.0' in metrics  # over budget
     assert f'{route},status="504"}} 1.0' in metrics  # deadline
 
