@@ -330,11 +330,11 @@ class Service:
 
     # -- readiness ------------------------------------------------------------------------------
 
-    def require_engine(self) -> Engine:
-        """The engine, or `NotReady` (503 + Retry-After) while loading or after a failure."""
-        if self.engine is None or not self.readiness.ready:
+    def require_ready(self) -> None:
+        """`NotReady` (503 + Retry-After) while loading or after a failure. A request checks it
+        once, through `heads_for` / `head`."""
+        if not self.readiness.ready:
             raise NotReady(self.readiness.error or "the trunk is still loading; retry shortly")
-        return self.engine
 
     def trunk_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights": self.trunk_kind}
@@ -376,7 +376,7 @@ class Service:
         Retry-After) while the trunk loads or after it failed; then UnknownBot (404),
         HeadUnavailable, StoreUnavailable per bot, in order.
         """
-        self.require_engine()
+        self.require_ready()
         # NOTE: resolved once per request: the request keeps this version even if the bot is
         # replaced or removed while it waits in the queue.
         return [await self._head(bot_id) for bot_id in bot_ids]
@@ -441,7 +441,8 @@ class Service:
         """Every image under every head: result[i][j] is image i under heads[j].
 
         `heads` come from `heads_for()` / `head()`, which checked readiness for the request: the
-        engine exists from then on (readiness never goes back to loading).
+        engine exists from then on (it is started before readiness says ready, and readiness
+        never goes back).
         """
         engine = self.engine
         assert engine is not None, "heads_for() checks readiness before a request is scored"

@@ -88,10 +88,9 @@ class FakeService:
     classified: list[tuple[Images, list[str], int]] = dataclasses.field(default_factory=list)
     blocking: list[str] = dataclasses.field(default_factory=list)
 
-    def require_engine(self) -> object:
+    def require_ready(self) -> None:
         if not self.readiness.ready:
             raise NotReady(self.readiness.error or "the trunk is still loading; retry shortly")
-        return object()
 
     def readiness_report(self) -> dict:
         body: dict[str, Any] = {"status": self.readiness.status}
@@ -104,7 +103,7 @@ class FakeService:
         return fn(*args)
 
     async def heads_for(self, bot_ids) -> list[Head]:
-        self.require_engine()  # as `Service.heads_for`: the request's one readiness check
+        self.require_ready()  # as `Service.heads_for`: the request's one readiness check
         return [self._head(b) for b in bot_ids]
 
     async def head(self, bot_id: str) -> Head:
