@@ -16,6 +16,10 @@ One output, `probabilities` FP32 [N, n] in class index order; with `"classificat
 its parameters it is BYTES [N, min(k, n)] of "score:index:label" strings instead, as Triton
 returns. Errors keep the `{"error": "...", "code": "..."}` body: the protocol's `{"error":
 $string}` plus a field clients ignore.
+
+The typed calls (`infer_call`, `model_metadata_call`, ...) and the input rules (`tensor_images`
+over the neutral `Tensor`, `check_one_input`, `output_request`) serve the KServe gRPC service
+too (`service.transports.grpc.kserve`).
 """
 from __future__ import annotations
 
