@@ -255,15 +255,19 @@ class Batcher:
         group: str,
         deadline: float | None = None,
         return_exceptions: bool = False,
+        admitted: bool = False,
     ) -> list[Any]:
         """Queue several rows atomically (all or none: the queue bound never splits them).
 
         Returns the results in order. With `return_exceptions=False`, as soon as one row fails
         its exception is raised and the request's rows not yet run are withdrawn; with True,
         failed rows' exceptions are returned in their place (like `asyncio.gather`).
-        Raises `BadRequest` if there are more rows than `max_queue_rows` (they could never fit).
+        Raises `BadRequest` if there are more rows than `max_queue_rows` (they could never fit),
+        `Overloaded` if they do not fit now (`check_room`), unless `admitted`: the caller checked
+        their room with `check_room` before preparing them and has counted them as `incoming`
+        since, so they fit (the check is made once per request).
         """
-        entries = self._enqueue(tuple(payloads), group, deadline)
+        entries = self._enqueue(tuple(payloads), group, deadline, admitted)
         if not entries:
             return []
         futures = [e.future for e in entries]
@@ -304,14 +308,16 @@ class Batcher:
             self._task = loop.create_task(self._batch_loop(), name="multihead-batcher")
             self._task.add_done_callback(self._on_task_done)
 
-    def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None) -> list[_Entry]:
+    def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None,
+                 admitted: bool = False) -> list[_Entry]:
         self._ensure_started()
+        if self._closing:  # also for admitted rows: close() may have begun since their check
+            raise ShuttingDown("the service is shutting down and accepts no new requests")
         n = len(payloads)
         if n == 0:
-            if self._closing:
-                raise ShuttingDown("the service is shutting down and accepts no new requests")
             return []
-        self.check_room(n)
+        if not admitted:
+            self.check_room(n)
         now = self._clock()
         if deadline is not None and deadline <= now:
             raise DeadlineExceeded("the request's deadline passed before it was queued")

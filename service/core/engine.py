@@ -276,9 +276,10 @@ class Engine:
                            top_k: int) -> list[Item]:
         """`prepare` of every input in the decode pool, counted as incoming rows meanwhile.
 
-        Admission before work: the batcher counts the rows being prepared (its `incoming` hint)
-        with the rows queued, so a full queue refuses a request (Overloaded) before it is
-        decoded, and its submit after decoding always finds room.
+        Admission before work, the request's one queue-room check: the batcher counts the rows
+        being prepared (its `incoming` hint) with the rows queued, so a full queue refuses a
+        request (Overloaded) before it is decoded, and its rows always fit when submitted
+        (`admitted`, not checked again).
         """
         self.batcher.check_room(len(inputs))
         loop = asyncio.get_running_loop()
@@ -306,7 +307,9 @@ class Engine:
             results = await asyncio.get_running_loop().run_in_executor(
                 self.decode_pool, score, features, items)
         else:
-            results = await self.batcher.submit_many(list(items), group=group, deadline=deadline)
+            # Their room was checked before decoding (`_prepare_all`): not again.
+            results = await self.batcher.submit_many(list(items), group=group, deadline=deadline,
+                                                     admitted=True)
         for result in results:
             if isinstance(result, Exception):
                 raise result
