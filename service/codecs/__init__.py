@@ -9,11 +9,18 @@ Protocol v2, TF Serving REST) is written ONCE here, as:
 - an `Endpoint` per route: `handle(service, request) -> Reply`, which parses, calls the
   protocol-agnostic `Service` (`service.core.context`), and renders.
 
+The interop protocols (OIP v2, TF Serving) also expose their typed calls to other transports:
+a typed request (`oip.InferRequest`, with its input in the neutral form `oip.Tensor`; TF
+Serving's images) goes into a call (`oip.infer_call`, `tfserving.predict_call`, the metadata,
+readiness and status calls) that returns a typed result (`oip.InferResult`, ...). The REST
+endpoints are parse -> typed call -> render; the gRPC services (`service.transports.grpc`) are
+protobuf -> the same typed request -> the same call -> protobuf, with the same input rules and
+messages. No transport builds another protocol's wire bytes.
+
 `service.codecs.base` holds the shared types and `dispatch`; `service.codecs.routes` lists every
 endpoint. Transports only move bytes: the aiohttp app (`service.transports.http.app`) maps each
-`Endpoint` to a
-route and calls `dispatch`; a Ray Serve ASGI proxy or a gRPC server are further transports
-over the same endpoints and functions. Nothing in this package imports aiohttp (a test keeps it so).
+`Endpoint` to a route and calls `dispatch`; the Ray Serve ASGI proxy likewise. Nothing in this
+package imports aiohttp (a test keeps it so). A codec reaches the core only through `Service`.
 
 Admin authentication is applied once, in `dispatch`, for every endpoint marked `admin=True`;
 every error becomes `{"error": "...", "code": "..."}` with its status through `error_reply`.

@@ -65,8 +65,9 @@ def parse_head_upload(parts: list[Part]) -> HeadUpload:
     return HeadUpload(index, shards, labels, names)
 
 
-def register_upload(store, bot_id: str, upload: HeadUpload) -> int:
-    """Writes the upload to a temporary directory and registers it. Blocking: a worker thread.
+def register_upload(registry, bot_id: str, upload: HeadUpload) -> int:
+    """Writes the upload to a temporary directory and registers it with `registry` (the
+    `Service`, or a store: anything with `register_checkpoint`). Blocking: a worker thread.
 
     A refusal's message names the uploaded parts, never the server's temporary files.
     """
@@ -78,8 +79,8 @@ def register_upload(store, bot_id: str, upload: HeadUpload) -> int:
         labels_path = Path(tmp) / "labels.txt"
         labels_path.write_bytes(upload.labels)
         try:
-            return store.register_checkpoint(bot_id, prefix, labels_path, source="http",
-                                             **upload.names)
+            return registry.register_checkpoint(bot_id, prefix, labels_path, source="http",
+                                                **upload.names)
         except HeadsError as exc:
             message = str(exc)
             for path, name in ((labels_path, "<labels part>"),
@@ -94,15 +95,14 @@ def render_info(service: Service, info) -> dict:
     """A bot's public description: the registry's view (no training source: a server path) and
     whether it is pinned (its head always resident)."""
     return {**info.to_dict(with_source=False),
-            "pinned": info.bot_id in service.settings.pinned_bots}
+            "pinned": service.is_pinned(info.bot_id)}
 
 
 async def list_bots(service: Service, request: Request) -> Reply:
     infos = await service.bots()
-    pinned = service.settings.pinned_bots
     return json_reply({"bots": [
         {"bot_id": i.bot_id, "version": i.version, "n_classes": i.n_classes,
-         "pinned": i.bot_id in pinned} for i in infos]})
+         "pinned": service.is_pinned(i.bot_id)} for i in infos]})
 
 
 async def show_bot(service: Service, request: Request) -> Reply:
@@ -118,14 +118,14 @@ async def put_bot(service: Service, request: Request) -> Reply:
     body = await request.body()
     parts = await service.run_blocking(parse_multipart, request.header("content-type"), body)
     upload = parse_head_upload(parts)
-    version = await service.run_blocking(register_upload, service.store, bot_id, upload)
+    version = await service.run_blocking(register_upload, service, bot_id, upload)
     info = await service.info(bot_id)
     return json_reply(render_info(service, info), status=201 if version == 1 else 200)
 
 
 async def delete_bot(service: Service, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
-    await service.run_blocking(service.store.remove, bot_id)
+    await service.remove(bot_id)
     return json_reply({"bot_id": bot_id, "removed": True})
 
 
@@ -134,7 +134,7 @@ async def rollback_bot(service: Service, request: Request) -> Reply:
     to = request.query.get("to")
     if to is not None and not is_number(to):
         raise BadRequest(f"to must be a version number, got '{to[:32]}'")
-    await service.run_blocking(service.store.rollback, bot_id, int(to) if to else None)
+    await service.rollback(bot_id, int(to) if to else None)
     info = await service.info(bot_id)
     return json_reply(render_info(service, info))
 

@@ -5,6 +5,7 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,19 +114,44 @@ def check_version(bot_id: str, active: int, raw: str | None) -> None:
                              f"version {active} is")
 
 
-# -- model-as-bot lookups shared by the interop protocols (OIP v2, TF Serving) -----------------
+# -- model-as-bot calls shared by the interop protocols (OIP v2, TF Serving), any transport -------
 
-async def active_info(service: Service, request: Request) -> BotInfo:
-    """The registry's view of the bot in the path (no head load), its version checked."""
-    info = await service.info(request.params["bot_id"])
-    check_version(info.bot_id, info.version, request.params.get("version"))
+@dataclass(frozen=True)
+class Model:
+    """The model a call names: a bot, and the version asked for (None: the active one).
+
+    REST carries it in the path (`{bot_id}`, `{version}`), gRPC in the request message.
+    """
+
+    bot_id: str
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's metadata as the protocols describe a model: name, datatype, shape (-1: any)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+def model_of(request: Request) -> Model:
+    """The model named by a REST route's path parameters."""
+    return Model(request.params["bot_id"], request.params.get("version"))
+
+
+async def model_info(service: Service, model: Model) -> BotInfo:
+    """The registry's view of the bot (no head load), its version checked."""
+    info = await service.info(model.bot_id)
+    check_version(info.bot_id, info.version, model.version)
     return info
 
 
-async def active_head(service: Service, request: Request) -> Head:
-    """The active head of the bot in the path, its version checked."""
-    head = await service.head(request.params["bot_id"])
-    check_version(head.bot_id, head.version, request.params.get("version"))
+async def model_head(service: Service, model: Model) -> Head:
+    """The active head of the bot, its version checked: readiness first (`Service.head`)."""
+    head = await service.head(model.bot_id)
+    check_version(head.bot_id, head.version, model.version)
     return head
 
 
@@ -133,3 +159,9 @@ async def classify_with(service: Service, head: Head, images: Images,
                         top_k: int) -> list[Prediction]:
     """Every image under one head, in order."""
     return [r[0] for r in await service.classify(images, [head], top_k=top_k)]
+
+
+def endpoint_name(name: str, version: object) -> str:
+    """The name of the model route `name` a call corresponds to: `name`, or `name_version` when
+    the call names a `version` (the routes of `model_paths`). For metrics and logs."""
+    return f"{name}_version" if version else name

@@ -88,14 +88,13 @@ def check_image_content_type(request: Request) -> None:
         f"as the body, or multipart/form-data with '{IMAGE_FIELD}' parts")
 
 
-def parse_images(request: Request, body: bytes, max_images: int) -> list[bytes]:
-    """The encoded images of a raw image body or of the multipart `image` parts."""
+def parse_images(request: Request, body: bytes) -> list[bytes]:
+    """The encoded images of a raw image body or of the multipart `image` parts (their count is
+    checked with every protocol's, by the engine)."""
     if request.content_type != "multipart/form-data":
         return [body]
     images = [p.data for p in parse_multipart(request.header("content-type") or "", body)
               if p.name == IMAGE_FIELD]
-    if len(images) > max_images:
-        raise PayloadTooLarge(f"more than {max_images} images in one request")
     if not images:
         raise BadRequest(f"multipart body has no part named '{IMAGE_FIELD}'")
     return images
@@ -126,15 +125,13 @@ async def _images(service: Service, request: Request) -> Images:
     body = await request.body()
     if request.content_type == "multipart/form-data":
         # Parsing megabytes of multipart is pure Python: off the event loop.
-        encoded = await service.run_blocking(parse_images, request, body,
-                                             service.settings.max_images_per_request)
+        encoded = await service.run_blocking(parse_images, request, body)
     else:
-        encoded = parse_images(request, body, service.settings.max_images_per_request)
+        encoded = parse_images(request, body)
     return Images(encoded=encoded)
 
 
 async def classify_one(service: Service, request: Request) -> Reply:
-    service.require_engine()
     head = await service.head(request.params["bot_id"])
     top_k = parse_top_k(request.query, service.settings.top_k_default)
     images = await _images(service, request)
@@ -143,9 +140,7 @@ async def classify_one(service: Service, request: Request) -> Reply:
 
 
 async def classify_many(service: Service, request: Request) -> Reply:
-    service.require_engine()
-    bot_ids = parse_bot_ids(request.query.get("bots", ""))
-    heads = [await service.head(b) for b in bot_ids]
+    heads = await service.heads_for(parse_bot_ids(request.query.get("bots", "")))
     top_k = parse_top_k(request.query, service.settings.top_k_default)
     images = await _images(service, request)
     results = await service.classify(images, heads, top_k=top_k)

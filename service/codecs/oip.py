@@ -16,12 +16,17 @@ One output, `probabilities` FP32 [N, n] in class index order; with `"classificat
 its parameters it is BYTES [N, min(k, n)] of "score:index:label" strings instead, as Triton
 returns. Errors keep the `{"error": "...", "code": "..."}` body: the protocol's `{"error":
 $string}` plus a field clients ignore.
+
+The typed calls (`infer_call`, `model_metadata_call`, ...) and the input rules (`tensor_images`
+over the neutral `Tensor`, `check_one_input`, `output_request`) serve the KServe gRPC service
+too (`service.transports.grpc.kserve`).
 """
 from __future__ import annotations
 
 import json
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +47,15 @@ from service.codecs.base import (
 )
 from service.codecs.common import (
     MODEL_PATH_PARAMS,
-    active_head,
-    active_info,
+    Model,
+    TensorSpec,
     b64decode,
     classify_with,
     float_array,
     is_number,
+    model_head,
+    model_info,
+    model_of,
     model_paths,
     parse_json_object,
 )
@@ -77,9 +85,12 @@ def server_version() -> str:
         return "unknown"
 
 
+# -- the typed calls: what REST and gRPC both parse into and render from ---------------------
+
 @dataclass(frozen=True)
 class OutputRequest:
-    """One requested output: as binary data or JSON, and as top-`classification` strings."""
+    """One requested output: as binary data or JSON (REST), and as top-`classification`
+    strings."""
 
     binary: bool
     classification: int | None
@@ -87,9 +98,81 @@ class OutputRequest:
 
 @dataclass(frozen=True)
 class InferRequest:
+    """A parsed inference request, whatever carried it."""
+
     id: str | None
     images: Images
     outputs: tuple[OutputRequest, ...]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input tensor in a form both transports produce; its data is in exactly one of:
+
+    Attributes:
+        raw: the binary encoding (REST's binary extension, gRPC's raw_input_contents): FP32
+            little-endian, or BYTES as (uint32 little-endian length, bytes) per element.
+        elements: BYTES elements already as bytes (gRPC's bytes_contents).
+        data: REST's JSON `data`, flat or nested: base64 strings (BYTES) or numbers (FP32);
+            gRPC's fp32_contents as numbers too.
+    """
+
+    name: str
+    datatype: Any
+    shape: Sequence[int]
+    raw: bytes | None = None
+    elements: Sequence[bytes] | None = None
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """One output of a result: `probabilities` FP32 [N, n], or BYTES [N, k] of
+    "score:index:label" strings (row-major in `values`)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    values: np.ndarray | list[str]
+    binary: bool  # what the request asked for REST's body (gRPC always carries raw data)
+
+    def raw(self) -> bytes:
+        """The binary encoding of the values (as `Tensor.raw`)."""
+        if self.datatype == "FP32":
+            return np.asarray(self.values).astype("<f4").tobytes()
+        return _serialize_bytes([s.encode() for s in self.values])
+
+    def data(self) -> list:
+        """The values as REST's JSON `data` (flat, row-major)."""
+        if self.datatype == "FP32":
+            return np.asarray(self.values).ravel().tolist()
+        return list(self.values)
+
+
+@dataclass(frozen=True)
+class InferResult:
+    """An answered inference request, whatever carries it back."""
+
+    model_name: str
+    model_version: str
+    id: str | None
+    outputs: tuple[OutputTensor, ...]
+
+
+@dataclass(frozen=True)
+class ServerMetadata:
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
 
 
 def _is_int(value: Any) -> bool:
@@ -127,70 +210,111 @@ def _split_bytes_elements(raw: bytes, where: str) -> list[bytes]:
     return elements
 
 
-def _input_images(spec: Any, binary: bytes, offset: int) -> tuple[Images, int]:
-    """One `$request_input` -> images, and the offset after its binary data (if any)."""
-    if not isinstance(spec, dict):
-        raise BadRequest("each input must be a JSON object")
-    name = spec.get("name")
-    if not isinstance(name, str):
-        raise BadRequest("each input needs a string 'name'")
-    where = f"input '{name[:64]}'"
-    datatype, shape = spec.get("datatype"), spec.get("shape")
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+def input_where(name: str) -> str:
+    """How messages name an input."""
+    return f"input '{name[:64]}'"
+
+
+def check_shape(shape: Any, where: str) -> None:
+    if not isinstance(shape, list | tuple) or not all(_is_int(d) and d >= 0 for d in shape):
         raise BadRequest(f"{where} needs a 'shape' of non-negative integers")
+
+
+def check_one_input(count: Any) -> None:
+    """The request's inputs: exactly one (`count`: how many, or None when not a list)."""
+    if count != 1:
+        got = count if count is not None else "no list of"
+        raise BadRequest(f"'inputs' must list exactly one input ({BYTES_INPUT!r} BYTES [N] or "
+                         f"{ARRAY_INPUT!r} FP32 {_SHAPE_TEXT}); got {got} inputs")
+
+
+def tensor_images(tensor: Tensor) -> Images:
+    """The images of the one input tensor: BYTES [N] / [N, 1] encoded images, or FP32
+    [N, 299, 299, 3] preprocessed ones. The shape is checked by `check_shape` first."""
+    where, shape = input_where(tensor.name), list(tensor.shape)
     # NOTE: the element count is computed only once the rank is checked (at most 4 dims), in
     # Python integers: np.prod overflows int64 (or raises) on shapes a client may send.
-    params = _parameters(spec, where)
-    size = params.get("binary_data_size")
-    raw = None
-    if size is not None:
-        if not _is_int(size) or size < 0:
-            raise BadRequest(f"{where}: binary_data_size must be a non-negative integer")
-        if "data" in spec:
-            raise BadRequest(f"{where} has both 'data' and binary_data_size")
-        if offset + size > len(binary):
-            raise BadRequest(f"{where}: binary_data_size {size} runs past the end of the body "
-                             f"({len(binary) - offset} bytes left after the JSON header)")
-        raw = binary[offset:offset + size]
-        offset += size
-    elif "data" not in spec:
-        raise BadRequest(f"{where} has neither 'data' nor a binary_data_size parameter")
-
-    if datatype == "BYTES":
+    if tensor.datatype == "BYTES":
         if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
             raise BadRequest(f"{where}: a BYTES input holds one encoded image per element, shape "
                              f"[N] or [N, 1]; got {shape}")
         count = math.prod(shape)
-        if raw is not None:
-            encoded = _split_bytes_elements(raw, where)
+        if tensor.raw is not None:
+            encoded = _split_bytes_elements(tensor.raw, where)
+        elif tensor.elements is not None:
+            encoded = list(tensor.elements)
         else:
             encoded = []
-            for i, element in enumerate(_flatten(spec["data"])):
+            for i, element in enumerate(_flatten(tensor.data)):
                 if isinstance(element, dict) and set(element) == {"b64"}:
                     element = element["b64"]
                 encoded.append(b64decode(element, f"{where} element {i}"))
         if len(encoded) != count:
             raise BadRequest(f"{where} has {len(encoded)} elements, its shape {shape} says "
                              f"{count}")
-        return Images(encoded=encoded), offset
-    if datatype == "FP32":
+        return Images(encoded=encoded)
+    if tensor.datatype == "FP32":
         if tuple(shape[1:]) != ARRAY_SHAPE or len(shape) != 4:
             raise BadRequest(f"{where}: an FP32 input is preprocessed images of shape "
                              f"{_SHAPE_TEXT}, got {shape}")
         count = math.prod(shape)
-        if raw is not None:
-            if len(raw) != count * 4:
-                raise BadRequest(f"{where}: binary_data_size is {len(raw)} bytes, shape {shape} "
-                                 f"of FP32 needs {count * 4}")
-            array = np.frombuffer(raw, dtype="<f4")
+        if tensor.raw is not None:
+            if len(tensor.raw) != count * 4:
+                raise BadRequest(f"{where}: binary_data_size is {len(tensor.raw)} bytes, shape "
+                                 f"{shape} of FP32 needs {count * 4}")
+            array = np.frombuffer(tensor.raw, dtype="<f4")
         else:
-            array = float_array(spec["data"], f"{where} data")
+            array = float_array(tensor.data, f"{where} data")
             if array.size != count:
                 raise BadRequest(f"{where} has {array.size} values, its shape {shape} says "
                                  f"{count}")
-        return Images(arrays=array.reshape(shape)), offset
-    raise BadRequest(f"{where} has datatype {str(datatype)[:16]!r}: send BYTES (encoded images, "
-                     f"shape [N]) or FP32 (preprocessed, shape {_SHAPE_TEXT})")
+        return Images(arrays=array.reshape(shape))
+    raise BadRequest(f"{where} has datatype {str(tensor.datatype)[:16]!r}: send BYTES (encoded "
+                     f"images, shape [N]) or FP32 (preprocessed, shape {_SHAPE_TEXT})")
+
+
+def _unknown_output(name: Any) -> BadRequest:
+    return BadRequest(f"unknown output {str(name)[:64]!r}: this model has {OUTPUT!r}")
+
+
+def output_request(name: Any, params: dict, binary_default: bool) -> OutputRequest:
+    """One requested output by name and parameters (`binary_data`, `classification`)."""
+    if name != OUTPUT:
+        raise _unknown_output(name)
+    as_binary = params.get("binary_data", binary_default)
+    if not isinstance(as_binary, bool):
+        raise BadRequest("binary_data must be true or false")
+    k = params.get("classification")
+    if k is not None and (not _is_int(k) or k < 1):
+        raise BadRequest(f"classification must be an integer >= 1, got {str(k)[:32]}")
+    return OutputRequest(as_binary, k)
+
+
+def _json_input(spec: Any, binary: bytes, offset: int) -> tuple[Tensor, int]:
+    """One JSON `$request_input` -> its tensor, and the offset after its binary data (if any)."""
+    if not isinstance(spec, dict):
+        raise BadRequest("each input must be a JSON object")
+    name = spec.get("name")
+    if not isinstance(name, str):
+        raise BadRequest("each input needs a string 'name'")
+    where = input_where(name)
+    shape = spec.get("shape")
+    check_shape(shape, where)
+    params = _parameters(spec, where)
+    size = params.get("binary_data_size")
+    if size is None:
+        if "data" not in spec:
+            raise BadRequest(f"{where} has neither 'data' nor a binary_data_size parameter")
+        return Tensor(name, spec.get("datatype"), shape, data=spec["data"]), offset
+    if not _is_int(size) or size < 0:
+        raise BadRequest(f"{where}: binary_data_size must be a non-negative integer")
+    if "data" in spec:
+        raise BadRequest(f"{where} has both 'data' and binary_data_size")
+    if offset + size > len(binary):
+        raise BadRequest(f"{where}: binary_data_size {size} runs past the end of the body "
+                         f"({len(binary) - offset} bytes left after the JSON header)")
+    return (Tensor(name, spec.get("datatype"), shape, raw=binary[offset:offset + size]),
+            offset + size)
 
 
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
@@ -213,11 +337,9 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     if not isinstance(binary_default, bool):
         raise BadRequest("binary_data_output must be true or false")
     inputs = obj.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1:
-        got = len(inputs) if isinstance(inputs, list) else "no list of"
-        raise BadRequest(f"'inputs' must list exactly one input ({BYTES_INPUT!r} BYTES [N] or "
-                         f"{ARRAY_INPUT!r} FP32 {_SHAPE_TEXT}); got {got} inputs")
-    images, used = _input_images(inputs[0], binary, 0)
+    check_one_input(len(inputs) if isinstance(inputs, list) else None)
+    tensor, used = _json_input(inputs[0], binary, 0)
+    images = tensor_images(tensor)
     if used != len(binary):
         raise BadRequest(f"{len(binary) - used} bytes after the JSON header belong to no input's "
                          f"binary_data_size")
@@ -229,17 +351,11 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         raise BadRequest("'outputs' must be a non-empty list when given")
     outputs = []
     for spec in wanted:
-        if not isinstance(spec, dict) or spec.get("name") != OUTPUT:
-            name = spec.get("name") if isinstance(spec, dict) else spec
-            raise BadRequest(f"unknown output {str(name)[:64]!r}: this model has {OUTPUT!r}")
-        out_params = _parameters(spec, f"output {OUTPUT!r}")
-        as_binary = out_params.get("binary_data", binary_default)
-        if not isinstance(as_binary, bool):
-            raise BadRequest("binary_data must be true or false")
-        k = out_params.get("classification")
-        if k is not None and (not _is_int(k) or k < 1):
-            raise BadRequest(f"classification must be an integer >= 1, got {str(k)[:32]}")
-        outputs.append(OutputRequest(as_binary, k))
+        if not isinstance(spec, dict):
+            raise _unknown_output(spec)
+        name = spec.get("name")
+        params = _parameters(spec, f"output {OUTPUT!r}") if name == OUTPUT else {}
+        outputs.append(output_request(name, params, binary_default))
     return InferRequest(request_id, images, tuple(outputs))
 
 
@@ -247,43 +363,84 @@ def _serialize_bytes(elements: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(e)) + e for e in elements)
 
 
-def infer_response(head: Head, request: InferRequest,
-                   predictions: list[Prediction]) -> tuple[bytes, bytes]:
-    """The `$inference_response` JSON, and the binary tensor data that follows it (maybe b"")."""
+def infer_result(head: Head, request: InferRequest,
+                 predictions: list[Prediction]) -> InferResult:
+    """The answer to `request`: each requested output of every image's prediction."""
     probabilities = np.stack([p.probabilities for p in predictions])  # [N, n]
-    outputs, blobs = [], []
+    outputs = []
     for wanted in request.outputs:
         if wanted.classification is None:
-            entry = {"name": OUTPUT, "datatype": "FP32", "shape": list(probabilities.shape)}
-            if wanted.binary:
-                blobs.append(probabilities.astype("<f4").tobytes())
-            else:
-                entry["data"] = probabilities.ravel().tolist()
-        else:
-            # Triton's classification extension: "value:index:label", best first, per row;
-            # the value as the shortest text that reads back as the same float32.
-            strings = [[f"{str(row[i])}:{i}:{head.labels[i]}"
-                        for i in top_indices(row, wanted.classification)]
-                       for row in probabilities]
-            entry = {"name": OUTPUT, "datatype": "BYTES",
-                     "shape": [len(strings), len(strings[0])]}
-            if wanted.binary:
-                blobs.append(_serialize_bytes([s.encode() for row in strings for s in row]))
-            else:
-                entry["data"] = [s for row in strings for s in row]
-        if wanted.binary:
+            outputs.append(OutputTensor(OUTPUT, "FP32", probabilities.shape, probabilities,
+                                        wanted.binary))
+            continue
+        # Triton's classification extension: "value:index:label", best first, per row;
+        # the value as the shortest text that reads back as the same float32.
+        rows = [[f"{str(row[i])}:{i}:{head.labels[i]}"
+                 for i in top_indices(row, wanted.classification)] for row in probabilities]
+        outputs.append(OutputTensor(OUTPUT, "BYTES", (len(rows), len(rows[0])),
+                                    [s for row in rows for s in row], wanted.binary))
+    return InferResult(head.bot_id, str(head.version), request.id, tuple(outputs))
+
+
+def infer_response(result: InferResult) -> tuple[bytes, bytes]:
+    """REST: the `$inference_response` JSON, and the binary tensor data that follows it (maybe
+    b"")."""
+    outputs, blobs = [], []
+    for output in result.outputs:
+        entry: dict[str, Any] = {"name": output.name, "datatype": output.datatype,
+                                 "shape": list(output.shape)}
+        if output.binary:
+            blobs.append(output.raw())
             entry["parameters"] = {"binary_data_size": len(blobs[-1])}
+        else:
+            entry["data"] = output.data()
         outputs.append(entry)
-    body = {"model_name": head.bot_id, "model_version": str(head.version)}
-    if request.id is not None:
-        body["id"] = request.id
+    body: dict[str, Any] = {"model_name": result.model_name,
+                            "model_version": result.model_version}
+    if result.id is not None:
+        body["id"] = result.id
     body["outputs"] = outputs
     return json.dumps(body).encode(), b"".join(blobs)
 
 
+async def infer_call(service: Service, head: Head, request: InferRequest) -> InferResult:
+    """The inference: every image of `request` under `head` (from `model_head`)."""
+    predictions = await classify_with(service, head, request.images, top_k=1)
+    return infer_result(head, request, predictions)
+
+
+def server_metadata_call() -> ServerMetadata:
+    return ServerMetadata(SERVER_NAME, server_version(), EXTENSIONS)
+
+
+def server_ready_call(service: Service) -> bool:
+    return service.readiness.ready
+
+
+async def model_ready_call(service: Service, model: Model) -> bool:
+    """Whether the model can be scored now: the trunk is ready and the head loads."""
+    try:
+        await model_head(service, model)
+    except (NotReady, HeadUnavailable):
+        return False
+    return True
+
+
+async def model_metadata_call(service: Service, model: Model) -> ModelMetadata:
+    info = await model_info(service, model)
+    # Either input, not both: the request's one input is recognised by its datatype.
+    return ModelMetadata(info.bot_id, (str(info.version),), PLATFORM,
+                         (TensorSpec(BYTES_INPUT, "BYTES", (-1,)),
+                          TensorSpec(ARRAY_INPUT, "FP32", (-1, *ARRAY_SHAPE))),
+                         (TensorSpec(OUTPUT, "FP32", (-1, info.n_classes)),))
+
+
+# -- REST: parse -> typed call -> render ---------------------------------------------------------
+
 async def server_metadata(service: Service, request: Request) -> Reply:
-    return json_reply({"name": SERVER_NAME, "version": server_version(),
-                       "extensions": list(EXTENSIONS)})
+    metadata = server_metadata_call()
+    return json_reply({"name": metadata.name, "version": metadata.version,
+                       "extensions": list(metadata.extensions)})
 
 
 async def server_live(service: Service, request: Request) -> Reply:
@@ -291,45 +448,38 @@ async def server_live(service: Service, request: Request) -> Reply:
 
 
 async def server_ready(service: Service, request: Request) -> Reply:
-    ready = service.readiness.ready
+    ready = server_ready_call(service)
     return json_reply({"ready": ready}, status=200 if ready else 503)
 
 
-def _tensor(name: str, datatype: str, shape: list[int]) -> dict:
-    return {"name": name, "datatype": datatype, "shape": shape}
+def _tensor(spec: TensorSpec) -> dict:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
 
 
 async def model_metadata(service: Service, request: Request) -> Reply:
-    info = await active_info(service, request)
+    metadata = await model_metadata_call(service, model_of(request))
     return json_reply({
-        "name": info.bot_id,
-        "versions": [str(info.version)],
-        "platform": PLATFORM,
-        # Either input, not both: the request's one input is recognised by its datatype.
-        "inputs": [_tensor(BYTES_INPUT, "BYTES", [-1]),
-                   _tensor(ARRAY_INPUT, "FP32", [-1, *ARRAY_SHAPE])],
-        "outputs": [_tensor(OUTPUT, "FP32", [-1, info.n_classes])],
+        "name": metadata.name,
+        "versions": list(metadata.versions),
+        "platform": metadata.platform,
+        "inputs": [_tensor(t) for t in metadata.inputs],
+        "outputs": [_tensor(t) for t in metadata.outputs],
     })
 
 
 async def model_ready(service: Service, request: Request) -> Reply:
-    bot_id = request.params["bot_id"]
-    try:
-        service.require_engine()
-        head = await active_head(service, request)
-    except (NotReady, HeadUnavailable):
-        return json_reply({"name": bot_id, "ready": False}, status=503)
-    return json_reply({"name": head.bot_id, "ready": True})
+    model = model_of(request)
+    ready = await model_ready_call(service, model)
+    # NOTE: the name as asked; when ready it is the bot's id as registered (the same text).
+    return json_reply({"name": model.bot_id, "ready": ready}, status=200 if ready else 503)
 
 
 async def infer(service: Service, request: Request) -> Reply:
-    service.require_engine()  # 503 before any work while the trunk loads
-    head = await active_head(service, request)
+    head = await model_head(service, model_of(request))  # 503 / 404 before the body is read
     body = await request.body()
     # Parsing megabytes of JSON numbers takes a while: off the event loop.
     parsed = await service.run_blocking(parse_infer_request, body, request.header(HEADER_LENGTH))
-    predictions = await classify_with(service, head, parsed.images, top_k=1)
-    header, blobs = infer_response(head, parsed, predictions)
+    header, blobs = infer_response(await infer_call(service, head, parsed))
     if not blobs:
         return Reply(200, header)
     return Reply(200, header + blobs, "application/octet-stream",

@@ -20,9 +20,7 @@ async def readyz(service: Service, request: Request) -> Reply:
 
 
 async def metrics(service: Service, request: Request) -> Reply:
-    stats = service.store.cache_stats()
-    service.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
-    body, content_type = service.metrics.render()
+    body, content_type = service.render_metrics()
     return Reply(200, body, content_type)
 
 

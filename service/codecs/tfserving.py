@@ -11,20 +11,26 @@ settings).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backbone.spec import INPUT
+from heads import BotInfo, Head
 from service.codecs.base import JSON, Body, Endpoint, Reply, Request, json_answer, json_reply
 from service.codecs.common import (
     MODEL_PATH_PARAMS,
     TOP_K,
-    active_head,
-    active_info,
+    Model,
+    TensorSpec,
     b64decode,
     classify_with,
     float_array,
+    model_head,
+    model_info,
+    model_of,
     model_paths,
     parse_json_object,
     parse_top_k,
@@ -39,17 +45,69 @@ if TYPE_CHECKING:  # pragma: no cover
 SIGNATURE = "serving_default"
 
 
-def _tf_tensor(name: str, dtype: str, shape: list[int]) -> dict:
-    return {"dtype": dtype, "name": f"{name}:0",
-            "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in shape],
-                             "unknown_rank": False}}
+OUTPUTS = (OUTPUT, "classes", "scores")  # a prediction's outputs, in the order rendered
+PREDICT_METHOD = "tensorflow/serving/predict"
+
+
+# -- the typed calls: what REST and gRPC both parse into and render from ---------------------
+
+@dataclass(frozen=True)
+class VersionStatus:
+    """`model_version_status` of a bot's active version."""
+
+    version: int
+    state: str  # AVAILABLE, LOADING or END
+    error_code: str  # OK or UNAVAILABLE
+    error_message: str
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The `serving_default` signature of a bot: tensors by key (datatypes as DT_* names)."""
+
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    method_name: str = PREDICT_METHOD
+
+
+def version_status(version: int, readiness) -> VersionStatus:
+    """The active version's status from the service's readiness."""
+    if readiness.error:
+        return VersionStatus(version, "END", "UNAVAILABLE", readiness.error)
+    return VersionStatus(version, "AVAILABLE" if readiness.ready else "LOADING", "OK", "")
+
+
+def signature_of(n_classes: int) -> Signature:
+    # Either input, not both: a request carries one of them.
+    return Signature(
+        inputs={BYTES_INPUT: TensorSpec(BYTES_INPUT, "DT_STRING", (-1,)),
+                ARRAY_INPUT: TensorSpec(ARRAY_INPUT, "DT_FLOAT", (-1, *ARRAY_SHAPE))},
+        outputs={OUTPUT: TensorSpec(OUTPUT, "DT_FLOAT", (-1, n_classes)),
+                 "classes": TensorSpec("classes", "DT_STRING", (-1, -1)),
+                 "scores": TensorSpec("scores", "DT_FLOAT", (-1, -1))})
+
+
+def check_signature(name: Any) -> None:
+    if name not in ("", SIGNATURE):
+        raise BadRequest(f"unknown signature_name {str(name)[:64]!r}: this model has "
+                         f"{SIGNATURE!r}")
+
+
+def check_one_input(count: int, where: str) -> None:
+    """A request names one input (`count`: how many it names)."""
+    if count != 1:
+        raise BadRequest(f"{where} names {count} inputs; this model takes one "
+                         f"({BYTES_INPUT!r} or {ARRAY_INPUT!r})")
 
 
 def _tf_image(value: Any, where: str) -> bytes | np.ndarray:
-    """`{"b64": ...}` -> encoded bytes; a nested list -> float32 [299, 299, 3]."""
+    """An image: encoded bytes (REST `{"b64": ...}`, gRPC DT_STRING) or a float image
+    [299, 299, 3] (REST nested list, gRPC DT_FLOAT)."""
     if isinstance(value, dict) and set(value) == {"b64"}:
         return b64decode(value["b64"], f"{where} b64")
-    if isinstance(value, list):
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, list | np.ndarray):
         image = float_array(value, where)
         if image.shape != ARRAY_SHAPE:
             raise BadRequest(f"{where} is a float image of shape {list(image.shape)}, expected "
@@ -64,14 +122,14 @@ def _tf_image(value: Any, where: str) -> bytes | np.ndarray:
 def _unwrap_named(value: Any, where: str) -> Any:
     """`{"<input name>": v}` -> v; a b64 object or anything else is returned as is."""
     if isinstance(value, dict) and set(value) != {"b64"}:
-        if len(value) != 1:
-            raise BadRequest(f"{where} names {len(value)} inputs; this model takes one "
-                             f"({BYTES_INPUT!r} or {ARRAY_INPUT!r})")
+        check_one_input(len(value), where)
         return next(iter(value.values()))
     return value
 
 
-def _tf_images(values: list, where: str) -> Images:
+def images_of(values: Sequence[Any], where: str) -> Images:
+    """The images of a request, each as `_tf_image` takes it; `where` names them ("instance",
+    "input") in messages."""
     images = [_tf_image(v, f"{where} {i}") for i, v in enumerate(values)]
     if not images:
         raise BadRequest("no image in the request")
@@ -84,10 +142,7 @@ def _tf_images(values: list, where: str) -> Images:
 
 def parse_predict_request(obj: dict) -> tuple[Images, bool]:
     """A TF Serving `:predict` body -> (images, columnar?). Raises BadRequest."""
-    signature = obj.get("signature_name", "")
-    if signature not in ("", SIGNATURE):
-        raise BadRequest(f"unknown signature_name {str(signature)[:64]!r}: this model has "
-                         f"{SIGNATURE!r}")
+    check_signature(obj.get("signature_name", ""))
     if ("instances" in obj) == ("inputs" in obj):
         raise BadRequest("send either 'instances' (row format) or 'inputs' (columnar), "
                          "exactly one of them")
@@ -95,56 +150,77 @@ def parse_predict_request(obj: dict) -> tuple[Images, bool]:
         instances = obj["instances"]
         if not isinstance(instances, list):
             raise BadRequest("'instances' must be a list")
-        return _tf_images([_unwrap_named(v, f"instance {i}") for i, v in enumerate(instances)],
-                          "instance"), False
+        return images_of([_unwrap_named(v, f"instance {i}") for i, v in enumerate(instances)],
+                         "instance"), False
     value = _unwrap_named(obj["inputs"], "'inputs'")
     if isinstance(value, dict):  # one b64 object: a single image
         value = [value]
     if not isinstance(value, list):
         raise BadRequest("'inputs' must be a list of images, or name one input holding it")
-    return _tf_images(value, "input"), True
+    return images_of(value, "input"), True
+
+
+def prediction_columns(predictions: Sequence[Prediction]) -> dict[str, list]:
+    """Every output as a column, one entry per image: `probabilities` (all classes), `classes`
+    and `scores` (the top k)."""
+    return {OUTPUT: [p.probabilities.tolist() for p in predictions],
+            "classes": [[label for label, _ in p.labels_scores] for p in predictions],
+            "scores": [[score for _, score in p.labels_scores] for p in predictions]}
+
+
+async def status_call(service: Service, model: Model) -> VersionStatus:
+    info = await model_info(service, model)
+    return version_status(info.version, service.readiness)
+
+
+async def metadata_call(service: Service, model: Model) -> tuple[BotInfo, Signature]:
+    info = await model_info(service, model)
+    return info, signature_of(info.n_classes)
+
+
+async def predict_call(service: Service, head: Head, images: Images,
+                       top_k: int) -> list[Prediction]:
+    """The prediction: every image under `head` (from `model_head`), the top `top_k` labels."""
+    return await classify_with(service, head, images, top_k=top_k)
+
+
+# -- REST: parse -> typed call -> render ---------------------------------------------------------
+
+def _tf_tensor(spec: TensorSpec) -> dict:
+    return {"dtype": spec.datatype, "name": f"{spec.name}:0",
+            "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in spec.shape],
+                             "unknown_rank": False}}
 
 
 def status_report(version: int, readiness) -> dict:
     """`model_version_status` of a bot's active version from the service's readiness."""
-    state, status = "AVAILABLE", {"error_code": "OK", "error_message": ""}
-    if readiness.error:
-        state, status = "END", {"error_code": "UNAVAILABLE", "error_message": readiness.error}
-    elif not readiness.ready:
-        state = "LOADING"
-    return {"model_version_status": [{"version": str(version), "state": state,
-                                      "status": status}]}
+    status = version_status(version, readiness)
+    return {"model_version_status": [{
+        "version": str(status.version), "state": status.state,
+        "status": {"error_code": status.error_code, "error_message": status.error_message}}]}
 
 
 def render_predictions(predictions: list[Prediction], columnar: bool) -> dict:
-    rows = [{OUTPUT: p.probabilities.tolist(),
-             "classes": [label for label, _ in p.labels_scores],
-             "scores": [score for _, score in p.labels_scores]} for p in predictions]
+    columns = prediction_columns(predictions)
     if columnar:
-        return {"outputs": {name: [row[name] for row in rows]
-                            for name in (OUTPUT, "classes", "scores")}}
-    return {"predictions": rows}
+        return {"outputs": columns}
+    return {"predictions": [{name: columns[name][i] for name in OUTPUTS}
+                            for i in range(len(predictions))]}
 
 
 async def tf_status(service: Service, request: Request) -> Reply:
-    info = await active_info(service, request)
-    return json_reply(status_report(info.version, service.readiness))
+    status = await status_call(service, model_of(request))
+    return json_reply(status_report(status.version, service.readiness))
 
 
 async def tf_metadata(service: Service, request: Request) -> Reply:
-    info = await active_info(service, request)
-    signature = {
-        # Either input, not both: a request carries one of them.
-        "inputs": {BYTES_INPUT: _tf_tensor(BYTES_INPUT, "DT_STRING", [-1]),
-                   ARRAY_INPUT: _tf_tensor(ARRAY_INPUT, "DT_FLOAT", [-1, *ARRAY_SHAPE])},
-        "outputs": {OUTPUT: _tf_tensor(OUTPUT, "DT_FLOAT", [-1, info.n_classes]),
-                    "classes": _tf_tensor("classes", "DT_STRING", [-1, -1]),
-                    "scores": _tf_tensor("scores", "DT_FLOAT", [-1, -1])},
-        "method_name": "tensorflow/serving/predict",
-    }
+    info, signature = await metadata_call(service, model_of(request))
     return json_reply({
         "model_spec": {"name": info.bot_id, "signature_name": "", "version": str(info.version)},
-        "metadata": {"signature_def": {"signature_def": {SIGNATURE: signature}}},
+        "metadata": {"signature_def": {"signature_def": {SIGNATURE: {
+            "inputs": {k: _tf_tensor(v) for k, v in signature.inputs.items()},
+            "outputs": {k: _tf_tensor(v) for k, v in signature.outputs.items()},
+            "method_name": signature.method_name}}}},
     })
 
 
@@ -152,13 +228,12 @@ async def tf_call(service: Service, request: Request) -> Reply:
     verb = request.params["verb"]
     if verb != "predict":
         raise NotFound(f"':{verb[:32]}' is not served: use ':predict'")
-    service.require_engine()
-    head = await active_head(service, request)
+    head = await model_head(service, model_of(request))
     top_k = parse_top_k(request.query, service.settings.top_k_default)
     body = await request.body()
     images, columnar = await service.run_blocking(
         lambda: parse_predict_request(parse_json_object(body, "predict request")))
-    predictions = await classify_with(service, head, images, top_k=top_k)
+    predictions = await predict_call(service, head, images, top_k)
     return json_reply(render_predictions(predictions, columnar))
 
 

@@ -86,8 +86,9 @@ class Batcher:
             worker thread, one call at a time.
         max_batch_size: most rows per batch (>= 1).
         max_wait_ms: longest the first row of a batch waits for more rows (>= 0).
-        max_queue_rows: most rows waiting (not counting the running batch); a submission that
-            would exceed it raises `Overloaded` at once.
+        max_queue_rows: most rows waiting (not counting the running batch), with the rows
+            announced as `incoming`; a submission that would exceed it raises `Overloaded` at
+            once (see `check_room`).
         executor: the executor `run_batch` runs in. It must have ONE worker (one batch at a
             time is the contract). Default: a single-thread executor owned by the batcher and
             shut down by `close()`; a passed executor is left running.
@@ -202,6 +203,27 @@ class Batcher:
 
     # -- submitting -----------------------------------------------------------------------------
 
+    def check_room(self, n: int) -> None:
+        """Whether `n` more rows fit: the queue bound, counting the rows queued and the rows
+        callers announced as `incoming`. A caller that prepares rows before submitting them
+        checks here first (admission before work), and counts them as incoming until it submits.
+
+        Raises:
+            ShuttingDown: `close()` was called.
+            BadRequest: `n` exceeds `max_queue_rows` (they could never fit).
+            Overloaded: no room now (with the time the queue needs to drain, as Retry-After).
+        """
+        if self._closing:
+            raise ShuttingDown("the service is shutting down and accepts no new requests")
+        if n > self._max_queue_rows:
+            raise BadRequest(
+                f"{n} images in one request exceed the queue bound "
+                f"max_queue_rows={self._max_queue_rows}"
+            )
+        incoming = self._incoming() if self._incoming is not None else 0
+        if len(self._queue) + incoming + n > self._max_queue_rows:
+            raise Overloaded(retry_after_s=self.retry_after_s())
+
     def poke(self) -> None:
         """Re-evaluate the waiting batch now (e.g. the `incoming` count dropped without a
         submit). Safe to call from the event loop at any time."""
@@ -233,15 +255,19 @@ class Batcher:
         group: str,
         deadline: float | None = None,
         return_exceptions: bool = False,
+        admitted: bool = False,
     ) -> list[Any]:
         """Queue several rows atomically (all or none: the queue bound never splits them).
 
         Returns the results in order. With `return_exceptions=False`, as soon as one row fails
         its exception is raised and the request's rows not yet run are withdrawn; with True,
         failed rows' exceptions are returned in their place (like `asyncio.gather`).
-        Raises `BadRequest` if there are more rows than `max_queue_rows` (they could never fit).
+        Raises `BadRequest` if there are more rows than `max_queue_rows` (they could never fit),
+        `Overloaded` if they do not fit now (`check_room`), unless `admitted`: the caller checked
+        their room with `check_room` before preparing them and has counted them as `incoming`
+        since, so they fit (the check is made once per request).
         """
-        entries = self._enqueue(tuple(payloads), group, deadline)
+        entries = self._enqueue(tuple(payloads), group, deadline, admitted)
         if not entries:
             return []
         futures = [e.future for e in entries]
@@ -282,23 +308,19 @@ class Batcher:
             self._task = loop.create_task(self._batch_loop(), name="multihead-batcher")
             self._task.add_done_callback(self._on_task_done)
 
-    def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None) -> list[_Entry]:
+    def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None,
+                 admitted: bool = False) -> list[_Entry]:
         self._ensure_started()
-        if self._closing:
+        if self._closing:  # also for admitted rows: close() may have begun since their check
             raise ShuttingDown("the service is shutting down and accepts no new requests")
         n = len(payloads)
         if n == 0:
             return []
-        if n > self._max_queue_rows:
-            raise BadRequest(
-                f"{n} images in one request exceed the queue bound "
-                f"max_queue_rows={self._max_queue_rows}"
-            )
+        if not admitted:
+            self.check_room(n)
         now = self._clock()
         if deadline is not None and deadline <= now:
             raise DeadlineExceeded("the request's deadline passed before it was queued")
-        if len(self._queue) + n > self._max_queue_rows:
-            raise Overloaded(retry_after_s=self.retry_after_s())
         assert self._loop is not None and self._wakeup is not None
         was_empty = not self._queue
         entries = [

@@ -330,11 +330,11 @@ class Service:
 
     # -- readiness ------------------------------------------------------------------------------
 
-    def require_engine(self) -> Engine:
-        """The engine, or `NotReady` (503 + Retry-After) while loading or after a failure."""
-        if self.engine is None or not self.readiness.ready:
+    def require_ready(self) -> None:
+        """`NotReady` (503 + Retry-After) while loading or after a failure. A request checks it
+        once, through `heads_for` / `head`."""
+        if not self.readiness.ready:
             raise NotReady(self.readiness.error or "the trunk is still loading; retry shortly")
-        return self.engine
 
     def trunk_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"weights": self.trunk_kind}
@@ -369,10 +369,24 @@ class Service:
     async def _lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._lookups, fn, *args)
 
-    async def head(self, bot_id: str) -> Head:
-        """The active head of a bot (UnknownBot -> 404, before any work on the request)."""
+    async def heads_for(self, bot_ids: Sequence[str]) -> list[Head]:
+        """The active heads of the bots a request will be scored with.
+
+        This is a request's one readiness check, before any work on it: NotReady (503 +
+        Retry-After) while the trunk loads or after it failed; then UnknownBot (404),
+        HeadUnavailable, StoreUnavailable per bot, in order.
+        """
+        self.require_ready()
         # NOTE: resolved once per request: the request keeps this version even if the bot is
         # replaced or removed while it waits in the queue.
+        return [await self._head(bot_id) for bot_id in bot_ids]
+
+    async def head(self, bot_id: str) -> Head:
+        """`heads_for([bot_id])[0]`: readiness, then the bot's active head."""
+        (head,) = await self.heads_for([bot_id])
+        return head
+
+    async def _head(self, bot_id: str) -> Head:
         try:
             return await self._lookup(self.store.get, bot_id)
         except StoreUnavailable:
@@ -388,6 +402,35 @@ class Service:
     async def bots(self) -> list[BotInfo]:
         return await self._lookup(self.store.list)
 
+    def is_pinned(self, bot_id: str) -> bool:
+        """Whether the bot's head is pinned (always resident, never evicted)."""
+        return bot_id in self.settings.pinned_bots
+
+    # -- bot changes (admin), off the event loop ---------------------------------------------
+
+    def register_checkpoint(self, bot_id: str, prefix: Path, labels_path: Path,
+                            **options: Any) -> int:
+        """Registers a head checkpoint as the bot's new active version; returns the version
+        (`options` as `HeadStore.register_checkpoint` takes them). Blocking (it reads the
+        checkpoint): call it in a worker thread (`run_blocking`)."""
+        return self.store.register_checkpoint(bot_id, prefix, labels_path, **options)
+
+    async def remove(self, bot_id: str) -> None:
+        """Removes a bot and every version of it."""
+        await self.run_blocking(self.store.remove, bot_id)
+
+    async def rollback(self, bot_id: str, to: int | None) -> int:
+        """Makes version `to` (default: the previous one) the bot's active version."""
+        return await self.run_blocking(self.store.rollback, bot_id, to)
+
+    # -- operations --------------------------------------------------------------------------
+
+    def render_metrics(self) -> tuple[bytes, str]:
+        """The Prometheus text (and its content type), the heads cache gauges read now."""
+        stats = self.store.cache_stats()
+        self.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
+        return self.metrics.render()
+
     # -- classification ---------------------------------------------------------------------------
 
     def deadline(self) -> float:
@@ -395,8 +438,14 @@ class Service:
 
     async def classify(self, images: Images, heads: Sequence[Head], *,
                        top_k: int) -> list[list[Prediction]]:
-        """Every image under every head: result[i][j] is image i under heads[j]."""
-        engine = self.require_engine()
+        """Every image under every head: result[i][j] is image i under heads[j].
+
+        `heads` come from `heads_for()` / `head()`, which checked readiness for the request: the
+        engine exists from then on (it is started before readiness says ready, and readiness
+        never goes back).
+        """
+        engine = self.engine
+        assert engine is not None, "heads_for() checks readiness before a request is scored"
         if images.arrays is not None:
             return await engine.classify_arrays(images.arrays, heads, top_k=top_k,
                                                 deadline=self.deadline())

@@ -26,7 +26,7 @@ from backbone import preprocess
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
 from service.core.batcher import Batcher, Row
-from service.core.errors import BadRequest, Overloaded, PayloadTooLarge, ShuttingDown
+from service.core.errors import BadRequest, PayloadTooLarge
 from service.core.metrics import Metrics
 from service.core.settings import Settings
 
@@ -76,6 +76,15 @@ class Item:
     digest: bytes
     heads: tuple[Head, ...]
     top_k: int
+
+
+def check_image_count(n_images: int, limit: int) -> None:
+    """The one image-count rule of a request, whatever its protocol: at least one image, at most
+    `limit` (`max_images_per_request`). Raises BadRequest or PayloadTooLarge (413)."""
+    if not n_images:
+        raise BadRequest("no image in the request")
+    if n_images > limit:
+        raise PayloadTooLarge(f"more than {limit} images in one request")
 
 
 class FeatureCache:
@@ -228,13 +237,6 @@ class Engine:
             return Item(None, cached, digest, heads, top_k)
         return Item(image, None, digest, heads, top_k)
 
-    def _check_count(self, n_images: int) -> None:
-        if not n_images:
-            raise BadRequest("no image in the request")
-        if n_images > self.settings.max_images_per_request:
-            raise PayloadTooLarge(f"{n_images} images in one request, the limit is "
-                                  f"{self.settings.max_images_per_request}")
-
     async def classify(self, images: Sequence[bytes], heads: Sequence[Head], *,
                        top_k: int, deadline: float | None = None) -> list[list[Prediction]]:
         """Scores every image with every head: result[i][j] is image i under heads[j].
@@ -243,7 +245,7 @@ class Engine:
           InvalidImage / ImageTooLarge (first bad image, before anything is queued),
           Overloaded, DeadlineExceeded, ShuttingDown, or a head's error.
         """
-        self._check_count(len(images))
+        check_image_count(len(images), self.settings.max_images_per_request)
         heads = tuple(heads)
         items = await self._prepare_all(self._prepare, images, heads, top_k)
         return await self._score_items(items, heads, deadline)
@@ -264,7 +266,7 @@ class Engine:
         if images.ndim != 4 or images.shape[1:] != INPUT.shape:
             raise BadRequest(f"preprocessed images must have shape [N, "
                              f"{', '.join(map(str, INPUT.shape))}], got {list(images.shape)}")
-        self._check_count(images.shape[0])
+        check_image_count(images.shape[0], self.settings.max_images_per_request)
         images = np.ascontiguousarray(images, dtype=np.float32)
         heads = tuple(heads)
         items = await self._prepare_all(self._prepare_array, images, heads, top_k)
@@ -274,14 +276,12 @@ class Engine:
                            top_k: int) -> list[Item]:
         """`prepare` of every input in the decode pool, counted as incoming rows meanwhile.
 
-        Admission before work: rows queued plus rows being prepared never exceed
-        `max_queue_rows`, so a full queue refuses a request (Overloaded) before it is decoded.
+        Admission before work, the request's one queue-room check: the batcher counts the rows
+        being prepared (its `incoming` hint) with the rows queued, so a full queue refuses a
+        request (Overloaded) before it is decoded, and its rows always fit when submitted
+        (`admitted`, not checked again).
         """
-        if self.batcher.closing:
-            raise ShuttingDown("the service is shutting down and accepts no new requests")
-        room = self.settings.max_queue_rows - self.batcher.queue_depth - self._incoming
-        if len(inputs) > room:
-            raise Overloaded(retry_after_s=self.batcher.retry_after_s())
+        self.batcher.check_room(len(inputs))
         loop = asyncio.get_running_loop()
         self._incoming += len(inputs)
         try:
@@ -307,7 +307,9 @@ class Engine:
             results = await asyncio.get_running_loop().run_in_executor(
                 self.decode_pool, score, features, items)
         else:
-            results = await self.batcher.submit_many(list(items), group=group, deadline=deadline)
+            # Their room was checked before decoding (`_prepare_all`): not again.
+            results = await self.batcher.submit_many(list(items), group=group, deadline=deadline,
+                                                     admitted=True)
         for result in results:
             if isinstance(result, Exception):
                 raise result

@@ -13,7 +13,7 @@ import numpy as np
 from heads import BotInfo, Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
 from service.core.context import FAILED, LOADING, READY, Readiness
-from service.core.engine import Images, Prediction
+from service.core.engine import Images, Prediction, check_image_count
 from service.core.errors import HeadUnavailable, NotReady
 from service.core.settings import Settings
 
@@ -88,10 +88,9 @@ class FakeService:
     classified: list[tuple[Images, list[str], int]] = dataclasses.field(default_factory=list)
     blocking: list[str] = dataclasses.field(default_factory=list)
 
-    def require_engine(self) -> object:
+    def require_ready(self) -> None:
         if not self.readiness.ready:
             raise NotReady(self.readiness.error or "the trunk is still loading; retry shortly")
-        return object()
 
     def readiness_report(self) -> dict:
         body: dict[str, Any] = {"status": self.readiness.status}
@@ -103,7 +102,15 @@ class FakeService:
         self.blocking.append(getattr(fn, "__name__", "?"))
         return fn(*args)
 
+    async def heads_for(self, bot_ids) -> list[Head]:
+        self.require_ready()  # as `Service.heads_for`: the request's one readiness check
+        return [self._head(b) for b in bot_ids]
+
     async def head(self, bot_id: str) -> Head:
+        (head,) = await self.heads_for([bot_id])
+        return head
+
+    def _head(self, bot_id: str) -> Head:
         if bot_id in self.broken:
             try:
                 raise HeadLoadError("corrupt")
@@ -116,13 +123,30 @@ class FakeService:
             raise UnknownBot(bot_id) from None
 
     async def info(self, bot_id: str) -> BotInfo:
-        return info_of(await self.head(bot_id))
+        return info_of(self._head(bot_id))
 
     async def bots(self) -> list[BotInfo]:
         return [info_of(h) for h in self.heads.values()]
 
+    def is_pinned(self, bot_id: str) -> bool:
+        return bot_id in self.settings.pinned_bots
+
+    def register_checkpoint(self, bot_id, prefix, labels_path, **options) -> int:
+        return self.store.register_checkpoint(bot_id, prefix, labels_path, **options)
+
+    async def remove(self, bot_id: str) -> None:
+        self.store.remove(bot_id)
+
+    async def rollback(self, bot_id: str, to) -> int:
+        return self.store.rollback(bot_id, to)
+
+    def render_metrics(self) -> tuple[bytes, str]:
+        stats = self.store.cache_stats()
+        self.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
+        return self.metrics.render()
+
     async def classify(self, images: Images, heads, *, top_k: int) -> list[list[Prediction]]:
-        self.require_engine()
+        check_image_count(len(images), self.settings.max_images_per_request)  # the engine's rule
         self.classified.append((images, [h.bot_id for h in heads], top_k))
         out = []
         for i in range(len(images)):

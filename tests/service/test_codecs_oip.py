@@ -17,6 +17,7 @@ from service.codecs.oip import (
     InferRequest,
     OutputRequest,
     infer_response,
+    infer_result,
     parse_infer_request,
 )
 from service.core.engine import Images, Prediction
@@ -372,7 +373,7 @@ PREDICTIONS = [Prediction("acme", 4, [], p) for p in ROWS]
 
 def respond(*outputs: OutputRequest, request_id: str | None = None):
     request = InferRequest(request_id, Images(encoded=[b"a", b"b"]), outputs)
-    header, blobs = infer_response(HEAD, request, PREDICTIONS)
+    header, blobs = infer_response(infer_result(HEAD, request, PREDICTIONS))
     return json.loads(header), blobs
 
 

@@ -182,7 +182,7 @@ async def test_classify_decodes_caches_and_skips_the_trunk_on_a_repeat(engine):
     (np.full((1, *INPUT.shape), 1.5, np.float32), BadRequest, "values in [1.5, 1.5]"),
     (np.full((1, *INPUT.shape), np.nan, np.float32), BadRequest, "no finite value and NaN/Inf"),
     (np.zeros((0, *INPUT.shape), np.float32), BadRequest, "no image in the request"),
-    (np.zeros((4, *INPUT.shape), np.float32), PayloadTooLarge, "4 images in one request, the limit is 3"),
+    (np.zeros((4, *INPUT.shape), np.float32), PayloadTooLarge, "more than 3 images in one request"),
 ])
 async def test_classify_arrays_refuses_bad_input_before_any_work(engine, arrays, error, message):
     with pytest.raises(error) as info:

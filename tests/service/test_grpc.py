@@ -333,7 +333,7 @@ async def test_errors_map_to_grpc_status_codes(make_grpc, channels):
     await expect_error("NOT_FOUND", t.infer, BOT, [bytes_input([png])], model_version="9")
     await expect_error("INVALID_ARGUMENT", t.infer, "../x", [bytes_input([png])])
     await expect_error("RESOURCE_EXHAUSTED", t.infer, BOT, [bytes_input([png] * 33)],
-                       text="33 images")  # max_images_per_request 32
+                       text="more than 32 images")  # max_images_per_request 32
     ints = triton.InferInput("image_bytes", [1], "INT32")
     ints.set_data_from_numpy(np.zeros(1, np.int32))
     await expect_error("INVALID_ARGUMENT", t.infer, BOT, [ints], text="datatype 'INT32'")
@@ -459,7 +459,7 @@ async def test_deadline_and_in_flight_budget(make_grpc, channels, trunk, jpegs):
     assert counting.rows == 1  # the upload's row only
     assert service.inflight.used_bytes == 0
     metrics = await (await client.get("/metrics")).text()
-    route = 'route="/inference.GRPCInferenceService/ModelInfer"'
+    route = 'route="oip_infer"'  # the REST twin's endpoint name
     assert f'{route},status="503"}} 1.0' in metrics  # over budget
     assert f'{route},status="504"}} 1.0' in metrics  # deadline
 
@@ -519,3 +519,110 @@ async def test_a_grpc_port_in_use_fails_the_start(store, trunk, tmp_path):
         with pytest.raises(ServiceError, match="cannot listen for gRPC on 127.0.0.1:"):
             await GrpcServer(service).open()
         await service.close()
+
+
+# -- one rule set: the RPCs are the REST endpoints' typed calls ---------------------------------
+
+def test_every_rpc_is_counted_under_its_rest_twins_endpoint_name():
+    from service.codecs.routes import ENDPOINTS
+    from service.transports.grpc import kserve
+    from service.transports.grpc import tfserving as grpc_tfserving
+
+    names = {e.name for e in ENDPOINTS}
+    per_model = {"ModelReady", "ModelMetadata", "ModelInfer", "Predict", "GetModelMetadata",
+                 "GetModelStatus"}
+    tables = {**kserve.ENDPOINT_NAMES, **grpc_tfserving.ENDPOINT_NAMES}
+    assert set(tables) == per_model | {"ServerLive", "ServerReady", "ServerMetadata"}
+    for rpc, name in tables.items():
+        assert name in names, rpc
+        assert (f"{name}_version" in names) == (rpc in per_model), rpc
+
+
+def _rest_input(name, datatype, shape, values) -> dict:
+    import base64
+
+    data = [base64.b64encode(v).decode() if isinstance(v, bytes) else v for v in values]
+    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+
+def _grpc_input(name, datatype, shape, values):
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype,
+                                                            shape=shape)
+    field = {"BYTES": "bytes_contents", "FP32": "fp32_contents"}.get(datatype, "int_contents")
+    getattr(tensor.contents, field).extend(values)
+    return tensor
+
+
+FP32_IMAGE = [1, 299, 299, 3]
+
+
+@pytest.mark.parametrize("inputs,outputs", [
+    ([("x", "INT32", [1], [1])], None),
+    ([("x", "FP32", [1, 224, 224, 3], [0.0])], None),
+    ([("x", "FP32", FP32_IMAGE, [0.0] * 10)], None),
+    ([("x", "BYTES", [2, 2], [b"a"] * 4)], None),
+    ([("x", "BYTES", [3], [b"a", b"b"])], None),
+    ([("x", "BYTES", [-1], [b"a"])], None),
+    ([("x", "BYTES", [1], [b"a"]), ("y", "BYTES", [1], [b"b"])], None),
+    ([], None),
+    ([("x", "BYTES", [1], [b"a"])], [("logits", None)]),
+    ([("x", "BYTES", [1], [b"a"])], [("probabilities", 0)]),
+], ids=["datatype", "fp32-shape", "fp32-count", "bytes-rank", "bytes-count", "negative-dim",
+        "two-inputs", "no-input", "unknown-output", "classification-0"])
+def test_rest_and_grpc_refuse_the_same_input_with_the_same_message(inputs, outputs):
+    """ModelInfer's request is read by the OIP codec's rules: the message REST gives."""
+    import json
+
+    from service.codecs import oip
+    from service.core.errors import BadRequest, error_status, grpc_status
+    from service.transports.grpc import kserve
+
+    body = {"inputs": [_rest_input(*i) for i in inputs]}
+    request = service_pb2.ModelInferRequest(model_name=BOT,
+                                            inputs=[_grpc_input(*i) for i in inputs])
+    for name, k in outputs or ():
+        body.setdefault("outputs", []).append(
+            {"name": name, **({"parameters": {"classification": k}} if k is not None else {})})
+        out = request.outputs.add(name=name)
+        if k is not None:
+            out.parameters["classification"].int64_param = k
+    with pytest.raises(BadRequest) as rest:
+        oip.parse_infer_request(json.dumps(body).encode(), None)
+    with pytest.raises(BadRequest) as rpc:
+        kserve.infer_request(request)
+    assert str(rpc.value) == str(rest.value)
+    assert error_status(rpc.value)[0] == 400 and grpc_status(rpc.value)[0] == "INVALID_ARGUMENT"
+
+
+def _predict(signature_name="", **tensors):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = BOT
+    request.model_spec.signature_name = signature_name
+    for name, tensor in tensors.items():
+        request.inputs[name].CopyFrom(tensor)
+    return request
+
+
+_ONE = tf.make_tensor_proto([b"a"], dtype=tf.string)
+
+
+@pytest.mark.parametrize("rest_body,request_", [
+    ({"inputs": {"images": [np.zeros((224, 224, 3)).tolist()]}},
+     _predict(images=tf.make_tensor_proto(np.zeros((1, 224, 224, 3), np.float32)))),
+    ({"inputs": {"a": [{"b64": "YQ=="}], "b": [{"b64": "YQ=="}]}}, _predict(a=_ONE, b=_ONE)),
+    ({"signature_name": "classify", "inputs": [{"b64": "YQ=="}]},
+     _predict("classify", image_bytes=_ONE)),
+    ({"inputs": {"images": [[1.0, 2.0]]}},
+     _predict(images=tf.make_tensor_proto(np.zeros((1, 2), np.float32)))),
+], ids=["float-shape", "two-inputs", "signature", "float-rank"])
+def test_rest_and_grpc_refuse_the_same_predict_with_the_same_message(rest_body, request_):
+    """Predict's request is read by the TF Serving codec's rules: the message REST gives."""
+    from service.codecs import tfserving
+    from service.core.errors import BadRequest
+    from service.transports.grpc import tfserving as grpc_tfserving
+
+    with pytest.raises(BadRequest) as rest:
+        tfserving.parse_predict_request(rest_body)
+    with pytest.raises(BadRequest) as rpc:
+        grpc_tfserving.predict_images(request_)
+    assert str(rpc.value) == str(rest.value)

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from service.core.batcher import Batcher
-from service.core.context import Service
+from service.core.context import READY, Service
 from service.transports.http.app import SERVICE
 from tests.backbone.helpers import encode
 from tests.service.conftest import GatedTrunk, make_settings
@@ -191,6 +191,7 @@ async def test_heads_of_a_fully_cached_request_run_off_the_event_loop(make_clien
 
 async def test_head_lookups_never_wait_behind_the_default_executor(store, tmp_path):
     service = Service(make_settings(tmp_path), store=store, trunk=object())
+    service.readiness.status = READY  # a head is looked up for a request only once ready
     loop = asyncio.get_running_loop()
     release = threading.Event()
     blockers = [loop.run_in_executor(None, release.wait, 30) for _ in range(40)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from heads import HeadLoadError, StoreUnavailable
-from service.core.context import Service
+from service.core.context import READY, Service
 from service.core.errors import HeadUnavailable, ReplicaLost, error_body, error_status, grpc_status
 from service.core.settings import Settings
 
@@ -39,6 +39,7 @@ class _Store:
 ])
 async def test_a_head_lookup_keeps_store_unavailable_apart_from_a_broken_head(raised, expected):
     service = Service(Settings(), trunk=object(), store=_Store(raised))
+    service.readiness.status = READY  # a head is looked up for a request only once ready
     with pytest.raises(expected):
         await service.head("acme")
     await service.close()

@@ -1,11 +1,11 @@
-"""What the gRPC services of one process share: how one RPC runs, and the bridge to the codecs.
+"""What the gRPC services of one process share: how one RPC runs.
 
-The gRPC transport is a transport like the aiohttp app: it moves messages and calls the
-protocol codecs of `service.codecs` (the OIP v2 and TF Serving rules are written there, once).
-An RPC's request message becomes the codecs' transport-neutral `Request` (the model and version
-as the REST route's path parameters; a body when the codec reads one), the codec's `Reply` or
-its JSON becomes the RPC's response message, and a domain error becomes a gRPC status through
-the one error table (`service.core.errors.grpc_status`).
+The gRPC transport is a transport like the aiohttp app: it moves messages and calls the typed
+calls of the protocol codecs in `service.codecs` (the OIP v2 and TF Serving rules are written
+there, once): a request message becomes the codec's typed request (the model as a
+`service.codecs.common.Model`, the tensors in the codec's neutral form), the typed result becomes
+the response message, and a domain error becomes a gRPC status through the one error table
+(`service.core.errors.grpc_status`). No REST body or JSON is built on the way.
 
 Every RPC runs through `Rpcs.run`:
 
@@ -21,26 +21,23 @@ Every RPC runs through `Rpcs.run`:
 - errors: status code and message from the error table (unknown errors: INTERNAL with a generic
   message, logged with their traceback); the domain code (`unknown_bot`, ...) and, when the
   server is overloaded, `retry-after` (seconds) go in the trailing metadata;
-- metrics: `requests_total` / `request_seconds` with the RPC's full method name as the route and
-  the HTTP status the same outcome has on the REST routes (504: the client's deadline passed,
-  499: the client cancelled);
+- metrics: `requests_total` / `request_seconds` with the name of the REST endpoint the RPC
+  corresponds to as the route (`oip_infer` for ModelInfer, ...), and the HTTP status the same
+  outcome has on the REST routes (504: the client's deadline passed, 499: the client cancelled);
 - draining: once `drain()` began, new calls fail with UNAVAILABLE (ShuttingDown) while the calls
   in flight finish; `drain()` returns when none is left.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from service.codecs.base import Reply, Request
 from service.core.admission import Reservation
 from service.core.errors import (
     DeadlineExceeded,
@@ -72,44 +69,6 @@ def status_code(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode[grpc_status(exc)[0]]
 
 
-def codec_request(method: str, model: str | None = None, version: str = "", *,
-                  headers: Mapping[str, str] | None = None,
-                  query: Mapping[str, str] | None = None,
-                  body: bytes | None = None) -> Request:
-    """The codecs' view of one RPC.
-
-    Args:
-        method: the RPC's full method name (messages only).
-        model: the bot, as the REST routes' `{bot_id}` path parameter.
-        version: the model version asked for ('' = the active one), as `{version}`.
-        headers, query: what a codec reads from them on REST (lower-case header names).
-        body: the body a codec reads, already complete (gRPC received it whole).
-    """
-    params = {}
-    if model is not None:
-        params["bot_id"] = model
-    if version:
-        params["version"] = version
-    read_body = None
-    if body is not None:
-        async def read_body() -> bytes:
-            return body
-    return Request(method="POST", path=method, params=params, query=dict(query or {}),
-                   headers={k.lower(): v for k, v in (headers or {}).items()},
-                   read_body=read_body)
-
-
-def reply_json(reply: Reply) -> Any:
-    return json.loads(reply.body)
-
-
-def from_json(obj: Any, message: M) -> M:
-    """A codec's JSON answer merged into a gRPC message through the proto3 JSON mapping (the
-    REST forms of OIP v2 and TF Serving are those mappings); fields the message lacks are
-    ignored."""
-    return json_format.ParseDict(obj, message, ignore_unknown_fields=True)
-
-
 def client_budget_s(context: grpc.aio.ServicerContext) -> float | None:
     """Seconds left before the client's deadline, or None when it set none."""
     remaining = context.time_remaining()
@@ -139,9 +98,14 @@ class Rpcs:
             return False
         return True
 
-    async def run(self, method: str, message: Message, context: grpc.aio.ServicerContext,
+    async def run(self, name: str, message: Message, context: grpc.aio.ServicerContext,
                   handle: Callable[[], Awaitable[M]]) -> M:
-        """`handle()` under admission, the client's deadline, the error table and metrics."""
+        """`handle()` under admission, the client's deadline, the error table and metrics.
+
+        Args:
+            name: what metrics and logs call the call: the name of the REST endpoint it
+                corresponds to (`oip_infer`, ...; see `Endpoint.name`).
+        """
         start = time.perf_counter()
         status = 200
         self.in_flight += 1
@@ -164,7 +128,7 @@ class Rpcs:
             status, _, headers = error_status(exc)
             body = error_body(exc)
             if status >= 500 and not isinstance(exc, ServiceError):
-                log.error("internal error in %s", method, exc_info=exc)
+                log.error("internal error in %s", name, exc_info=exc)
             trailing = [(CODE_KEY, body["code"])]
             if "Retry-After" in headers:
                 trailing.append((RETRY_AFTER_KEY, headers["Retry-After"]))
@@ -174,14 +138,4 @@ class Rpcs:
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
-            self.service.metrics.observe_request(method, status, time.perf_counter() - start)
-
-    async def answer(self, method: str, message: Message, context: grpc.aio.ServicerContext,
-                     handler: Callable[[Service, Request], Awaitable[Reply]], request: Request,
-                     response: M) -> M:
-        """A codec endpoint whose JSON answer maps onto `response` (metadata, health, status)."""
-        async def handle() -> M:
-            reply = await handler(self.service, request)
-            return from_json(reply_json(reply), response)
-
-        return await self.run(method, message, context, handle)
+            self.service.metrics.observe_request(name, status, time.perf_counter() - start)

@@ -4,28 +4,25 @@
 A bot is a model, as on the REST routes (`service.codecs.tfserving`); `model_spec.version`
 must be the bot's active version when given, and version labels are not served.
 
-Predict takes one input, DT_STRING [N] (or [N, 1]) of encoded images or DT_FLOAT
-[N, 299, 299, 3] of preprocessed ones (`tensor_content` or `float_val`), under any name. Its
-tensor becomes the REST `:predict` columnar body's images (encoded bytes as `{"b64": ...}`,
-each float image as its rows) and the codec's `parse_predict_request` applies the REST rules
-and messages (signature name, one input, image shape and values); the answer is the codec's
-`render_predictions` as tensors: `probabilities` DT_FLOAT [N, n], `classes` DT_STRING [N, k],
-`scores` DT_FLOAT [N, k] (`output_filter` picks some). k is the server's `top_k_default`, or
-the call's `top_k` metadata (REST: `?top_k=`). GetModelMetadata (`signature_def`) and
-GetModelStatus are the REST answers, parsed into the messages through the proto3 JSON mapping.
+Each RPC calls the codec's typed call of its REST twin. Predict takes one input, DT_STRING [N]
+(or [N, 1]) of encoded images or DT_FLOAT [N, 299, 299, 3] of preprocessed ones
+(`tensor_content` or `float_val`), under any name: its elements (bytes, or a float array per
+image) are read by the codec's rules and messages (signature name, one input, image shape and
+values: `tfserving.images_of`), and the codec's output columns become tensors:
+`probabilities` DT_FLOAT [N, n], `classes` DT_STRING [N, k], `scores` DT_FLOAT [N, k]
+(`output_filter` picks some). k is the server's `top_k_default`, or the call's `top_k` metadata
+(REST: `?top_k=`). GetModelMetadata (`signature_def`) and GetModelStatus are built from the
+codec's typed results (`tfserving.Signature`, `tfserving.VersionStatus`).
 
 The generated messages and servicer bases come from the `tensorflow-serving-api` package
 (`tensorflow_serving.apis.*_pb2(_grpc)`): nothing is copied or generated here. They import
-TensorFlow's own protos, hence TensorFlow: `service.transports.grpc.server` loads this module after
-the
-trunk's `import_tensorflow`.
+TensorFlow's own protos, hence TensorFlow: `service.transports.grpc.server` loads this module
+after the trunk's `import_tensorflow`.
 """
 from __future__ import annotations
 
-import base64
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import grpc
 import numpy as np
@@ -37,11 +34,12 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from heads import Head, UnknownVersion
+from heads import BotInfo, Head, UnknownVersion
 from service.codecs import tfserving
-from service.codecs.common import active_head, classify_with, parse_top_k
+from service.codecs.common import Model, TensorSpec, endpoint_name, model_head, parse_top_k
+from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest
-from service.transports.grpc.common import Rpcs, codec_request, from_json, reply_json
+from service.transports.grpc.common import Rpcs
 
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
@@ -53,6 +51,15 @@ _TENSOR = (predict_pb2.PredictRequest.DESCRIPTOR.fields_by_name["inputs"]
 _DATA_TYPES = _TENSOR.fields_by_name["dtype"].enum_type
 DT_FLOAT = _DATA_TYPES.values_by_name["DT_FLOAT"].number
 DT_STRING = _DATA_TYPES.values_by_name["DT_STRING"].number
+_VERSION_STATUS = (get_model_status_pb2.GetModelStatusResponse.DESCRIPTOR
+                   .fields_by_name["model_version_status"].message_type)
+_STATES = _VERSION_STATUS.fields_by_name["state"].enum_type
+_ERROR_CODES = (_VERSION_STATUS.fields_by_name["status"].message_type
+                .fields_by_name["error_code"].enum_type)
+# RPC -> the name of its REST twin in the endpoint table (metrics, logs); a call whose
+# model_spec names a version is the `_version` route's (`endpoint_name`).
+ENDPOINT_NAMES = {"Predict": "tfs_predict", "GetModelMetadata": "tfs_metadata",
+                  "GetModelStatus": "tfs_status"}
 
 
 def _dtype_name(value: int) -> str:
@@ -60,13 +67,12 @@ def _dtype_name(value: int) -> str:
     return known.name if known is not None else str(value)
 
 
-def spec_request(method: str, spec) -> Any:
-    """The codecs' request for a `ModelSpec`: the model and its version as path parameters."""
+def model_of(spec) -> Model:
+    """The model a `ModelSpec` names (a version label is refused: only numbers are served)."""
     if spec.version_label:
         raise UnknownVersion(f"version label '{spec.version_label[:32]}' is not served: ask "
                              f"for the model's active version, or for no version")
-    version = str(spec.version.value) if spec.HasField("version") else ""
-    return codec_request(method, spec.name, version)
+    return Model(spec.name, str(spec.version.value) if spec.HasField("version") else None)
 
 
 def _float_values(tensor, count: int, where: str) -> np.ndarray:
@@ -82,8 +88,8 @@ def _float_values(tensor, count: int, where: str) -> np.ndarray:
 
 
 def tensor_images(name: str, tensor) -> list:
-    """One input tensor as the images of the REST columnar body: `{"b64": ...}` per encoded
-    image, or each float image as the list of its rows (numpy rows where JSON has lists)."""
+    """One input tensor as the images the codec reads (`tfserving.images_of`): encoded bytes per
+    DT_STRING element, or a float array per image of a DT_FLOAT tensor."""
     where = f"input '{name[:64]}'"
     dims = [d.size for d in tensor.tensor_shape.dim]
     if tensor.tensor_shape.unknown_rank or not dims or any(d < 0 for d in dims):
@@ -96,37 +102,36 @@ def tensor_images(name: str, tensor) -> list:
         if len(tensor.string_val) != count:
             raise BadRequest(f"{where} has {len(tensor.string_val)} string_val values, its "
                              f"shape {dims} says {count}")
-        return [{"b64": base64.b64encode(value).decode()} for value in tensor.string_val]
+        return list(tensor.string_val)
     if tensor.dtype == DT_FLOAT:
-        images = _float_values(tensor, count, where).reshape(dims)
-        return [list(image) if image.ndim else image.item() for image in images]
+        return list(_float_values(tensor, count, where).reshape(dims))
     raise BadRequest(f"{where} has dtype {_dtype_name(tensor.dtype)}: send DT_STRING (encoded "
                      f"images, shape [N]) or DT_FLOAT (preprocessed, shape [N, 299, 299, 3])")
 
 
-def predict_images(request: predict_pb2.PredictRequest):
-    """A PredictRequest's images, through the REST `:predict` rules (raises BadRequest)."""
-    body = {"signature_name": request.model_spec.signature_name,
-            "inputs": {name: tensor_images(name, tensor)
-                       for name, tensor in request.inputs.items()}}
-    images, _ = tfserving.parse_predict_request(body)
-    return images
+def predict_images(request: predict_pb2.PredictRequest) -> Images:
+    """A PredictRequest's images, by the codec's `:predict` rules (raises BadRequest)."""
+    tfserving.check_signature(request.model_spec.signature_name)
+    tfserving.check_one_input(len(request.inputs), "'inputs'")
+    ((name, tensor),) = request.inputs.items()
+    return tfserving.images_of(tensor_images(name, tensor), "input")
 
 
-def predict_response(head: Head, outputs: dict[str, list],
+def predict_response(head: Head, predictions: list[Prediction],
                      wanted: Sequence[str]) -> predict_pb2.PredictResponse:
-    """The codec's columnar outputs as tensors: text as DT_STRING, numbers as DT_FLOAT."""
-    names = list(wanted) or list(outputs)
+    """The codec's output columns as tensors: text as DT_STRING, numbers as DT_FLOAT."""
+    names = list(wanted) or list(tfserving.OUTPUTS)
     for name in names:
-        if name not in outputs:
+        if name not in tfserving.OUTPUTS:
             raise BadRequest(f"output_filter names '{name[:64]}': this model's outputs are "
-                             f"{', '.join(outputs)}")
+                             f"{', '.join(tfserving.OUTPUTS)}")
+    columns = tfserving.prediction_columns(predictions)
     response = predict_pb2.PredictResponse()
     response.model_spec.name = head.bot_id
     response.model_spec.version.value = head.version
     response.model_spec.signature_name = tfserving.SIGNATURE
     for name in dict.fromkeys(names):
-        values = np.asarray(outputs[name])
+        values = np.asarray(columns[name])
         tensor = response.outputs[name]
         for size in values.shape:
             tensor.tensor_shape.dim.add(size=size)
@@ -139,6 +144,40 @@ def predict_response(head: Head, outputs: dict[str, list],
     return response
 
 
+def fill_tensor_info(info, spec: TensorSpec) -> None:
+    """A `TensorInfo` (of a signature's map) from the codec's tensor metadata."""
+    info.name = f"{spec.name}:0"
+    info.dtype = _DATA_TYPES.values_by_name[spec.datatype].number
+    for size in spec.shape:
+        info.tensor_shape.dim.add(size=size)
+
+
+def metadata_response(info: BotInfo, signature: tfserving.Signature
+                      ) -> get_model_metadata_pb2.GetModelMetadataResponse:
+    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    response.model_spec.name = info.bot_id
+    response.model_spec.version.value = info.version
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    signature_def = signatures.signature_def[tfserving.SIGNATURE]
+    for key, spec in signature.inputs.items():
+        fill_tensor_info(signature_def.inputs[key], spec)
+    for key, spec in signature.outputs.items():
+        fill_tensor_info(signature_def.outputs[key], spec)
+    signature_def.method_name = signature.method_name
+    response.metadata[METADATA_FIELD].Pack(signatures)
+    return response
+
+
+def status_response(status: tfserving.VersionStatus
+                    ) -> get_model_status_pb2.GetModelStatusResponse:
+    response = get_model_status_pb2.GetModelStatusResponse()
+    entry = response.model_version_status.add(version=status.version)
+    entry.state = _STATES.values_by_name[status.state].number
+    entry.status.error_code = _ERROR_CODES.values_by_name[status.error_code].number
+    entry.status.error_message = status.error_message
+    return response
+
+
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """Predict and GetModelMetadata; Classify, Regress and MultiInference are UNIMPLEMENTED."""
 
@@ -146,41 +185,32 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.rpcs = rpcs
 
     async def Predict(self, request, context):  # noqa: N802 - the RPC's name
-        method = f"/{PREDICTION_SERVICE}/Predict"
         service = self.rpcs.service
 
         async def handle() -> predict_pb2.PredictResponse:
-            service.require_engine()
-            head = await active_head(service, spec_request(method, request.model_spec))
+            head = await model_head(service, model_of(request.model_spec))
             metadata = {key: value for key, value in (context.invocation_metadata() or ())
                         if isinstance(value, str)}
             top_k = parse_top_k(metadata, service.settings.top_k_default)
             images = await service.run_blocking(predict_images, request)
-            predictions = await classify_with(service, head, images, top_k=top_k)
-            outputs = tfserving.render_predictions(predictions, columnar=True)["outputs"]
-            return predict_response(head, outputs, request.output_filter)
+            predictions = await tfserving.predict_call(service, head, images, top_k)
+            return predict_response(head, predictions, request.output_filter)
 
-        return await self.rpcs.run(method, request, context, handle)
+        return await self.rpcs.run(_name("Predict", request.model_spec), request, context,
+                                   handle)
 
     async def GetModelMetadata(self, request, context):  # noqa: N802
-        method = f"/{PREDICTION_SERVICE}/GetModelMetadata"
-
         async def handle() -> get_model_metadata_pb2.GetModelMetadataResponse:
             for field in request.metadata_field:
                 if field != METADATA_FIELD:
                     raise BadRequest(f"metadata_field '{field[:64]}' is not served: only "
                                      f"'{METADATA_FIELD}'")
-            reply = await tfserving.tf_metadata(self.rpcs.service,
-                                                spec_request(method, request.model_spec))
-            body = reply_json(reply)
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            from_json(body["model_spec"], response.model_spec)
-            signatures = from_json(body["metadata"][METADATA_FIELD],
-                                   get_model_metadata_pb2.SignatureDefMap())
-            response.metadata[METADATA_FIELD].Pack(signatures)
-            return response
+            info, signature = await tfserving.metadata_call(self.rpcs.service,
+                                                            model_of(request.model_spec))
+            return metadata_response(info, signature)
 
-        return await self.rpcs.run(method, request, context, handle)
+        return await self.rpcs.run(_name("GetModelMetadata", request.model_spec), request,
+                                   context, handle)
 
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
@@ -191,14 +221,18 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         self.rpcs = rpcs
 
     async def GetModelStatus(self, request, context):  # noqa: N802
-        method = f"/{MODEL_SERVICE}/GetModelStatus"
-
         async def handle() -> get_model_status_pb2.GetModelStatusResponse:
-            reply = await tfserving.tf_status(self.rpcs.service,
-                                              spec_request(method, request.model_spec))
-            return from_json(reply_json(reply), get_model_status_pb2.GetModelStatusResponse())
+            status = await tfserving.status_call(self.rpcs.service, model_of(request.model_spec))
+            return status_response(status)
 
-        return await self.rpcs.run(method, request, context, handle)
+        return await self.rpcs.run(_name("GetModelStatus", request.model_spec), request,
+                                   context, handle)
+
+
+def _name(rpc: str, spec) -> str:
+    """The metrics name of an RPC: its REST twin's endpoint name (`_version` when the spec
+    names a version; a version label is refused as unknown, counted under the plain name)."""
+    return endpoint_name(ENDPOINT_NAMES[rpc], spec.HasField("version"))
 
 
 def register(server: grpc.aio.Server, rpcs: Rpcs) -> list[str]:
