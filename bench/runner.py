@@ -564,7 +564,7 @@ class Bench:
                 # Where the time goes, from the server's own histograms (means).
                 server_ms={
                     "request": server_mean_ms(
-                        "multihead_request_seconds{route=/classify/{bot_id}}"),
+                        "multihead_request_seconds{route=classify}"),
                     "decode": server_mean_ms("multihead_decode_seconds"),
                     "queue_wait": server_mean_ms("multihead_queue_wait_seconds"),
                     "trunk_per_batch": server_mean_ms("multihead_trunk_seconds"),
