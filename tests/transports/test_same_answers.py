@@ -3,7 +3,7 @@
 `unmatched` for 404/405).
 
 ONE table of requests (`CASES`, plain data: add a row for a new route or error) goes through
-each transport in `TRANSPORTS`; each row also says what the answer must be, so two transports
+each transport of the `transports` fixture; each row also says what the answer must be, so two transports
 that are wrong alike still fail.
 
 - `aiohttp`: the real app (`create_app`) on a real loopback server, over the session's trunk.
@@ -15,7 +15,7 @@ that are wrong alike still fail.
   on 2 cores, and what could differ between transports is this glue, not Ray's actor
   plumbing, which tests/scaleout/test_ray.py covers with real replicas.
 - gRPC has no URL routes: a column for it maps an RPC onto the row's endpoint (the lead adds
-  it: a function from `Case` to `Answer` in `TRANSPORTS`, for the rows an RPC can express).
+  it: a function from `Case` to `Answer` in `transports`, for the rows an RPC can express).
 """
 from __future__ import annotations
 
@@ -152,7 +152,8 @@ def moved(before: dict, after: dict) -> list[str]:
     return sorted(label for (label, _), n in after.items() if n != before.get((label, _), 0))
 
 
-Transport = Callable[[Case], Awaitable[Answer]]
+# A transport's column: the answer to a row, or None for a row it cannot express.
+Transport = Callable[[Case], Awaitable["Answer | None"]]
 
 
 @pytest.fixture
@@ -224,9 +225,6 @@ async def through_ray(trunk, store, tmp_path) -> Transport:
     await service.close()
 
 
-TRANSPORTS = ("aiohttp", "ray")
-
-
 @pytest.fixture
 def transports(through_aiohttp, through_ray) -> dict[str, Transport]:
     return {"aiohttp": through_aiohttp, "ray": through_ray}
@@ -248,19 +246,19 @@ def problems(case: Case, name: str, got: Answer) -> list[str]:
 
 
 async def test_every_transport_gives_each_request_the_same_answer(transports):
-    answers: dict[str, dict[str, Answer]] = {name: {} for name in transports}
     wrong = []
     for case in CASES:  # in table order: each transport sees the same history
+        answers = {}
         for name, send in transports.items():
-            answers[name][case.name] = got = await send(case)
+            got = await send(case)
+            if got is None:  # a request this transport cannot express (no URL routes in gRPC)
+                continue
+            answers[name] = got
             wrong += problems(case, name, got)
-    first, *others = transports
-    for case in CASES:
-        a = answers[first][case.name]
-        for other in others:
-            b = answers[other][case.name]
-            seen = [(x.status, x.headers.get("allow"), x.headers.get("content-type"),
-                     x.json() if case.same_body else None) for x in (a, b)]
-            if seen[0] != seen[1]:
-                wrong.append(f"{case.name}: {first} {seen[0]} != {other} {seen[1]}")
+        seen = {name: (got.status, got.headers.get("allow"), got.headers.get("content-type"),
+                       got.json() if case.same_body else None)
+                for name, got in answers.items()}
+        first, *others = seen.values()
+        if any(other != first for other in others):
+            wrong.append(f"{case.name}: the transports differ: {seen}")
     assert not wrong, "\n".join(wrong)
