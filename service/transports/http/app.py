@@ -52,8 +52,9 @@ SERVICE = web.AppKey("service", Service)
 # The listeners beside HTTP (the gRPC server when `grpc_port` is set), started and stopped with it.
 LISTENERS = web.AppKey("listeners", list)
 
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
-               413: "payload_too_large", 415: "unsupported_media_type"}
+# The codes of aiohttp's own errors other than "no route" (`common.exchange.no_route`).
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 413: "payload_too_large",
+               415: "unsupported_media_type"}
 
 
 def to_response(reply: Reply) -> web.Response:
@@ -101,10 +102,10 @@ async def transport_middleware(request: web.Request, handler):
             response = to_response(error_reply(admission.too_large(
                 request.app[SERVICE].settings.max_body_bytes)))
         else:
+            # e.g. a static file that is not there, the page when none is installed
             response = web.json_response(
                 {"error": exc.reason, "code": _HTTP_CODES.get(exc.status, "http_error")},
-                status=exc.status, headers={k: v for k, v in exc.headers.items()
-                                            if k.lower() == "allow"})
+                status=exc.status)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
