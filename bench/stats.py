@@ -130,7 +130,7 @@ def _fmt_le(le: float) -> str:
 def parse_histograms(text: str) -> dict[str, Histogram]:
     """Histograms of a Prometheus text exposition. An unlabelled histogram is keyed by its base
     name ("multihead_batch_size"); a labelled one by name and labels
-    ("multihead_request_seconds{route=/classify/{bot_id}}", labels sorted)."""
+    ("multihead_request_seconds{route=classify}", labels sorted)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, Histogram] = {}

@@ -151,7 +151,7 @@ async def measure_points(context: Context, url: str, bots: Sequence[str], policy
             # Where the time goes, from the server's own histograms (means).
             server_ms={
                 "request": server_mean_ms(
-                    "multihead_request_seconds{route=/classify/{bot_id}}"),
+                    "multihead_request_seconds{route=classify}"),
                 "decode": server_mean_ms("multihead_decode_seconds"),
                 "queue_wait": server_mean_ms("multihead_queue_wait_seconds"),
                 "trunk_per_batch": server_mean_ms("multihead_trunk_seconds"),

@@ -105,7 +105,8 @@ class Metrics:
         registry: where to register (default: a new `CollectorRegistry` of this object's own).
 
     Attributes (prometheus_client objects, usable directly):
-        requests_total{route,status}, request_seconds{route}, decode_seconds,
+        requests_total{route,status}, request_seconds{route} (route: the endpoint's name),
+        decode_seconds,
         queue_wait_seconds, trunk_seconds, heads_seconds, batch_size, batch_bots, queue_depth,
         resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
         feature_cache_hits_total,
@@ -117,11 +118,11 @@ class Metrics:
         r = self.registry
         ns = NAMESPACE
         self.requests_total = Counter(
-            "requests", "HTTP requests by route template and status code",
+            "requests", "requests by endpoint name (unmatched: no endpoint) and status code",
             ["route", "status"], namespace=ns, registry=r,
         )
         self.request_seconds = Histogram(
-            "request_seconds", "end-to-end request latency by route template",
+            "request_seconds", "end-to-end request latency by endpoint name",
             ["route"], namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
         )
         self.decode_seconds = Histogram(
@@ -194,8 +195,16 @@ class Metrics:
     # -- recording ------------------------------------------------------------------------------
 
     def observe_request(self, route: str, status: int, seconds: float | None = None) -> None:
-        """One HTTP request. `route` must be the route TEMPLATE (`/classify/{bot_id}`), never the
-        raw path, or every bot id would become a label."""
+        """One answered request, whatever its transport (HTTP, gRPC, Ray).
+
+        Args:
+            route: the name of the endpoint that answered (`Endpoint.name`: `classify`,
+                `oip_infer`, ...; an RPC mapped to an endpoint uses that endpoint's name), or
+                `unmatched` when no endpoint matched. Never a raw path or anything a client
+                chooses, or every bot id would become a label.
+            status: the HTTP status of the answer (for gRPC: the one its outcome has on HTTP).
+            seconds: its latency; None counts it without timing it (a WebSocket).
+        """
         self.requests_total.labels(route=route, status=str(int(status))).inc()
         if seconds is not None:
             self.request_seconds.labels(route=route).observe(seconds)

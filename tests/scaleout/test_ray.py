@@ -215,6 +215,26 @@ def test_both_replicas_answer_with_the_same_predictions(deployment):
     assert len(first) == 4  # alpha has 4 classes: the head registered in PostgreSQL
 
 
+def test_a_request_no_endpoint_matches_is_answered_and_counted_by_a_replica(deployment):
+    """404/405 as on every transport, counted under `unmatched` by the replica that answered
+    (the replicas hold the metrics; /metrics is the answering replica's)."""
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{deployment.base}/nowhere") as resp:
+                assert resp.status == 404 and (await resp.json())["code"] == "not_found"
+                replica = resp.headers["X-Multihead-Replica"]
+                assert resp.headers["Server-Timing"].startswith("app;dur=")
+            async with session.delete(f"{deployment.base}/classify/alpha") as resp:
+                assert resp.status == 405 and resp.headers["Allow"] == "POST"
+            for _ in range(40):  # until the replica that answered the 404 answers /metrics
+                async with session.get(f"{deployment.base}/metrics") as resp:
+                    if resp.headers["X-Multihead-Replica"] == replica:
+                        return await resp.text()
+            raise AssertionError(f"/metrics never answered by replica {replica}")
+
+    assert 'multihead_requests_total{route="unmatched",status="404"}' in asyncio.run(run())
+
+
 def test_registration_with_the_cli_reaches_every_replica_within_a_second(deployment, tmp_path):
     replicas = set(asyncio.run(replicas_ready(deployment.base, 2, 30)))
     register_with_cli(deployment.store_url, "gamma", 6, seed=3, tmp_path=tmp_path)

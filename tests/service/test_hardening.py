@@ -280,7 +280,7 @@ async def test_a_websocket_lifetime_is_not_a_request_latency(make_client):
         await ws.send_bytes(_png((8, 8, 8)))
         await ws.receive_json()
     text = await (await client.get("/metrics")).text()
-    route = 'route="/ws/classify/{bot_id}"'
+    route = 'route="classify_ws"'
     assert f'multihead_requests_total{{{route},status="101"}} 1.0' in text
     assert f"multihead_request_seconds_count{{{route}}}" not in text
 

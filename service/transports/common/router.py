@@ -1,8 +1,8 @@
-"""Routing for a transport without a router of its own (the Ray Serve replica).
+"""Routing for a transport without a router of its own (Ray's ingress).
 
-`Router` reads the route templates of `service.codecs.routes.ENDPOINTS` the way aiohttp does, so
-both
-transports route every request alike: `{name}` matches one path segment, `{name:regex}` matches
+`Router` reads the route templates of `service.codecs.routes.ENDPOINTS` the way aiohttp's router
+does (the aiohttp transport keeps that one: see `service.transports.http.app.create_app`), so
+both transports route every request alike: `{name}` matches one path segment, `{name:regex}` matches
 `regex`, the first endpoint in table order wins, and a method a path does not have is 405 with
 `Allow` (HEAD included: aiohttp adds no HEAD to an `add_route("GET", ...)` route either).
 """

@@ -2,9 +2,11 @@
 
 Every route of `service.codecs.routes.ENDPOINTS` becomes an aiohttp route whose handler builds a
 transport-neutral `Request`, calls `dispatch` (admin check, codec, service, error mapping) and
-writes the `Reply`. What only aiohttp does stays here: the request body limit, the WebSocket
-route (`service.transports.http.ws`), the web page and static files, JSON bodies for aiohttp's
-own 404/405, per-route request metrics, and the lifecycle (`cleanup_ctx`: the `Service` starts
+writes the `Reply`; the glue every transport shares (the request, the body within its limits,
+the 404/405 answers, request metrics and Server-Timing by endpoint name) is
+`service.transports.common.exchange`. What only aiohttp does stays here: the WebSocket route
+(`service.transports.http.ws`), the web page and static files, JSON bodies for aiohttp's other
+errors and for requests it cannot parse, and the lifecycle (`cleanup_ctx`: the `Service` starts
 its bring-up at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped
 accepting). The listeners given to `create_app` (the gRPC server, when the command that serves
 has a `grpc_port`) run over the same `Service` and start and stop with it: they stop accepting
@@ -22,13 +24,23 @@ from pathlib import Path
 from aiohttp import web, web_protocol
 
 from heads import HeadStore
-from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
+from service.codecs.base import Endpoint, Reply, dispatch, error_reply
 from service.codecs.routes import ENDPOINTS
 from service.core import admission, memory
 from service.core.admission import Reservation
 from service.core.context import Service
-from service.core.errors import INTERNAL_MESSAGE, BadRequest
+from service.core.errors import INTERNAL_MESSAGE
 from service.core.settings import Settings
+from service.transports.common.exchange import (
+    SERVER_TIMING,
+    UNMATCHED,
+    admit_body,
+    build_request,
+    chunks,
+    content_length,
+    no_route,
+    record,
+)
 from service.transports.common.lifecycle import ListenerFactory
 from service.transports.http import ws
 
@@ -40,35 +52,9 @@ SERVICE = web.AppKey("service", Service)
 # The listeners beside HTTP (the gRPC server when `grpc_port` is set), started and stopped with it.
 LISTENERS = web.AppKey("listeners", list)
 
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
-               413: "payload_too_large", 415: "unsupported_media_type"}
-
-
-async def _chunks(request: web.Request):
-    try:
-        async for chunk in request.content.iter_any():
-            yield chunk
-    except ConnectionError:  # the client went away mid-body
-        raise BadRequest("the request body was cut short") from None
-
-
-def to_request(request: web.Request, held: Reservation) -> Request:
-    """The codecs' view of an aiohttp request; the body is read only when a codec asks
-    (`admission.read_body`: in place for a declared length, counted as it streams if chunked)."""
-    limit = request.app[SERVICE].settings.max_body_bytes
-
-    async def read_body() -> bytes | bytearray:
-        # NOTE: aiohttp stops at the declared length, so a longer body is never read here.
-        return await admission.read_body(_chunks(request), request.content_length, limit, held)
-
-    return Request(
-        method=request.method,
-        path=request.path,
-        params=dict(request.match_info),
-        query={key: request.query.get(key) for key in request.query.keys()},
-        headers={key.lower(): value for key, value in request.headers.items()},
-        read_body=read_body,
-    )
+# The codes of aiohttp's own errors other than "no route" (`common.exchange.no_route`).
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 413: "payload_too_large",
+               415: "unsupported_media_type"}
 
 
 def to_response(reply: Reply) -> web.Response:
@@ -80,10 +66,16 @@ def to_response(reply: Reply) -> web.Response:
 def _handler(endpoint: Endpoint):
     async def handle(request: web.Request) -> web.Response:
         service = request.app[SERVICE]
-        # NOTE: held until the answer is built: the body's bytes live that long.
+        # NOTE: held until the answer is built: the body's bytes live that long. The body is
+        # read only when a codec asks; aiohttp stops at the declared length, so a longer body
+        # is never read here.
         with Reservation(service.inflight) as held:
-            admission.admit(request.content_length, service.settings.max_body_bytes, held)
-            reply = await dispatch(service, endpoint, to_request(request, held))
+            read_body = admit_body(chunks(request.content.iter_any(), ConnectionError),
+                                   content_length(request.headers),
+                                   service.settings.max_body_bytes, held)
+            reply = await dispatch(service, endpoint, build_request(
+                request.method, request.path, request.match_info, request.query.items(),
+                request.headers.items(), read_body))
         return to_response(reply)
 
     handle.__name__ = endpoint.name
@@ -93,34 +85,37 @@ def _handler(endpoint: Endpoint):
 @web.middleware
 async def transport_middleware(request: web.Request, handler):
     """JSON bodies for aiohttp's own errors (no route, wrong method, body too large) and any
-    error a transport handler lets escape; request counts and latency by route template."""
+    error a transport handler lets escape; request metrics and Server-Timing by route name (the
+    endpoint's name, `common.exchange.UNMATCHED` when no route matched)."""
     start = time.perf_counter()
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else "unmatched"
+    route = request.match_info.route
+    matched = route.resource is not None
+    label = route.name if matched else UNMATCHED
     try:
         response = await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        if not matched:  # aiohttp's router found no route: 404, or 405 with the allowed methods
+            response = to_response(no_route(getattr(exc, "allowed_methods", ())))
+        elif isinstance(exc, web.HTTPRequestEntityTooLarge):
             response = to_response(error_reply(admission.too_large(
                 request.app[SERVICE].settings.max_body_bytes)))
         else:
+            # e.g. a static file that is not there, the page when none is installed
             response = web.json_response(
                 {"error": exc.reason, "code": _HTTP_CODES.get(exc.status, "http_error")},
-                status=exc.status, headers={k: v for k, v in exc.headers.items()
-                                            if k.lower() == "allow"})
+                status=exc.status)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         response = to_response(error_reply(exc))
-    elapsed_s = time.perf_counter() - start
+    metrics = request.app[SERVICE].metrics
     if isinstance(response, web.WebSocketResponse):
         # A socket's lifetime is not a request's latency: count it, keep it out of the histogram.
-        request.app[SERVICE].metrics.observe_request(route, response.status, None)
+        record(metrics, label, response.status, None)
         return response
-    response.headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
-    request.app[SERVICE].metrics.observe_request(route, response.status, elapsed_s)
+    response.headers[SERVER_TIMING] = record(metrics, label, response.status, start)
     return response
 
 
@@ -189,7 +184,13 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     app[LISTENERS] = [factory(app[SERVICE]) for factory in listeners]
     app.on_shutdown.append(_stop_accepting)
     app.cleanup_ctx.append(_lifecycle)
-    app.router.add_get("/", index)
+    # NOTE: aiohttp's own router routes here, not `common.router.Router` (which Ray's ingress
+    # uses): it also routes what is not an endpoint (the page, the static files, the WebSocket)
+    # and fills `match_info` the middleware labels metrics with, and a catch-all route over
+    # Router would hide the table from aiohttp's tooling. tests/service/test_router.py holds the
+    # two routers to the same match on every method and path kind, and
+    # tests/transports/test_same_answers.py the two transports to the same answers.
+    app.router.add_get("/", index, name="index")
     for endpoint in ENDPOINTS:
         app.router.add_route(endpoint.method, endpoint.path, _handler(endpoint),
                              name=endpoint.name)
@@ -197,7 +198,7 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
                        lambda request: ws.classify_ws(request.app[SERVICE], request),
                        name="classify_ws")
     if STATIC_DIR.exists():
-        app.router.add_static("/static", STATIC_DIR)
+        app.router.add_static("/static", STATIC_DIR, name="static")
     return app
 
 

@@ -7,10 +7,12 @@ Two deployments form the application:
   each request through the SAME codecs as the aiohttp server (`dispatch`), so every protocol
   behaves the same on both transports.
 - `MultiheadIngress`, what Ray's HTTP proxy calls: light processes without TensorFlow that
-  route with `service.transports.common.router.Router` over `service.codecs.routes.ENDPOINTS`
-  (404/405 as aiohttp gives
-  them), read the body within the size limit and byte budget, and pass the request to a model
-  replica through a deployment handle (Ray balances the replicas). When a model replica dies
+  route with `service.transports.common.router.Router` over `service.codecs.routes.ENDPOINTS`,
+  read the body within the size limit and byte budget, and pass the request to a model
+  replica through a deployment handle (Ray balances the replicas). A request no endpoint
+  matches goes to a replica too (without its body), which answers 404/405 and counts it: the
+  replicas hold the metrics (`/metrics` is the answering replica's), by endpoint name as on
+  every transport (`service.transports.common.exchange`). When a model replica dies
   with requests in flight, a request that is safe to repeat (everything but the admin writes)
   is retried once on another replica, and the rest get 503 `replica_lost` + Retry-After, never
   a bare 500.
@@ -26,8 +28,7 @@ answers 503 `not_ready` after PROBE_TIMEOUT_S). Every answer names its model rep
 
 Entry points: `run(settings)` for `multihead serve --ray` (starts a local Ray unless
 `--ray-address` names a cluster, deploys, serves until SIGTERM/SIGINT, then removes the
-application), and `app_builder(args)` for Ray's own tooling (`serve run`, a
-`RayService`
+application), and `app_builder(args)` for Ray's own tooling (`serve run`, a `RayService`
 manifest): `import_path: service.transports.ray.serve:app_builder`, `args` holding settings by
 field name.
 """
@@ -52,14 +53,24 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply, json_reply
+from service.codecs.base import Reply, Request, dispatch, error_reply
 from service.codecs.routes import ENDPOINTS
-from service.core import admission, memory
+from service.core import memory
 from service.core.admission import ByteBudget, Reservation
 from service.core.context import Service
-from service.core.errors import BadRequest, DeadlineExceeded, NotReady, Overloaded, ReplicaLost
+from service.core.errors import DeadlineExceeded, NotReady, Overloaded, ReplicaLost
 from service.core.settings import Settings
-from service.transports.common.router import Router
+from service.transports.common.exchange import (
+    SERVER_TIMING,
+    admit_body,
+    build_request,
+    chunks,
+    content_length,
+    metric_label,
+    no_route,
+    record,
+)
+from service.transports.common.router import Match, Router
 
 log = logging.getLogger(__name__)
 
@@ -75,41 +86,49 @@ PROBE_TIMEOUT_S = 2.0
 
 @dataclass(frozen=True)
 class Call:
-    """One routed request, as the ingress hands it to a model replica (picklable)."""
+    """One routed request, as the ingress hands it to a model replica (picklable).
 
-    endpoint: str
-    method: str
-    path: str
-    params: dict[str, str]
-    query: dict[str, str]
-    headers: dict[str, str]
-    body: bytes
+    `endpoint` is the matched endpoint's name, or None when no endpoint matched: the replica
+    then answers 404, or 405 with `allowed`, and counts it like any request (the ingress has no
+    metrics of its own: `/metrics` is a replica's).
+    """
 
-
-async def _chunks(request: HttpRequest):
-    try:
-        async for chunk in request.stream():
-            if chunk:
-                yield chunk
-    except ClientDisconnect:
-        raise BadRequest("the request body was cut short") from None
+    endpoint: str | None
+    request: Request  # without its body reader: the body travels as bytes
+    body: bytes = b""
+    allowed: tuple[str, ...] = ()
 
 
-def _content_length(request: HttpRequest) -> int | None:
-    raw = request.headers.get("content-length")
-    if raw is None:
-        return None
-    if not raw.isascii() or not raw.isdigit():
-        raise BadRequest(f"invalid Content-Length: {raw[:40]!r}")
-    return int(raw)
+ENDPOINTS_BY_NAME = {endpoint.name: endpoint for endpoint in ENDPOINTS}
 
 
-def _no_route(allowed: tuple[str, ...]) -> Reply:
-    # The same bodies as the aiohttp transport's own 404/405.
-    if allowed:
-        return json_reply({"error": "Method Not Allowed", "code": "method_not_allowed"},
-                          405, {"Allow": ",".join(allowed)})
-    return json_reply({"error": "Not Found", "code": "not_found"}, 404)
+async def answer(service: Service, call: Call) -> Reply:
+    """Runs one routed request through the codecs of `service`, as the aiohttp transport does:
+    the same dispatch, the same no-route answer, metrics and Server-Timing by endpoint name.
+    What a model replica does with each call; a function of the `Service` so that it runs
+    without Ray too (tests/transports/test_same_answers.py)."""
+    start = time.perf_counter()
+    endpoint = ENDPOINTS_BY_NAME[call.endpoint] if call.endpoint is not None else None
+    if endpoint is None:
+        reply = no_route(call.allowed)
+    else:
+        # NOTE: the body is already in this process: held against this replica's budget too,
+        # until the answer is built.
+        with Reservation(service.inflight) as held:
+            try:
+                held.take(len(call.body))
+            except Overloaded as exc:
+                reply = error_reply(exc)
+            else:
+                body = call.body
+
+                async def read_body() -> bytes:
+                    return body
+
+                reply = await dispatch(service, endpoint,
+                                       dataclasses.replace(call.request, read_body=read_body))
+    timing = record(service.metrics, metric_label(endpoint), reply.status, start)
+    return dataclasses.replace(reply, headers={**reply.headers, SERVER_TIMING: timing})
 
 
 class Replica:
@@ -118,7 +137,6 @@ class Replica:
     async def __init__(self, settings: Settings) -> None:
         memory.tune_allocator()
         self.settings = settings
-        self.endpoints = {endpoint.name: endpoint for endpoint in ENDPOINTS}
         self.service = Service(settings)
         self.name = serve.get_replica_context().replica_id.unique_id
         self.service.identity = {"replica": self.name, "pid": os.getpid()}
@@ -134,31 +152,9 @@ class Replica:
             raise RuntimeError(self.service.readiness.error or "not ready")
 
     async def handle(self, call: Call) -> Reply:
-        """Runs one routed request through the codecs, as the aiohttp transport does."""
-        start = time.perf_counter()
-        endpoint = self.endpoints[call.endpoint]
-        # NOTE: the body is already in this process: held against this replica's budget too,
-        # until the answer is built.
-        with Reservation(self.service.inflight) as held:
-            try:
-                held.take(len(call.body))
-            except Overloaded as exc:
-                reply = error_reply(exc)
-            else:
-                body = call.body
-
-                async def read_body() -> bytes:
-                    return body
-
-                reply = await dispatch(self.service, endpoint, Request(
-                    method=call.method, path=call.path, params=call.params, query=call.query,
-                    headers=call.headers, read_body=read_body))
-        elapsed_s = time.perf_counter() - start
-        self.service.metrics.observe_request(endpoint.path, reply.status, elapsed_s)
-        headers = dict(reply.headers)
-        headers[REPLICA_HEADER] = self.name
-        headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
-        return dataclasses.replace(reply, headers=headers)
+        """Answers one routed request (`answer`), naming this replica in the reply."""
+        reply = await answer(self.service, call)
+        return dataclasses.replace(reply, headers={**reply.headers, REPLICA_HEADER: self.name})
 
     async def __del__(self) -> None:
         # Ray calls this when it stops the replica, after draining its ongoing requests.
@@ -183,46 +179,51 @@ class Ingress:
     async def __call__(self, http: HttpRequest) -> Response:
         match = self.router.match(http.method, http.url.path)
         try:
-            if match.endpoint is None:
-                reply = _no_route(match.allowed)
-            else:
-                reply = await self._forward(http, match.endpoint, match.params)
+            reply = await self._forward(http, match)
         except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
             reply = error_reply(exc)
         body = b"" if http.method == "HEAD" else reply.body
         return Response(body, status_code=reply.status, headers=dict(reply.headers),
                         media_type=reply.content_type)
 
-    async def _forward(self, http: HttpRequest, endpoint: Endpoint,
-                       params: dict[str, str]) -> Reply:
-        limit = self.settings.max_body_bytes
+    async def _forward(self, http: HttpRequest, match: Match) -> Reply:
+        endpoint = match.endpoint
+        query, headers = http.query_params.multi_items(), http.headers.items()
         with Reservation(self.inflight) as held:
-            length = _content_length(http)
-            admission.admit(length, limit, held)
-            body = await admission.read_body(_chunks(http), length, limit, held)
-            call = Call(endpoint.name, http.method, http.url.path, params,
-                        {key: http.query_params.get(key) for key in http.query_params.keys()},
-                        {key.lower(): value for key, value in http.headers.items()},
-                        bytes(body))
+            if endpoint is None:  # a replica answers it (and counts it); its body is not read
+                body: bytes | bytearray = b""
+            else:
+                read_body = admit_body(chunks(http.stream(), ClientDisconnect),
+                                       content_length(http.headers),
+                                       self.settings.max_body_bytes, held)
+                body = await read_body()
+            call = Call(None if endpoint is None else endpoint.name,
+                        build_request(http.method, http.url.path, match.params, query, headers),
+                        bytes(body), match.allowed)
             del body
-            tries = 1 if endpoint.admin else 2  # admin writes are not repeated behind a client
+            # Admin writes are not repeated behind a client; everything else is safe to repeat.
+            tries = 1 if endpoint is not None and endpoint.admin else 2
             for attempt in range(1, tries + 1):
                 try:
-                    return await self._call(endpoint, call)
+                    return await self._call(call)
                 except RayActorError:
-                    log.warning("a replica died serving %s %s (try %d of %d)", call.method,
-                                call.path, attempt, tries)
+                    log.warning("a replica died serving %s %s (try %d of %d)",
+                                call.request.method, call.request.path, attempt, tries)
             raise ReplicaLost(
                 "the replica serving this request stopped; retry (another replica answers)")
 
-    async def _call(self, endpoint: Endpoint, call: Call) -> Reply:
+    async def _call(self, call: Call) -> Reply:
         # NOTE: with no model replica ready, Ray queues the call until one is: a readiness
-        # probe must not wait for that, it must say "not ready".
-        probe = endpoint.name in READINESS_PROBES
+        # probe must not wait for that, it must say "not ready", and a request no endpoint
+        # matches is still answered at once (uncounted: no replica to count it).
+        unmatched = call.endpoint is None
+        probe = unmatched or call.endpoint in READINESS_PROBES
         timeout = PROBE_TIMEOUT_S if probe else self.settings.request_timeout_s + 5.0
         try:
             return await asyncio.wait_for(self.model.handle.remote(call), timeout)
         except TimeoutError:
+            if unmatched:
+                return no_route(call.allowed)
             if probe:
                 raise NotReady("no replica is ready") from None
             raise DeadlineExceeded(f"no replica answered within {timeout:.0f} s") from None
