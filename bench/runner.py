@@ -173,9 +173,9 @@ def random_head(rng: np.random.Generator, classes: int) -> tuple[np.ndarray, np.
 
 
 def _bf16_cpu() -> bool:
-    from backbone.precision import cpu_flags, cpu_has_bf16
+    from backbone.device import detect_device
 
-    return cpu_has_bf16(cpu_flags())
+    return detect_device("cpu").bf16
 
 
 def _rates(batches: list[dict]) -> dict:

@@ -94,12 +94,12 @@ def render_info(service: Service, info) -> dict:
     """A bot's public description: the registry's view (no training source: a server path) and
     whether it is pinned (its head always resident)."""
     return {**info.to_dict(with_source=False),
-            "pinned": info.bot_id in service.core.settings.pinned_bots}
+            "pinned": info.bot_id in service.settings.pinned_bots}
 
 
 async def list_bots(service: Service, request: Request) -> Reply:
     infos = await service.bots()
-    pinned = service.core.settings.pinned_bots
+    pinned = service.settings.pinned_bots
     return json_reply({"bots": [
         {"bot_id": i.bot_id, "version": i.version, "n_classes": i.n_classes,
          "pinned": i.bot_id in pinned} for i in infos]})

@@ -192,7 +192,7 @@ async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Re
     """Runs one endpoint for one request: admin check, handler, errors mapped to a Reply."""
     try:
         if endpoint.admin:
-            check_admin(service.core.settings.admin_token, request.header("authorization"))
+            check_admin(service.settings.admin_token, request.header("authorization"))
         return await endpoint.handle(service, request)
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         return error_reply(exc)

@@ -127,16 +127,16 @@ async def _images(service: Service, request: Request) -> Images:
     if request.content_type == "multipart/form-data":
         # Parsing megabytes of multipart is pure Python: off the event loop.
         encoded = await service.run_blocking(parse_images, request, body,
-                                             service.core.settings.max_images_per_request)
+                                             service.settings.max_images_per_request)
     else:
-        encoded = parse_images(request, body, service.core.settings.max_images_per_request)
+        encoded = parse_images(request, body, service.settings.max_images_per_request)
     return Images(encoded=encoded)
 
 
 async def classify_one(service: Service, request: Request) -> Reply:
     service.require_engine()
     head = await service.head(request.params["bot_id"])
-    top_k = parse_top_k(request.query, service.core.settings.top_k_default)
+    top_k = parse_top_k(request.query, service.settings.top_k_default)
     images = await _images(service, request)
     results = await service.classify(images, [head], top_k=top_k)
     return json_reply(render_bot_result([r[0] for r in results]))
@@ -146,7 +146,7 @@ async def classify_many(service: Service, request: Request) -> Reply:
     service.require_engine()
     bot_ids = parse_bot_ids(request.query.get("bots", ""))
     heads = [await service.head(b) for b in bot_ids]
-    top_k = parse_top_k(request.query, service.core.settings.top_k_default)
+    top_k = parse_top_k(request.query, service.settings.top_k_default)
     images = await _images(service, request)
     results = await service.classify(images, heads, top_k=top_k)
     return json_reply({"results": {

@@ -21,8 +21,8 @@ async def readyz(service: Service, request: Request) -> Reply:
 
 async def metrics(service: Service, request: Request) -> Reply:
     stats = service.store.cache_stats()
-    service.core.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
-    body, content_type = service.core.metrics.render()
+    service.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
+    body, content_type = service.metrics.render()
     return Reply(200, body, content_type)
 
 

@@ -154,7 +154,7 @@ async def tf_call(service: Service, request: Request) -> Reply:
         raise NotFound(f"':{verb[:32]}' is not served: use ':predict'")
     service.require_engine()
     head = await active_head(service, request)
-    top_k = parse_top_k(request.query, service.core.settings.top_k_default)
+    top_k = parse_top_k(request.query, service.settings.top_k_default)
     body = await request.body()
     images, columnar = await service.run_blocking(
         lambda: parse_predict_request(parse_json_object(body, "predict request")))

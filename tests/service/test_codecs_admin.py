@@ -285,7 +285,7 @@ async def test_metrics_refreshes_the_resident_heads_then_renders():
     status, reply = await call(service, ops, "metrics")
     assert (status, reply.body, reply.content_type) == (200, b"# metrics\n",
                                                         "text/plain; version=0.0.4")
-    assert service.core.metrics.resident == (3, 4096)
+    assert service.metrics.resident == (3, 4096)
 
 
 # -- native ----------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ async def test_a_deadline_passing_in_the_queue_is_504_and_the_running_request_an
     first = asyncio.create_task(post_png(client, (1, 2, 3)))
     await wait_for(gated.entered.is_set, "the first request in the trunk")
     second = asyncio.create_task(post_png(client, (4, 5, 6)))
-    await wait_for(lambda: service.core.engine.batcher.queue_depth == 1, "the second request queued")
+    await wait_for(lambda: service.engine.batcher.queue_depth == 1, "the second request queued")
     await asyncio.sleep(1.2)  # past the queued request's deadline, the trunk still blocked
     gated.gate.set()
     resp = await second
@@ -64,8 +64,8 @@ async def test_a_draining_service_refuses_new_requests_and_finishes_the_running_
     service = client.server.app[SERVICE]
     running = asyncio.create_task(post_png(client, (7, 8, 9)))
     await wait_for(gated.entered.is_set, "the first request in the trunk")
-    draining = asyncio.create_task(service.core.engine.close())
-    await wait_for(lambda: service.core.engine.batcher.closing, "the engine draining")
+    draining = asyncio.create_task(service.engine.close())
+    await wait_for(lambda: service.engine.batcher.closing, "the engine draining")
     resp = await post_png(client, (10, 11, 12))
     assert (resp.status, await resp.json()) == (503, {
         "error": "the service is shutting down and accepts no new requests",

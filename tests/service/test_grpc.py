@@ -450,7 +450,7 @@ async def test_deadline_and_in_flight_budget(make_grpc, channels, trunk, jpegs):
         await expect_error("DEADLINE_EXCEEDED", t.infer, BOT, [bytes_input([png])],
                            client_timeout=0.5)
         # Withdrawn from the queue, its bytes given back: it never reaches the trunk.
-        await until(lambda: service.core.engine.batcher.queue_depth == 0
+        await until(lambda: service.engine.batcher.queue_depth == 0
                     and service.inflight.used_bytes == len(jpeg))
     finally:
         counting.gate.set()

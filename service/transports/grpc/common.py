@@ -174,7 +174,7 @@ class Rpcs:
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
-            self.service.core.metrics.observe_request(method, status, time.perf_counter() - start)
+            self.service.metrics.observe_request(method, status, time.perf_counter() - start)
 
     async def answer(self, method: str, message: Message, context: grpc.aio.ServicerContext,
                      handler: Callable[[Service, Request], Awaitable[Reply]], request: Request,

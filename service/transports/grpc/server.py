@@ -87,7 +87,7 @@ class GrpcServer:
         Raises:
             ServiceError: the grpc extra is not installed, or the port cannot be bound.
         """
-        settings = self.service.core.settings
+        settings = self.service.settings
         assert settings.grpc_port is not None, "open() needs a grpc_port"
         missing = [name for name in STUB_PACKAGES if importlib.util.find_spec(name) is None]
         if missing:
@@ -117,14 +117,14 @@ class GrpcServer:
         stderr is given back, and its one-line message would be lost.
         """
         await asyncio.get_running_loop().run_in_executor(
-            None, import_tensorflow, self.service.core.settings.device)
+            None, import_tensorflow, self.service.settings.device)
         raise ServiceError(message)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         # NOTE: the TF Serving messages import TensorFlow; the trunk's quiet import goes first
         # (it is usually under way already, and this waits for it through its lock).
-        await loop.run_in_executor(None, import_tensorflow, self.service.core.settings.device)
+        await loop.run_in_executor(None, import_tensorflow, self.service.settings.device)
         registrations = await loop.run_in_executor(None, _registrations)
         assert self._server is not None
         for register in registrations:
@@ -157,10 +157,10 @@ class GrpcServer:
         # NOTE: the server keeps accepting connections meanwhile, so that a new call gets a
         # clear UNAVAILABLE (shutting_down) rather than a reset connection; grpc's own graceful
         # stop would cancel calls arriving during its grace instead.
-        drained = await self._rpcs.drain(self.service.core.settings.request_timeout_s)
+        drained = await self._rpcs.drain(self.service.settings.request_timeout_s)
         if not drained:
             log.warning("gRPC: %d call(s) still running after %.0f s; cancelling them",
-                        self._rpcs.in_flight, self.service.core.settings.request_timeout_s)
+                        self._rpcs.in_flight, self.service.settings.request_timeout_s)
         await self._server.stop(grace=None)
         log.info("gRPC on %s stopped", self._address)
 

@@ -154,7 +154,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             head = await active_head(service, spec_request(method, request.model_spec))
             metadata = {key: value for key, value in (context.invocation_metadata() or ())
                         if isinstance(value, str)}
-            top_k = parse_top_k(metadata, service.core.settings.top_k_default)
+            top_k = parse_top_k(metadata, service.settings.top_k_default)
             images = await service.run_blocking(predict_images, request)
             predictions = await classify_with(service, head, images, top_k=top_k)
             outputs = tfserving.render_predictions(predictions, columnar=True)["outputs"]

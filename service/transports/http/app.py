@@ -82,7 +82,7 @@ def _handler(endpoint: Endpoint):
         service = request.app[SERVICE]
         # NOTE: held until the answer is built: the body's bytes live that long.
         with Reservation(service.inflight) as held:
-            admission.admit(request.content_length, service.core.settings.max_body_bytes, held)
+            admission.admit(request.content_length, service.settings.max_body_bytes, held)
             reply = await dispatch(service, endpoint, to_request(request, held))
         return to_response(reply)
 

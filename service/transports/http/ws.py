@@ -17,17 +17,17 @@ from service.core.engine import Images
 async def classify_ws(service: Service, request: web.Request) -> web.WebSocketResponse:
     bot_id = request.match_info["bot_id"]
     await service.head(bot_id)  # 404 before the upgrade
-    top_k = parse_top_k(request.query, service.core.settings.top_k_default)
+    top_k = parse_top_k(request.query, service.settings.top_k_default)
     with Reservation(service.inflight) as held:
         # NOTE: an open socket may be receiving a message of up to its size limit at any time:
         # it holds that much of the in-flight budget for its whole life (503 if none is left).
-        held.take(service.core.settings.max_ws_message_bytes)
+        held.take(service.settings.max_ws_message_bytes)
         return await _serve(service, request, bot_id, top_k)
 
 
 async def _serve(service: Service, request: web.Request, bot_id: str,
                  top_k: int) -> web.WebSocketResponse:
-    ws = web.WebSocketResponse(max_msg_size=service.core.settings.max_ws_message_bytes,
+    ws = web.WebSocketResponse(max_msg_size=service.settings.max_ws_message_bytes,
     heartbeat=30)
     await ws.prepare(request)
     async for message in ws:

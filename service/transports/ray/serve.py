@@ -154,7 +154,7 @@ class Replica:
                     method=call.method, path=call.path, params=call.params, query=call.query,
                     headers=call.headers, read_body=read_body))
         elapsed_s = time.perf_counter() - start
-        self.service.core.metrics.observe_request(endpoint.path, reply.status, elapsed_s)
+        self.service.metrics.observe_request(endpoint.path, reply.status, elapsed_s)
         headers = dict(reply.headers)
         headers[REPLICA_HEADER] = self.name
         headers["Server-Timing"] = f"app;dur={elapsed_s * 1000:.1f}"
