@@ -3,6 +3,7 @@
 Knows nothing of bots or HTTP. TensorFlow is imported lazily: `from backbone import preprocess`
 does not load it.
 """
+from backbone.device import Device, detect_device
 from backbone.errors import BackboneError, CheckpointError, ImageTooLarge, InvalidImage
 from backbone.inception_v4 import LOGITS_SCOPE, NUM_CLASSES, PRELOGITS, SCOPE
 from backbone.preprocess import DEFAULT_MAX_PIXELS, decode_image, preprocess
@@ -11,7 +12,6 @@ from backbone.spec import FEATURE_DIM, IMAGE_SIZE, INPUT, InputSpec
 _LAZY = {
     "Trunk": "backbone.trunk",
     "TrunkTimings": "backbone.trunk",
-    "select_device": "backbone.trunk",
     "write_random_checkpoint": "backbone.checkpoint",
     "trunk_digest": "backbone.checkpoint",
     "default_trunk_checkpoint": "backbone.checkpoint",
@@ -34,6 +34,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'backbone' has no attribute {name!r}")
 
 
-__all__ = ["BackboneError", "CheckpointError", "ImageTooLarge", "InvalidImage", "FEATURE_DIM",
-           "IMAGE_SIZE", "INPUT", "InputSpec", "LOGITS_SCOPE", "NUM_CLASSES", "PRELOGITS", "SCOPE",
-           "DEFAULT_MAX_PIXELS", "decode_image", "preprocess", *_LAZY]
+__all__ = ["Device", "detect_device", "BackboneError", "CheckpointError", "ImageTooLarge",
+           "InvalidImage", "FEATURE_DIM", "IMAGE_SIZE", "INPUT", "InputSpec", "LOGITS_SCOPE",
+           "NUM_CLASSES", "PRELOGITS", "SCOPE", "DEFAULT_MAX_PIXELS", "decode_image", "preprocess",
+           *_LAZY]

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 
-from backbone.precision import maybe_has_gpu
+from backbone.device import Device, maybe_has_gpu
 
 NOISE = (b"failed call to cuInit", b"Could not find cuda drivers")
 _lock = threading.Lock()
@@ -41,12 +41,12 @@ def _stderr_without(patterns: tuple[bytes, ...]):
                     os.write(2, line)
 
 
-def quiet_probe_wanted(device: str) -> bool:
+def quiet_probe_wanted(device) -> bool:
     """Filter only when no GPU was asked for and no GPU driver is present."""
-    return "gpu" not in device.lower() and not maybe_has_gpu()
+    return "gpu" not in str(device).lower() and not maybe_has_gpu()
 
 
-def import_tensorflow(device: str = "auto"):
+def import_tensorflow(device: str | Device = "auto"):
     """`import tensorflow as tf` and its CUDA probe, quiet where a GPU cannot exist."""
     global _probed
     with _lock:

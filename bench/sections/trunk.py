@@ -49,9 +49,9 @@ class TrunkResult(Result):
 
 
 def bf16_cpu() -> bool:
-    from backbone.precision import cpu_flags, cpu_has_bf16
+    from backbone.device import detect_device
 
-    return cpu_has_bf16(cpu_flags())
+    return detect_device("cpu").bf16
 
 
 def rates(batches: list[dict]) -> dict:

@@ -57,17 +57,13 @@ def require_trunk(settings: Settings) -> str:
 def check_precision_and_runtime(settings: Settings) -> None:
     """Refuses at start (one line) a precision or runtime this CPU cannot run, when the trunk
     will be on the CPU; on a GPU machine the bring-up decides (and /readyz reports it)."""
-    from backbone.precision import (
-        cpu_flags,
-        maybe_has_gpu,
-        openvino_available,
-        resolve_precision,
-        resolve_runtime,
-    )
+    from backbone.device import cpu_device_if_known
+    from backbone.precision import openvino_available, resolve_precision, resolve_runtime
 
-    if settings.device == "cpu" or (settings.device == "auto" and not maybe_has_gpu()):
-        resolve_precision(settings.precision, device="/CPU:0", flags=cpu_flags())
-        resolve_runtime(settings.runtime, device="/CPU:0", openvino=openvino_available())
+    device = cpu_device_if_known(settings.device)
+    if device is not None:
+        resolve_precision(settings.precision, device=device)
+        resolve_runtime(settings.runtime, device=device, openvino=openvino_available())
 
 
 def require_pinned_bots(settings: Settings) -> None:

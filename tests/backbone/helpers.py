@@ -43,3 +43,22 @@ def write_v1_checkpoint(source_prefix: str, path) -> str:
 def graph_cache_of(prefix: str) -> Path:
     """Where `serve` keeps the graph of a trunk checkpoint: graph_cache/ next to it."""
     return Path(prefix).parent / "graph_cache"
+
+
+def concurrent_features(trunk, batches: list) -> list:
+    """`trunk.features` of each batch, all called at once from one thread per batch."""
+    import threading
+
+    results = [None] * len(batches)
+    start = threading.Barrier(len(batches))
+
+    def work(i):
+        start.wait()
+        results[i] = trunk.features(batches[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

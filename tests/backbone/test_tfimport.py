@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from backbone.precision import maybe_has_gpu
+from backbone.device import maybe_has_gpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,7 +1,6 @@
 """The real Inception-V4 trunk: layout, restore, errors, batching, threads, several trunks."""
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from backbone.checkpoint import (
     write_random_checkpoint,
 )
 from backbone.inception_v4 import aux_logits_specs, variable_specs
-from tests.backbone.helpers import encode, graph_cache_of, pattern
+from tests.backbone.helpers import concurrent_features, encode, graph_cache_of, pattern
 
 CONTRACT = json.loads((Path(__file__).parents[1] / "data" / "inception_v4_contract.json").read_text())
 
@@ -63,20 +62,9 @@ def test_batch_invariance(trunk, images):
 
 
 def test_concurrent_calls_equal_serial_calls(trunk, images):
-    serial = [trunk.features(images[i:i + 2]) for i in range(4)]
-    results = [None] * 4
-    start = threading.Barrier(4)
-
-    def work(i):
-        start.wait()
-        results[i] = trunk.features(images[i:i + 2])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for got, want in zip(results, serial):
+    batches = [images[i:i + 2] for i in range(4)]
+    serial = [trunk.features(batch) for batch in batches]
+    for got, want in zip(concurrent_features(trunk, batches), serial):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
@@ -113,7 +101,7 @@ def test_second_trunk_from_a_fine_tuned_checkpoint(trunk, trunk_checkpoint, imag
         assert logits.shape == (2, 5)
         np.testing.assert_allclose(features, before, atol=1e-4)
         np.testing.assert_allclose(trunk.features(images[:2]), before, atol=1e-5)
-        assert second.graph is not trunk.graph
+        assert second.runner.graph is not trunk.runner.graph
         assert not tf.compat.v1.get_default_graph().get_operations()  # nothing leaked
     finally:
         second.close()

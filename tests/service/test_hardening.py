@@ -299,9 +299,9 @@ def test_serve_without_a_trunk_refuses_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_serve_refuses_a_precision_this_cpu_cannot_run(trunk_checkpoint, tmp_path, precision):
-    from backbone.precision import cpu_flags, cpu_has_bf16, maybe_has_gpu
+    from backbone.device import detect_device, maybe_has_gpu
 
-    if maybe_has_gpu() or (precision == "bf16" and cpu_has_bf16(cpu_flags())):
+    if maybe_has_gpu() or (precision == "bf16" and detect_device("cpu").bf16):
         pytest.skip(f"this machine can run {precision}")
     out = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--store",
                           str(tmp_path / "store"), "--trunk-checkpoint", trunk_checkpoint,

@@ -1,7 +1,8 @@
-"""Precision and runtime of the trunk: resolution rules, refusals, and fidelity bounds.
+"""Every runner x precision of the trunk: refusals, what it reports, and fidelity bounds.
 
-Every runtime x precision this machine can run is held to a bound against the TF fp32 trunk
-(the session's `trunk`), on the same 16 structured images:
+The rules that choose them, with fake devices, are in test_device.py. Every runtime x precision
+this machine can run is held to a bound against the TF fp32 trunk (the session's `trunk`), on
+the same 16 structured images:
   - fp32 runtimes: max |diff| <= 1e-4 x max(1, max |reference|). Both sides compute the same
     float32 net; only the summation order of ~12 G multiply-adds differs, which moves features
     of order 1 by ~1e-6 (measured 2e-6 for OpenVINO). The bound is relative to the feature
@@ -13,25 +14,17 @@ Each extra trunk is built once per module; tests assert bounds, never timings.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import threading
 
 import numpy as np
 import pytest
 
-from backbone import PrecisionUnsupported, RuntimeUnavailable, Trunk, preprocess
-from backbone.precision import (
-    cpu_flags,
-    cpu_has_bf16,
-    openvino_available,
-    resolve_precision,
-    resolve_runtime,
-    session_config,
-)
-from tests.backbone.helpers import encode, graph_cache_of, pattern
+from backbone import PrecisionUnsupported, Trunk, detect_device, preprocess
+from backbone.precision import openvino_available
+from backbone.runners import RUNNERS
+from backbone.runners.tf import session_config
+from tests.backbone.helpers import concurrent_features, encode, graph_cache_of, pattern
 
-HAS_BF16 = cpu_has_bf16(cpu_flags())
+HAS_BF16 = detect_device("cpu").bf16
 HAS_OPENVINO = openvino_available()
 NO_BF16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has neither avx512_bf16 nor amx_bf16")
 NO_OPENVINO = pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
@@ -48,97 +41,29 @@ VARIANTS = [
 ]
 
 
-# --- resolution rules, with fake CPUs and devices ---------------------------------------------
-
-ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"
-SAPPHIRE_RAPIDS = "flags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8\n"
-ZEN4 = "flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"
-
-
-def test_cpu_flags_parse_proc_cpuinfo():
-    assert cpu_flags(ZEN3) == {"fpu", "sse2", "avx", "avx2", "fma", "f16c"}
-    assert cpu_flags("model name : x\n") == frozenset()
-    assert not cpu_has_bf16(cpu_flags(ZEN3))
-    assert cpu_has_bf16(cpu_flags(ZEN4)) and cpu_has_bf16(cpu_flags(SAPPHIRE_RAPIDS))
-    assert cpu_has_bf16({"amx_bf16"})
-
-
-@pytest.mark.parametrize("requested, device, cpuinfo, want", [
-    ("auto", "/CPU:0", ZEN3, "fp32"),
-    ("auto", "/CPU:0", ZEN4, "bf16"),
-    ("auto", "/CPU:0", SAPPHIRE_RAPIDS, "bf16"),
-    ("auto", "/GPU:0", ZEN3, "fp16"),
-    ("auto", "/GPU:0", ZEN4, "fp16"),
-    ("fp32", "/CPU:0", ZEN3, "fp32"),
-    ("fp32", "/GPU:0", ZEN4, "fp32"),
-    ("bf16", "/CPU:0", ZEN4, "bf16"),
-    ("BF16", "/CPU:0", SAPPHIRE_RAPIDS, "bf16"),
-    ("fp16", "/GPU:0", ZEN3, "fp16"),
-])
-def test_precision_resolution(requested, device, cpuinfo, want):
-    assert resolve_precision(requested, device=device, flags=cpu_flags(cpuinfo)) == want
-
-
-@pytest.mark.parametrize("requested, device, cpuinfo, match", [
-    ("bf16", "/CPU:0", ZEN3, "avx512_bf16 or amx_bf16"),
-    ("fp16", "/CPU:0", ZEN4, "needs a GPU"),
-    ("fp16", "/CPU:0", ZEN3, "needs a GPU"),
-    ("bf16", "/GPU:0", ZEN4, "use 'fp16'"),
-])
-def test_unsupported_precision_is_refused_not_emulated(requested, device, cpuinfo, match):
-    with pytest.raises(PrecisionUnsupported, match=match) as err:
-        resolve_precision(requested, device=device, flags=cpu_flags(cpuinfo))
-    assert "\n" not in str(err.value)
-
-
-def test_unknown_precision_and_runtime_names():
-    with pytest.raises(ValueError, match="precision must be one of"):
-        resolve_precision("int8", device="/CPU:0", flags=frozenset())
-    with pytest.raises(ValueError, match="runtime must be one of"):
-        resolve_runtime("onnx", device="/CPU:0", openvino=True)
-
-
-@pytest.mark.parametrize("requested, device, openvino, want", [
-    ("auto", "/CPU:0", True, "openvino"),
-    ("auto", "/CPU:0", False, "tf"),
-    ("auto", "/GPU:0", True, "tf"),
-    ("tf", "/CPU:0", True, "tf"),
-    ("openvino", "/CPU:0", True, "openvino"),
-])
-def test_runtime_resolution(requested, device, openvino, want):
-    assert resolve_runtime(requested, device=device, openvino=openvino) == want
-
-
-@pytest.mark.parametrize("device, openvino, match", [
-    ("/GPU:0", True, "CPU only"),
-    ("/CPU:0", False, "needs the openvino package"),
-])
-def test_unavailable_runtime_is_refused(device, openvino, match):
-    with pytest.raises(RuntimeUnavailable, match=match):
-        resolve_runtime("openvino", device=device, openvino=openvino)
-
+# --- refusals at build, and what a trunk reports -------------------------------------------
 
 def test_session_config_per_precision():
     from tensorflow.core.protobuf import rewriter_config_pb2
 
     on, default = rewriter_config_pb2.RewriterConfig.ON, rewriter_config_pb2.RewriterConfig.DEFAULT
-    fp32 = session_config("/CPU:0", "fp32", 2, 1)
+    fp32 = session_config("fp32", 2, 1)
     assert fp32.intra_op_parallelism_threads == 2 and fp32.inter_op_parallelism_threads == 1
     assert fp32.allow_soft_placement and fp32.gpu_options.allow_growth
     rewrite = fp32.graph_options.rewrite_options
     assert rewrite.auto_mixed_precision_onednn_bfloat16 == default
     assert rewrite.auto_mixed_precision == default
 
-    bf16 = session_config("/CPU:0", "bf16").graph_options.rewrite_options
+    bf16 = session_config("bf16").graph_options.rewrite_options
     assert bf16.auto_mixed_precision_onednn_bfloat16 == on
     assert bf16.auto_mixed_precision == default
 
-    fp16 = session_config("/GPU:0", "fp16").graph_options.rewrite_options
+    fp16 = session_config("fp16").graph_options.rewrite_options
     assert fp16.auto_mixed_precision == on  # TF's CUDA fp16 rewriter
     assert fp16.auto_mixed_precision_onednn_bfloat16 == default
     assert fp16.auto_mixed_precision_cpu == default  # never the CPU fp16 emulation
     with pytest.raises(ValueError):
-        session_config("/CPU:0", "auto")
+        session_config("auto")
 
 
 def test_fp16_on_the_cpu_is_refused_before_any_build(trunk_checkpoint):
@@ -156,13 +81,6 @@ def test_bf16_on_a_cpu_without_it_is_refused(trunk_checkpoint):
 
 def test_default_trunk_reports_tf_fp32(trunk):
     assert (trunk.runtime, trunk.precision) == ("tf", "fp32")
-
-
-def test_import_backbone_loads_neither_tensorflow_nor_openvino():
-    code = ("import sys, backbone, backbone.trunk, backbone.precision; "
-            "print('tensorflow' in sys.modules, 'openvino' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
 
 
 # --- fidelity of every runtime x precision against TF fp32 ------------------------------------
@@ -220,8 +138,10 @@ def assert_faithful(precision: str, got: np.ndarray, want: np.ndarray) -> None:
 
 
 def test_variant_reports_what_it_runs(variant):
-    assert variant.device.startswith("/CPU")
+    assert variant.device.startswith("/CPU") and variant.hardware.kind == "cpu"
     assert variant.runtime in ("tf", "openvino") and variant.precision in ("fp32", "bf16")
+    assert type(variant.runner) is RUNNERS[variant.runtime]
+    assert variant.runner.info.precision == variant.precision
     assert variant.variables[:596] and variant.num_classes == 1001
 
 
@@ -253,20 +173,9 @@ def test_batch_invariance(variant, images):
 
 
 def test_concurrent_calls_equal_serial_calls(variant, images):
-    serial = [variant.features(images[2 * i:2 * i + 2]) for i in range(4)]
-    results = [None] * 4
-    start = threading.Barrier(4)
-
-    def work(i):
-        start.wait()
-        results[i] = variant.features(images[2 * i:2 * i + 2])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for got, want in zip(results, serial):
+    batches = [images[2 * i:2 * i + 2] for i in range(4)]
+    serial = [variant.features(batch) for batch in batches]
+    for got, want in zip(concurrent_features(variant, batches), serial):
         assert_faithful("fp32", got, want)  # same runtime, same precision: run to run equal
 
 
@@ -312,7 +221,7 @@ def test_openvino_restart_imports_the_compiled_trunk(trunk_checkpoint, cache_dir
 
 @NO_OPENVINO
 def test_compiled_cache_key_follows_the_weights_and_precision(tmp_path, trunk_checkpoint):
-    from backbone.openvino_runtime import CompiledCache, checkpoint_fingerprint
+    from backbone.runners.openvino import CompiledCache, checkpoint_fingerprint
 
     base = CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32", with_logits=False)
     assert base.path == CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32",
@@ -335,7 +244,7 @@ def test_compiled_cache_key_follows_the_weights_and_precision(tmp_path, trunk_ch
 
 @NO_OPENVINO
 def test_corrupt_compiled_cache_entry_is_ignored(tmp_path, trunk_checkpoint):
-    from backbone.openvino_runtime import CompiledCache
+    from backbone.runners.openvino import CompiledCache
 
     cache = CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32", with_logits=False)
     cache.path.write_bytes(b"garbage")

@@ -1,13 +1,14 @@
 """The trunk on OpenVINO: the restored tf-slim graph, frozen in memory and compiled in-process.
 
-tf-slim stays the one definition of the net. `Trunk.from_checkpoint(runtime="openvino")`
-builds and restores the TF graph exactly as for runtime "tf", then `freeze` turns the restored
-session into a GraphDef (variables become constants; input placeholder with a dynamic batch,
-output `PreLogitsFlatten` and optionally `Logits`), `compile_graph` hands it to OpenVINO's
-TensorFlow frontend and the CPU plugin, and `CompiledCache` keeps the compiled blob next to the
-graph cache, so a restart imports it (no TensorFlow, no conversion).
+tf-slim stays the one definition of the net. `OpenVinoRunner.load` loads the TF runner exactly
+as for runtime "tf" (fp32), takes its restored graph through `TfRunner.freeze` (variables
+become constants; input with a dynamic batch, output `PreLogitsFlatten` and optionally
+`Logits`), `compile_graph` hands it to OpenVINO's TensorFlow frontend and the CPU plugin, and
+`CompiledCache` keeps the compiled blob next to the graph cache, so a restart imports it (no
+TensorFlow, no conversion). An INT8 model of the same frozen graph plugs in here, as one more
+precision this runner compiles or imports.
 
-Imported lazily: `import backbone` imports neither this module nor OpenVINO.
+`import backbone` imports no OpenVINO: the package is imported on the first load.
 
 Choices (this machine: 2 cores AMD EPYC Zen 3, AVX2 only, no bf16; the machine was shared
 and loaded during measurement, so the numbers below are ratios within one run, not rates):
@@ -30,11 +31,16 @@ import json
 import logging
 import os
 import queue
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from backbone.errors import PrecisionUnsupported
+from backbone.runners import tf as tf_runner
+from backbone.runners.base import Layout, LoadReport, LoadRequest, Runner, RunnerInfo
+from backbone.spec import IMAGE_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -53,49 +59,16 @@ def version() -> str:
     return _ov().__version__
 
 
-OUTPUT_PREFIX = "multihead_output_"
-
-
-def freeze(session, graph, outputs):
-    """A GraphDef of the restored graph with every variable folded into a constant.
-
-    Each output tensor gets an Identity node `multihead_output_<i>` (in the order given), so
-    every output is a terminal node: OpenVINO's frontend only exposes terminal nodes as model
-    outputs, and the features feed the Logits layer.
-
-    Args:
-      session: the restored TF session.
-      graph: its graph.
-      outputs: the output tensors (features, and optionally logits).
-
-    Returns:
-      (GraphDef, names of the output tensors for `compile_graph`).
-    """
-    import tensorflow as tf
-
-    graph_def = graph.as_graph_def()
-    names = []
-    for i, tensor in enumerate(outputs):
-        node = graph_def.node.add(name=f"{OUTPUT_PREFIX}{i}", op="Identity", input=[tensor.name])
-        node.attr["T"].type = tensor.dtype.as_datatype_enum
-        names.append(node.name)
-    output_names = [f"{name}:0" for name in names]  # the frontend names tensors, not nodes
-    # NOTE: keeps only the nodes the outputs need (the Saver, AuxLogits etc. are dropped).
-    # TF logs once that this v1 API is deprecated: it is the one for a v1 graph and session.
-    frozen = tf.compat.v1.graph_util.convert_variables_to_constants(session, graph_def, names)
-    return frozen, output_names
-
-
-def compile_graph(graph_def, *, input_name: str, output_names: list[str], precision: str,
-                  image_size: int, threads: int | None = None):
-    """Converts a frozen GraphDef with OpenVINO's TF frontend and compiles it for the CPU.
+def compile_graph(frozen: tf_runner.FrozenGraph, *, precision: str, threads: int | None = None):
+    """Converts a frozen graph with OpenVINO's TF frontend and compiles it for the CPU.
 
     Returns:
       An `openvino.CompiledModel` with a dynamic batch dimension.
     """
     ov = _ov()
-    model = ov.convert_model(graph_def, input=[(input_name, [-1, image_size, image_size, 3])],
-                             output=output_names)
+    model = ov.convert_model(frozen.graph_def,
+                             input=[(frozen.input_name, [-1, IMAGE_SIZE, IMAGE_SIZE, 3])],
+                             output=frozen.output_names)
     config = compile_config(precision, threads)
     return _checked(ov.Core().compile_model(model, DEVICE, config), precision)
 
@@ -144,7 +117,7 @@ class CompiledCache:
         for part in (version(), _dist_version("tensorflow"), precision, str(with_logits),
                      PERFORMANCE_HINT):
             digest.update(part.encode() + b"|")
-        for source in (inspect.getsourcefile(inception_v4), __file__):
+        for source in (inspect.getsourcefile(inception_v4), tf_runner.__file__, __file__):
             digest.update(Path(source).read_bytes())
         digest.update(checkpoint_fingerprint(prefix).encode())
         key = digest.hexdigest()[:16]
@@ -211,7 +184,7 @@ def checkpoint_fingerprint(prefix: str) -> str:
     return digest.hexdigest()
 
 
-class OpenVinoRunner:
+class OpenVinoRunner(Runner):
     """Runs a compiled trunk from many threads: a pool of infer requests, one per caller.
 
     A caller takes an idle request (or creates one when all are busy) and gives it back after
@@ -219,10 +192,47 @@ class OpenVinoRunner:
     one. `infer` releases the GIL; outputs are copied out of the request before it is reused.
     """
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, *, info: RunnerInfo, layout: Layout, report: LoadReport):
         self._compiled = compiled
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._idle.put(compiled.create_infer_request())
+        self.info = info
+        self.layout = layout
+        self.report = report
+
+    @classmethod
+    def load(cls, request: LoadRequest) -> OpenVinoRunner:
+        """Imports the compiled trunk from the cache, or loads the TF runner (fp32), freezes
+        its restored graph, compiles it and caches the result."""
+        t0 = time.perf_counter()
+        threads = request.intra_op_threads
+        cache = (CompiledCache(request.cache_dir, prefix=request.prefix,
+                               precision=request.precision, with_logits=request.with_logits)
+                 if request.cache_dir else None)
+        loaded = cache.load(request.precision, threads=threads) if cache else None
+        if loaded is not None:
+            compiled, meta = loaded
+            layout = Layout.from_json(meta)
+            report = LoadReport(compile_s=time.perf_counter() - t0, graph_from_cache=True,
+                                compiled_from_cache=True)
+        else:
+            # The one definition of the net: the same build and restore as runtime "tf".
+            source = tf_runner.TfRunner.load(replace(request, precision="fp32"))
+            t_compile = time.perf_counter()
+            try:
+                frozen = source.freeze()
+            finally:
+                # NOTE: the TF session and its weights are not kept: OpenVINO holds its own
+                # copy of the constants, so keeping both would double the trunk's memory.
+                source.close()
+            compiled = compile_graph(frozen, precision=request.precision, threads=threads)
+            del frozen
+            layout = source.layout
+            report = replace(source.report, compile_s=time.perf_counter() - t_compile)
+            if cache:
+                cache.save(compiled, layout.to_json())
+        return cls(compiled, info=RunnerInfo("openvino", request.precision, request.device),
+                   layout=layout, report=report)
 
     def run(self, images: np.ndarray) -> list[np.ndarray]:
         """Every output of the model for a float32 batch [N, H, W, 3], as float32 arrays."""
@@ -235,6 +245,13 @@ class OpenVinoRunner:
             return [np.asarray(result[i], dtype=np.float32) for i in range(len(result))]
         finally:
             self._idle.put(request)
+
+    def features(self, images: np.ndarray) -> np.ndarray:
+        return self.run(images)[0]
+
+    def features_and_logits(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        features, logits = self.run(images)
+        return features, logits
 
     def close(self) -> None:
         self._compiled = None

@@ -1,0 +1,167 @@
+"""What runs where: the `Device` (detected with injected CPU flags and GPU lists), the precision
+and runtime rules that read it, and the runner each runtime names. No trunk is built here."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from backbone import Device, PrecisionUnsupported, RuntimeUnavailable, detect_device
+from backbone.device import cpu_device_if_known, cpu_flags, maybe_has_gpu
+from backbone.precision import RUNTIMES, resolve_precision, resolve_runtime
+from backbone.runners import RUNNERS, OpenVinoRunner, TfRunner, runner_class
+
+ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"
+SAPPHIRE_RAPIDS = "flags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8\n"
+ZEN4 = "flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"
+
+
+def cpu(cpuinfo: str) -> Device:
+    return detect_device("cpu", flags=cpu_flags(cpuinfo))
+
+
+def gpu(cpuinfo: str = ZEN3) -> Device:
+    return detect_device("auto", flags=cpu_flags(cpuinfo), gpus=["/physical_device:GPU:0"])
+
+
+# --- the Device, detected with injected hardware ----------------------------------------------
+
+def test_cpu_flags_parse_proc_cpuinfo():
+    assert cpu_flags(ZEN3) == {"fpu", "sse2", "avx", "avx2", "fma", "f16c"}
+    assert cpu_flags("model name : x\n") == frozenset()
+    assert cpu_flags("Features\t: fp asimd bf16\n") == {"fp", "asimd", "bf16"}  # arm64
+
+
+@pytest.mark.parametrize("cpuinfo, bf16, amx, avx512", [
+    (ZEN3, False, False, False),
+    (ZEN4, True, False, True),
+    (SAPPHIRE_RAPIDS, True, True, True),
+])
+def test_cpu_device_reports_its_flags(cpuinfo, bf16, amx, avx512):
+    device = cpu(cpuinfo)
+    assert (device.kind, device.name, device.is_gpu) == ("cpu", "/CPU", False)
+    assert (device.bf16, device.amx, device.avx512) == (bf16, amx, avx512)
+    assert Device("cpu", "/CPU:0", frozenset({"amx_bf16"})).bf16
+
+
+@pytest.mark.parametrize("requested, gpus, kind, name", [
+    ("auto", ["/physical_device:GPU:0"], "gpu", "/GPU:0"),
+    ("auto", [], "cpu", "/CPU:0"),
+    ("gpu:1", ["/physical_device:GPU:0", "/physical_device:GPU:1"], "gpu", "/GPU:1"),
+    ("/device:GPU:0", ["/physical_device:GPU:0"], "gpu", "/GPU:0"),
+    ("cpu", ["/physical_device:GPU:0"], "cpu", "/CPU"),  # asked for: a GPU present or not
+    ("cpu:0", [], "cpu", "/CPU:0"),
+])
+def test_device_detection_with_a_gpu_list(requested, gpus, kind, name):
+    device = detect_device(requested, flags=cpu_flags(ZEN4), gpus=gpus)
+    assert (device.kind, device.name) == (kind, name)
+    assert device.bf16  # the host CPU's flags, on a GPU host too
+
+
+def test_a_gpu_asked_for_and_none_seen_is_refused():
+    from backbone import CheckpointError
+
+    with pytest.raises(CheckpointError, match="'/GPU:0' requested but TensorFlow sees no GPU"):
+        detect_device("gpu:0", flags=frozenset(), gpus=[])
+
+
+def test_a_device_passes_through_detection():
+    device = Device("gpu", "/GPU:3", frozenset({"avx2"}))
+    assert detect_device(device) is device
+
+
+@pytest.mark.skipif(maybe_has_gpu(), reason="a GPU driver is present")
+def test_a_cpu_only_machine_is_known_without_tensorflow():
+    code = ("import sys; from backbone import detect_device; d = detect_device('auto'); "
+            "print(d.kind, d.name, 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cpu", "/CPU:0", "False"]
+    assert cpu_device_if_known("auto", flags={"avx2"}) == Device("cpu", "/CPU:0",
+                                                                 frozenset({"avx2"}))
+
+
+def test_a_gpu_request_is_never_known_without_tensorflow():
+    assert cpu_device_if_known("gpu", flags=frozenset()) is None
+    assert cpu_device_if_known("cpu", flags=frozenset()).name == "/CPU"
+
+
+# --- precision and runtime, by the Device ---------------------------------------------------------
+
+@pytest.mark.parametrize("requested, device, want", [
+    ("auto", cpu(ZEN3), "fp32"),
+    ("auto", cpu(ZEN4), "bf16"),
+    ("auto", cpu(SAPPHIRE_RAPIDS), "bf16"),
+    ("auto", gpu(ZEN3), "fp16"),
+    ("auto", gpu(ZEN4), "fp16"),
+    ("fp32", cpu(ZEN3), "fp32"),
+    ("fp32", gpu(ZEN4), "fp32"),
+    ("bf16", cpu(ZEN4), "bf16"),
+    ("BF16", cpu(SAPPHIRE_RAPIDS), "bf16"),
+    ("fp16", gpu(ZEN3), "fp16"),
+])
+def test_precision_resolution(requested, device, want):
+    assert resolve_precision(requested, device=device) == want
+
+
+@pytest.mark.parametrize("requested, device, match", [
+    ("bf16", cpu(ZEN3), "avx512_bf16 or amx_bf16"),
+    ("fp16", cpu(ZEN4), "needs a GPU"),
+    ("fp16", cpu(ZEN3), "needs a GPU"),
+    ("bf16", gpu(ZEN4), "use 'fp16'"),
+])
+def test_unsupported_precision_is_refused_not_emulated(requested, device, match):
+    with pytest.raises(PrecisionUnsupported, match=match) as err:
+        resolve_precision(requested, device=device)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_precision_and_runtime_names():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("int8", device=cpu(ZEN3))
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        resolve_runtime("onnx", device=cpu(ZEN3), openvino=True)
+
+
+@pytest.mark.parametrize("requested, device, openvino, want", [
+    ("auto", cpu(ZEN3), True, "openvino"),
+    ("auto", cpu(ZEN3), False, "tf"),
+    ("auto", gpu(), True, "tf"),
+    ("tf", cpu(ZEN3), True, "tf"),
+    ("openvino", cpu(ZEN3), True, "openvino"),
+])
+def test_runtime_resolution(requested, device, openvino, want):
+    assert resolve_runtime(requested, device=device, openvino=openvino) == want
+
+
+@pytest.mark.parametrize("device, openvino, match", [
+    (gpu(), True, "CPU only"),
+    (cpu(ZEN3), False, "needs the openvino package"),
+])
+def test_unavailable_runtime_is_refused(device, openvino, match):
+    with pytest.raises(RuntimeUnavailable, match=match):
+        resolve_runtime("openvino", device=device, openvino=openvino)
+
+
+# --- the runner each runtime names ----------------------------------------------------------------
+
+@pytest.mark.parametrize("device, openvino, want", [
+    (cpu(ZEN3), True, OpenVinoRunner),
+    (cpu(ZEN3), False, TfRunner),
+    (gpu(), True, TfRunner),
+])
+def test_auto_runtime_selects_a_runner(device, openvino, want):
+    assert runner_class(resolve_runtime("auto", device=device, openvino=openvino)) is want
+
+
+def test_every_runtime_has_a_runner():
+    assert set(RUNNERS) == set(RUNTIMES)
+    with pytest.raises(ValueError, match="no runner for runtime 'onnx'"):
+        runner_class("onnx")
+
+
+def test_import_backbone_loads_neither_tensorflow_nor_openvino():
+    code = ("import sys, backbone, backbone.trunk, backbone.precision, backbone.runners; "
+            "print('tensorflow' in sys.modules, 'openvino' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
