@@ -35,7 +35,7 @@ def test_an_unreadable_registry_keeps_the_last_known_bots(store_dir, message, ca
     with HeadStore(store_dir) as writer, HeadStore(store_dir) as reader:
         writer.register("acme", *random_head(3, seed=1))
         assert reader.get("acme").version == 1
-        registry = reader._backend.registry
+        registry = reader._backend._registry
         registry._reader = FailingReader(registry._reader, message)
         writer.register("beta", *random_head(2, seed=2))  # a change the reader must poll for
         reader._next_check_s = 0.0

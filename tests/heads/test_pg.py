@@ -42,7 +42,7 @@ def listening(store) -> None:
     """Start the store's listener (any lookup does), wait until it has connected, and let the
     store catch up with it: from here on, only a new change can make the store re-read."""
     store.exists("anything")
-    assert wait_for(lambda: store._backend._generation >= 1, 10) is not None
+    assert wait_for(lambda: store._backend._changes.generation >= 1, 10) is not None
     store._refresh(force=True)
     assert store._data_version == store._backend.data_version()
 
@@ -198,7 +198,7 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
         with caplog.at_level(logging.WARNING, logger="heads"):
             getattr(pg_server, how)()  # a clean shutdown, or a crash (SIGKILL)
             try:
-                assert wait_for(lambda: reader._backend._down, 10) is not None
+                assert wait_for(lambda: reader._backend._pool.down, 10) is not None
                 for _ in range(100):
                     assert reader.get("acme") is head  # still served, from memory
                 assert reader.exists("acme") and reader.exists("beta")  # last known bots
@@ -244,7 +244,7 @@ def test_close_stops_the_listener_and_closes_every_connection(pg_url):
     listening(s)
     s.get("acme")
     assert _connections(pg_url) >= 2  # the listener's and a pooled one
-    thread = s._backend._listener._thread
+    thread = s._backend._listener.thread
     assert thread.is_alive() and thread.daemon
     start = time.monotonic()
     s.close()
