@@ -48,42 +48,42 @@ class DiskBackend(StoreBackend):
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.heads_dir = self.root / HEADS_DIR
-        self.registry = Registry(self.root / REGISTRY_NAME, self.root / LOCK_NAME)
+        self._registry = Registry(self.root / REGISTRY_NAME, self.root / LOCK_NAME)
 
     def describe(self) -> str:
         return str(self.root)
 
-    def version_dir(self, bot_id: str, version: int) -> Path:
+    def _version_dir(self, bot_id: str, version: int) -> Path:
         return self.heads_dir / bot_id / f"v{version}"
 
     # -- reading -----------------------------------------------------------------------------
 
     def data_version(self) -> object:
         # `PRAGMA data_version`: changes whenever another connection committed.
-        return self.registry.data_version()
+        return self._registry.data_version()
 
     def active_map(self) -> dict[str, int]:
-        return self.registry.active_map()
+        return self._registry.active_map()
 
     def load(self, bot_id: str, version: int) -> Head:
-        return files.load_version_dir(self.version_dir(bot_id, version), bot_id, version)
+        return files.load_version_dir(self._version_dir(bot_id, version), bot_id, version)
 
     def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
         return [(active, row, self._on_disk(row.bot_id, versions))
-                for active, row, versions in self.registry.snapshot(bot_id)]
+                for active, row, versions in self._registry.snapshot(bot_id)]
 
     def history(self, bot_id: str) -> list[dict]:
-        return self.registry.history(bot_id)
+        return self._registry.history(bot_id)
 
     def _on_disk(self, bot_id: str, versions: list[int]) -> list[int]:
-        return [v for v in versions if self.version_dir(bot_id, v).is_dir()]
+        return [v for v in versions if self._version_dir(bot_id, v).is_dir()]
 
     # -- writing -----------------------------------------------------------------------------
 
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                     labels: tuple[str, ...], source: str, step: Step) -> int:
         bot_dir = self.heads_dir / bot_id
-        with self.registry.write() as tx:
+        with self._registry.write() as tx:
             new_heads_dir = not self.heads_dir.exists()
             bot_dir.mkdir(parents=True, exist_ok=True)
             if new_heads_dir:
@@ -93,7 +93,7 @@ class DiskBackend(StoreBackend):
             version = 1 + max([tx.max_version_ever(bot_id), *registered, *on_disk])
             created = utc_now()
             tmp = bot_dir / f"{_TMP_PREFIX}v{version}-{uuid.uuid4().hex[:8]}"
-            final = self.version_dir(bot_id, version)
+            final = self._version_dir(bot_id, version)
             tmp.mkdir()
             renamed = False
             try:
@@ -126,7 +126,7 @@ class DiskBackend(StoreBackend):
         return left
 
     def remove(self, bot_id: str) -> None:
-        with self.registry.write() as tx:
+        with self._registry.write() as tx:
             if tx.active_version(bot_id) is None:
                 raise UnknownBot(bot_id)
             tx.delete_bot(bot_id, at=utc_now())
@@ -136,7 +136,7 @@ class DiskBackend(StoreBackend):
             shutil.rmtree(self.heads_dir / bot_id, ignore_errors=True)
 
     def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int]) -> int:
-        with self.registry.write() as tx:
+        with self._registry.write() as tx:
             active = tx.active_version(bot_id)
             if active is None:
                 raise UnknownBot(bot_id)
@@ -146,4 +146,4 @@ class DiskBackend(StoreBackend):
         return target
 
     def close(self) -> None:
-        self.registry.close()
+        self._registry.close()

@@ -1,7 +1,7 @@
 """The SQLite registry of a directory store: which version of each bot is active, with
 history (stdlib sqlite3, WAL). (`heads.pg` keeps the same tables in PostgreSQL.)
 
-Schema (`registry.sqlite` in the store):
+Tables (`registry.sqlite` in the store), rendered from `heads.schema`:
 
     bots(bot_id PRIMARY KEY, active_version, updated)        one row per live bot
     versions(bot_id, version, n_classes, labels, created, source)   every committed version
@@ -27,34 +27,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from heads.backend import VersionRow
+from heads.backend import SQLITE, VersionRow
+from heads.schema import create_statements
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS bots (
-    bot_id TEXT PRIMARY KEY,
-    active_version INTEGER NOT NULL,
-    updated TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS versions (
-    bot_id TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    n_classes INTEGER NOT NULL,
-    labels TEXT NOT NULL,
-    created TEXT NOT NULL,
-    source TEXT NOT NULL,
-    PRIMARY KEY (bot_id, version)
-);
-CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    bot_id TEXT NOT NULL,
-    action TEXT NOT NULL,
-    version INTEGER,
-    previous INTEGER,
-    at TEXT NOT NULL,
-    source TEXT
-);
-CREATE INDEX IF NOT EXISTS history_by_bot ON history (bot_id, version);
-"""
 _BUSY_TIMEOUT_S = 30.0
 
 
@@ -276,9 +251,8 @@ class Registry:
             try:
                 conn.execute("PRAGMA journal_mode=WAL")  # persistent; a no-op once set
                 conn.execute("BEGIN IMMEDIATE")
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                for statement in create_statements(SQLITE):
+                    conn.execute(statement)
                 conn.execute("COMMIT")
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)

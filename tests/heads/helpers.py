@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,40 @@ def random_head(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str
     weights = (rng.standard_normal((FEATURE_DIM, n)) / np.sqrt(FEATURE_DIM)).astype(np.float32)
     biases = rng.standard_normal(n).astype(np.float32)
     return weights, biases, [f"class-{seed}-{i}" for i in range(n)]
+
+
+def features(n: int = 3, seed: int = 9) -> np.ndarray:
+    """[n, 1536] float32 trunk-like features, seeded."""
+    return np.random.default_rng(seed).standard_normal((n, FEATURE_DIM)).astype(np.float32)
+
+
+def version_of(store, bot_id: str) -> int | None:
+    """The active version `store` serves for `bot_id`, None if it knows no such bot."""
+    from heads import UnknownBot
+
+    try:
+        return store.get(bot_id).version
+    except UnknownBot:
+        return None
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float) -> float | None:
+    """Seconds until predicate() was true (polled every 5 ms), or None after timeout_s."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.005)
+    return None
+
+
+def listening(store) -> None:
+    """PostgreSQL: start the store's listener (any lookup does), wait until it has connected,
+    and let the store catch up with it: from here on, only a new change makes it re-read."""
+    store.exists("anything")
+    assert wait_for(lambda: store._backend._changes.generation >= 1, 10) is not None
+    store._refresh(force=True)
+    assert store._data_version == store._backend.data_version()
 
 
 def tree_digest(root: str | os.PathLike) -> dict[str, str]:

@@ -1,60 +1,34 @@
-"""The PostgreSQL store on a real server (the session's throw-away one, bench/pgserver.py): what
-it stores, change notification across processes, the fallback poll, corrupt rows, an outage
-and a restart, and closing. Behaviour shared with the directory store (registration, rollback,
-crashes, concurrent writers) is tested on both backends in test_store.py and
-test_concurrent_writers.py."""
+"""The PostgreSQL backend on a real server (the session's throw-away one, bench/pgserver.py):
+what it stores, corrupt rows, an outage and a restart, and closing. Behaviour shared with the
+directory store is tested on both backends in test_store.py, test_writers.py and
+test_changes.py; its schema in test_schema.py."""
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
 import re
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from heads import HeadLoadError, StoreUnavailable, UnknownBot, open_store
-from tests.heads.helpers import pg_execute, pg_rows, random_head
+from heads import HeadLoadError, StoreUnavailable, open_store
+from tests.heads.helpers import (
+    listening,
+    pg_execute,
+    pg_rows,
+    random_head,
+    version_of,
+    wait_for,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-
-# The contract is 1 s from commit to every other store knowing; on a loaded 2-core machine
-# (other test suites running) we allow 2 s of stated slack on top.
+# The contract is 1 s from commit to every other store knowing; on a loaded 2-core machine we
+# allow 2 s of stated slack on top.
 SEEN_WITHIN_S = 1.0 + 2.0
 
 
-def wait_for(predicate, timeout_s: float) -> float | None:
-    """Seconds until predicate() was true (polled every 5 ms), or None after timeout_s."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.005)
-    return None
-
-
-def listening(store) -> None:
-    """Start the store's listener (any lookup does), wait until it has connected, and let the
-    store catch up with it: from here on, only a new change can make the store re-read."""
-    store.exists("anything")
-    assert wait_for(lambda: store._backend._generation >= 1, 10) is not None
-    store._refresh(force=True)
-    assert store._data_version == store._backend.data_version()
-
-
-def version_of(store, bot_id):
-    try:
-        return store.get(bot_id).version
-    except UnknownBot:
-        return None
-
-
-# -- what is stored --------------------------------------------------------------------------
+# -- what is stored ---------------------------------------------------------------------------
 
 
 def test_rows_hold_the_registry_and_sha256_checked_float32_blobs(pg_url):
@@ -115,74 +89,7 @@ def test_a_corrupt_or_missing_blob_row_is_a_load_error(pg_url):
             np.testing.assert_array_equal(s.get("acme").weights, random_head(3, seed=1)[0])
 
 
-# -- change notification ---------------------------------------------------------------------
-
-WRITER = textwrap.dedent("""
-    import sys
-    from heads import open_store
-    from tests.heads.helpers import random_head
-    store = open_store(sys.argv[1])
-    for line in sys.stdin:
-        cmd, *arg = line.split()
-        if cmd == "register":
-            print(store.register("acme", *random_head(3, seed=int(arg[0]))), flush=True)
-        elif cmd == "rollback":
-            print(store.rollback("acme"), flush=True)
-        elif cmd == "remove":
-            store.remove("acme")
-            print("removed", flush=True)
-""")
-
-
-def test_another_process_change_is_seen_within_one_second(pg_url):
-    """A writer process (an admin CLI on another machine) and a reader (a server) that learns
-    of each change by LISTEN/NOTIFY only: its fallback poll is switched off."""
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url], cwd=REPO,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-
-    def tell(command: str) -> str:
-        writer.stdin.write(command + "\n")
-        writer.stdin.flush()
-        answer = writer.stdout.readline().strip()  # returns after the commit
-        assert answer, writer.stderr.read()[-2000:]
-        return answer
-
-    try:
-        with open_store(pg_url) as reader:
-            reader._backend.poll_s = 3600.0  # NOTIFY or nothing
-            listening(reader)
-            for command, expected in [("register 1", 1), ("register 2", 2), ("rollback", 1),
-                                      ("remove", None)]:
-                tell(command)
-                elapsed = wait_for(lambda e=expected: version_of(reader, "acme") == e,
-                                   SEEN_WITHIN_S + 5)
-                assert elapsed is not None and elapsed < SEEN_WITHIN_S, (command, elapsed)
-                if expected is not None:
-                    np.testing.assert_array_equal(reader.get("acme").weights,
-                                                  random_head(3, seed=expected)[0])
-            assert reader.cache_stats()["resident_heads"] == 0
-    finally:
-        writer.stdin.close()
-        writer.wait(30)
-
-
-def test_a_change_without_notification_is_seen_by_the_fallback_poll(pg_url):
-    with open_store(pg_url) as s:
-        s.register("acme", *random_head(3, seed=1))
-        s.register("acme", *random_head(3, seed=2))
-    with open_store(pg_url) as reader:
-        reader._backend.poll_s = 0.2
-        listening(reader)
-        assert reader.get("acme").version == 2
-        # A writer that forgot to NOTIFY (an old version, a hand-made fix in psql).
-        pg_execute(pg_url, "UPDATE multihead.bots SET active_version = 1; "
-                           "UPDATE multihead.state SET change_seq = change_seq + 1")
-        elapsed = wait_for(lambda: reader.get("acme").version == 1, 10)
-        assert elapsed is not None and elapsed < 0.2 + 0.25 + 2.0, elapsed
-
-
-# -- PostgreSQL goes away and comes back --------------------------------------------------------
+# -- PostgreSQL goes away and comes back ------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["stop", "kill"])
@@ -198,7 +105,7 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
         with caplog.at_level(logging.WARNING, logger="heads"):
             getattr(pg_server, how)()  # a clean shutdown, or a crash (SIGKILL)
             try:
-                assert wait_for(lambda: reader._backend._down, 10) is not None
+                assert wait_for(lambda: reader._backend._pool.down, 10) is not None
                 for _ in range(100):
                     assert reader.get("acme") is head  # still served, from memory
                 assert reader.exists("acme") and reader.exists("beta")  # last known bots
@@ -230,7 +137,7 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
         writer.close()
 
 
-# -- closing ---------------------------------------------------------------------------------
+# -- closing ----------------------------------------------------------------------------------
 
 
 def _connections(pg_url: str) -> int:
@@ -244,7 +151,7 @@ def test_close_stops_the_listener_and_closes_every_connection(pg_url):
     listening(s)
     s.get("acme")
     assert _connections(pg_url) >= 2  # the listener's and a pooled one
-    thread = s._backend._listener._thread
+    thread = s._backend._listener.thread
     assert thread.is_alive() and thread.daemon
     start = time.monotonic()
     s.close()

@@ -1,22 +1,17 @@
 """HeadStore on a real store of each backend: a directory (TF checkpoints, SQLite registry in
 WAL mode) and PostgreSQL (a throw-away server). Tests taking `location`/`any_store` run on both;
-the ones about the directory layout take `store`. Crashes and other processes included."""
+the ones about rules of the store itself take `store` (a directory). What a registration does
+when it fails or races is in test_writers.py, how other processes' changes arrive in
+test_changes.py, each backend's own storage in test_disk.py and test_pg.py."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import subprocess
-import sys
-import textwrap
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import heads.store
 from heads import (
     HeadLoadError,
     HeadStore,
@@ -27,8 +22,7 @@ from heads import (
     open_store,
 )
 from tests.heads.helpers import (
-    is_pg,
-    pg_execute,
+    features,
     random_head,
     save_checkpoint,
     store_digest,
@@ -36,14 +30,7 @@ from tests.heads.helpers import (
     write_labels,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def features(n=3, seed=9):
-    return np.random.default_rng(seed).standard_normal((n, 1536)).astype(np.float32)
-
-
-# -- round trip and file format ------------------------------------------------------------------
+# -- round trip -------------------------------------------------------------------------------
 
 
 def test_register_get_logits_round_trip(any_store):
@@ -61,27 +48,6 @@ def test_register_get_logits_round_trip(any_store):
         np.testing.assert_array_equal(other.get("acme").weights, w)
 
 
-def test_version_directory_holds_checkpoint_labels_and_manifest(store):
-    import tensorflow as tf
-
-    w, b, labels = random_head(3, seed=2)
-    store.register("acme", w, b, labels, source="unit test")
-    vdir = store.root / "heads" / "acme" / "v1"
-    reader = tf.train.load_checkpoint(str(vdir / "head.ckpt"))
-    assert reader.get_variable_to_shape_map() == {"weights": [1536, 3], "biases": [3]}
-    np.testing.assert_array_equal(reader.get_tensor("weights"), w)
-    np.testing.assert_array_equal(reader.get_tensor("biases"), b)
-    assert (vdir / "labels.txt").read_text("utf-8").splitlines() == labels
-    manifest = json.loads((vdir / "manifest.json").read_text("utf-8"))
-    assert {k: manifest[k] for k in ("bot_id", "version", "n_classes", "source")} == {
-        "bot_id": "acme", "version": 1, "n_classes": 3, "source": "unit test"}
-    assert manifest["created"] == store.info("acme").created
-    assert set(manifest["files"]) == {p.name for p in vdir.iterdir()} - {"manifest.json"}
-    for name, digest in manifest["files"].items():
-        assert hashlib.sha256((vdir / name).read_bytes()).hexdigest() == digest
-    assert not [p for p in (store.root / "heads" / "acme").iterdir() if p.name != "v1"]
-
-
 def test_register_checkpoint_with_custom_tensor_names_and_labels_file(any_store, tmp_path):
     store = any_store
     w, b, labels = random_head(5, seed=3)
@@ -96,7 +62,7 @@ def test_register_checkpoint_with_custom_tensor_names_and_labels_file(any_store,
     assert store.info("acme").source == f"checkpoint:{os.path.abspath(prefix)}"
 
 
-# -- list / show / remove / rollback -------------------------------------------------------------
+# -- list / show / remove / rollback ----------------------------------------------------------
 
 
 def test_list_info_rollback_remove(any_store):
@@ -147,7 +113,45 @@ def test_get_unknown_and_malformed_ids(any_store):
     assert store.exists("acme") and not store.exists("../acme")
 
 
-# -- refusals leave the store byte-for-byte unchanged ------------------------------------------
+def test_bot_info_to_dict_public_and_admin(store):
+    w, b, labels = random_head(3, seed=2)
+    store.register("acme", w, b, labels, source="first")
+    store.register("acme", w, b, labels, source="second")
+    info = store.info("acme")
+    admin = info.to_dict()
+    assert admin == {"bot_id": "acme", "version": 2, "n_classes": 3, "labels": list(labels),
+                     "created": info.created, "versions": [1, 2], "source": "second"}
+    assert isinstance(admin["labels"], list) and isinstance(admin["versions"], list)
+    public = info.to_dict(with_source=False)
+    assert public == {k: v for k, v in admin.items() if k != "source"}
+    json.dumps(admin)  # JSON-ready
+
+
+@pytest.mark.parametrize("to", ["2", 2.0, True, None])
+def test_rollback_takes_an_integer_version_only(store, to):
+    for seed in (1, 2, 3):
+        store.register("acme", *random_head(3, seed=seed))
+    if to is None:  # the default: the highest version below the active one
+        assert store.rollback("acme", to) == 2
+        return
+    with pytest.raises(UnknownVersion) as exc:
+        store.rollback("acme", to=to)
+    assert str(exc.value) == f"version must be an integer, got {to!r}"
+    assert store.info("acme").version == 3
+
+
+def test_rollback_refusals_name_the_bot(store):
+    store.register("acme", *random_head(3, seed=1))
+    with pytest.raises(UnknownVersion) as exc:
+        store.rollback("acme")
+    assert str(exc.value) == "bot 'acme' has no version before v1 to roll back to"
+    with pytest.raises(UnknownVersion) as exc:
+        store.rollback("acme", to=np.int64(4))
+    assert str(exc.value) == "bot 'acme' has no version 4 (versions on disk: 1)"
+    assert store.rollback("acme", to=np.int64(1)) == 1
+
+
+# -- refusals leave the store byte-for-byte unchanged -----------------------------------------
 
 
 @pytest.fixture
@@ -230,292 +234,60 @@ def test_refusal_on_a_new_store_creates_nothing(location):
     assert store_digest(location) == {}
 
 
-# -- loading, corruption -------------------------------------------------------------------------
+def test_register_checkpoint_names_the_checkpoint_of_a_refused_head(store, tmp_path):
+    w, b, _ = random_head(3, seed=5)
+    prefix = save_checkpoint(tmp_path / "head.ckpt", {"dense/kernel": w, "dense/bias": b})
+    with pytest.raises(InvalidHead) as exc:
+        store.register_checkpoint("acme", prefix, ["a", "b"], weights_name="dense/kernel",
+                                  biases_name="dense/bias")
+    assert str(exc.value) == (f"checkpoint '{prefix}': "
+                              "2 labels given for a head with 3 classes")
+    assert not store.exists("acme")
 
 
-def test_corrupt_head_file_is_a_load_error(tmp_path):
-    populated = tmp_path / "store"
-    with HeadStore(populated) as s:
-        s.register("acme", *random_head(3, seed=1))
-        s.register("acme", *random_head(3, seed=2))
-        s.register("beta", *random_head(2, seed=3))
-    labels_file = populated / "heads" / "beta" / "v1" / "labels.txt"
-    labels_file.write_text("x\ny\n", "utf-8")  # same count, other bytes
-    with HeadStore(populated) as s:
-        with pytest.raises(HeadLoadError, match="'labels.txt' is corrupt"):
-            s.get("beta")
-        assert s.get("acme").version == 2  # other bots unaffected
-    os.remove(populated / "heads" / "acme" / "v2" / "head.ckpt.data-00000-of-00001")
-    with HeadStore(populated) as s:
-        with pytest.raises(HeadLoadError, match="head.ckpt.data-00000-of-00001' is missing"):
-            s.get("acme")
+def test_a_head_over_the_class_limit_is_refused_before_its_tensors_are_read(
+        store_dir, tmp_path, monkeypatch):
+    import heads.files
+    import heads.head
+    from backbone.checkpoint import write_checkpoint
+    from heads import InvalidHead
+
+    monkeypatch.setattr(heads.head, "MAX_CLASSES", 4)
+    monkeypatch.setattr(heads.files, "MAX_CLASSES", 4)
+    weights, biases, labels = random_head(5, seed=3)
+    prefix = write_checkpoint(str(tmp_path / "five" / "head.ckpt"),
+                              {"weights": weights, "biases": biases})
+    with HeadStore(store_dir) as store:
+        with pytest.raises(InvalidHead, match="more than a head of 4 classes"):
+            store.register_checkpoint("big", prefix, labels)
+        with pytest.raises(InvalidHead, match="at most 4 classes"):
+            store.register("big", weights, biases, labels)
+        assert store.list() == []
 
 
-def test_lookups_do_not_reload_heads_or_poll_the_registry_per_request(any_store, monkeypatch):
-    store = any_store
-    store.register("acme", *random_head(3))
-    loads, polls = [], []
-    real_load = store._backend.load
-    real_poll = store._backend.data_version
-    monkeypatch.setattr(store._backend, "load",
-                        lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    monkeypatch.setattr(store._backend, "data_version",
-                        lambda: polls.append(1) or real_poll())
-    store.change_poll_s = 3600.0  # no wall clock in the assertion: a poll is due only hourly
-    store._refresh(force=True)
-    polls.clear()
-    for _ in range(2000):
-        store.get("acme")
-    assert len(loads) == 1  # one cold load, then resident
-    assert len(polls) == 0  # no check before change_poll_s, not one per get
-    stats = store.cache_stats()
-    assert stats["misses"] == 1 and stats["hits"] == 1999
-    store.change_poll_s = 0.0  # a check is always due: each get polls (and only polls)
-    store._refresh(force=True)
-    polls.clear()
-    for _ in range(5):
-        store.get("acme")
-    assert len(polls) == 5 and len(loads) == 1
+def test_a_head_tensor_that_is_not_float_is_refused(store_dir, tmp_path):
+    from backbone.checkpoint import write_checkpoint
+    from heads import InvalidHead
+
+    weights, biases, labels = random_head(3, seed=4)
+    prefix = write_checkpoint(str(tmp_path / "ints" / "head.ckpt"),
+                              {"weights": (weights * 100).astype(np.int32), "biases": biases})
+    with HeadStore(store_dir) as store:
+        with pytest.raises(InvalidHead, match="int32, expected float"):
+            store.register_checkpoint("ints", prefix, labels)
 
 
-def test_store_lru_respects_budget_and_pins(location):
-    with open_store(location) as writer:
-        for i in range(6):
-            writer.register(f"bot{i}", *random_head(100, seed=i))
-    with open_store(location) as probe:
-        one = probe.get("bot0").nbytes  # about 0.6 MiB
-    budget_mb = 3.5 * one / 2**20
-    with open_store(location, heads_memory_mb=budget_mb, pinned=["bot0"]) as s:
-        for _ in range(2):
-            for i in range(6):
-                head = s.get(f"bot{i}")
-                np.testing.assert_array_equal(head.weights, random_head(100, seed=i)[0])
-                stats = s.cache_stats()
-                assert stats["resident_bytes"] <= budget_mb * 2**20
-        stats = s.cache_stats()
-        assert stats["resident_heads"] == 3 and stats["evictions"] >= 6
-        assert s._cache.resident_bot_ids() == ["bot0", "bot4", "bot5"]
-        assert s._cache.peek("bot0", 1) is not None  # pinned, although least recently used
+def test_an_oversized_labels_file_is_refused_unread(tmp_path, monkeypatch):
+    import heads.files
+    from heads import InvalidHead
+
+    monkeypatch.setattr(heads.files, "MAX_LABELS_BYTES", 100)
+    path = write_labels(tmp_path / "labels.txt", [f"label-{i}" for i in range(50)])
+    with pytest.raises(InvalidHead, match="over the limit of 100 bytes"):
+        heads.files.read_labels(path)
 
 
-# -- concurrency -----------------------------------------------------------------------------------
-
-
-def test_threads_read_while_another_registers(any_store):
-    store = any_store
-    store.register("acme", *random_head(3, seed=0))
-    errors, seen = [], set()
-    stop = threading.Event()
-    f = features(2)
-
-    def reader():
-        try:
-            while not stop.is_set():
-                head = store.get("acme")
-                # Weights and version always belong together: seed == version - 1.
-                expected = random_head(3, seed=head.version - 1)[0]
-                np.testing.assert_array_equal(head.weights, expected)
-                head.top_k(f, 2)
-                seen.add(head.version)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=reader) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for seed in range(1, 6):
-        store.register("acme", *random_head(3, seed=seed))
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join()
-    assert not errors
-    assert store.get("acme").version == 6 and len(seen) >= 2
-
-
-# -- crashes ---------------------------------------------------------------------------------------
-
-
-def _assert_consistent(location, active, versions, registered=None):
-    with open_store(location) as s:
-        info = s.info("acme")
-        assert (info.version, info.versions) == (active, versions)
-        np.testing.assert_array_equal(s.get("acme").weights,
-                                      random_head(3, seed=active)[0])
-        assert [h["version"] for h in s.history("acme") if h["action"] == "register"] == (
-            registered or versions)
-        # The next registration sweeps the leftovers and takes a version number above every
-        # committed one.
-        new = s.register("acme", *random_head(3, seed=50))
-        assert new > max(versions)
-        assert s.get("acme").version == new
-        assert sorted(stored_entries(location, "acme")) == sorted(
-            f"v{v}" for v in versions + [new])
-
-
-# Registration steps of each backend (see heads.store._fault_hook).
-STEPS = {"sqlite": ["written", "renamed", "rows_added"], "postgresql": ["written", "rows_added"]}
-BACKEND_STEPS = [pytest.param(backend, step, id=f"{backend}-{step}",
-                              marks=[pytest.mark.postgresql] if backend == "postgresql" else [])
-                 for backend, steps in STEPS.items() for step in steps]
-
-
-@pytest.fixture
-def location_of(request, tmp_path):
-    """`location_of(backend)`: a store location of the named backend."""
-    def make(backend):
-        return str(tmp_path / "store") if backend == "sqlite" else request.getfixturevalue(
-            "pg_url")
-    return make
-
-
-@pytest.mark.parametrize("backend, step", BACKEND_STEPS)
-def test_failure_between_steps_rolls_back(location_of, monkeypatch, backend, step):
-    root = location_of(backend)
-    with open_store(root) as s:
-        s.register("acme", *random_head(3, seed=1))
-
-        def fail(at):
-            if at == step:
-                raise OSError(f"disk full at {at}")
-
-        monkeypatch.setattr(heads.store, "_fault_hook", fail)
-        with pytest.raises(OSError, match="disk full"):
-            s.register("acme", *random_head(3, seed=2))
-        monkeypatch.setattr(heads.store, "_fault_hook", None)
-        assert s.get("acme").version == 1
-        assert stored_entries(root, "acme") == ["v1"]
-    _assert_consistent(root, active=1, versions=[1])
-
-
-CRASH = textwrap.dedent("""
-    import os, sys
-    import numpy as np
-    import heads.store
-    from heads import open_store
-    from tests.heads.helpers import random_head
-    location, step = sys.argv[1], sys.argv[2]
-    heads.store._fault_hook = lambda at: os._exit(17) if at == step else None
-    open_store(location).register("acme", *random_head(3, seed=2))
-    os._exit(0)
-""")
-
-
-@pytest.mark.subprocess
-@pytest.mark.parametrize("backend, step", [
-    pytest.param("sqlite", "renamed", id="sqlite-renamed"),
-    pytest.param("sqlite", "rows_added", id="sqlite-rows_added"),
-    pytest.param("postgresql", "written", id="postgresql-written", marks=pytest.mark.postgresql),
-    pytest.param("postgresql", "rows_added", id="postgresql-rows_added",
-                 marks=pytest.mark.postgresql),
-])
-def test_process_killed_mid_registration_leaves_a_consistent_registry(location_of, backend,
-                                                                       step):
-    """os._exit before the commit: no cleanup code runs, like a kill -9."""
-    root = location_of(backend)
-    with open_store(root) as s:
-        s.register("acme", *random_head(3, seed=1))
-        s.register("acme", *random_head(3, seed=2))
-        s.rollback("acme", to=1)
-        s.remove("acme")  # v1 and v2 existed once: their numbers must never come back
-        s.register("acme", *random_head(3, seed=3))
-    proc = subprocess.run([sys.executable, "-c", CRASH, root, step], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 17, proc.stderr[-2000:]
-    if is_pg(root):
-        # The server rolled the dead session's transaction back: no row, blob or history of
-        # v4, and the writer lock (the state row) is free again.
-        assert stored_entries(root, "acme") == ["v3"]
-        assert pg_execute(root, "SELECT count(*) FROM multihead.history WHERE version = 4") \
-            == [(0,)]
-    else:
-        # The crash left the renamed v4 directory behind, but no registry row points to it.
-        assert (Path(root) / "heads" / "acme" / "v4" / "manifest.json").exists()
-    _assert_consistent(root, active=3, versions=[3], registered=[1, 2, 3])
-
-
-# -- another process changes the store -----------------------------------------------------------
-
-
-def _cli(root, *argv):
-    return subprocess.run([sys.executable, "-m", "service.cli", *argv, "--store", str(root)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-
-
-# Another process's change is seen within change_poll_s (0.25 s) + one get, so 1 s is the
-# contract; a loaded 2-core machine gets 4 s of stated slack on top.
-SEEN_WITHIN_S = 1.0 + 4.0
-
-
-def _wait_for(predicate, timeout_s=10.0):
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.01)
-    return None
-
-
-@pytest.mark.subprocess
-def test_reader_sees_another_process_change_within_one_second(tmp_path):
-    """A running reader (a server) and the admin CLI in other processes share one store.
-    (Directory store only: each CLI run imports TensorFlow. test_pg.py has the PostgreSQL
-    counterpart, with a writer process that does not.)"""
-    root = str(tmp_path / "store")
-    weights, biases, labels = random_head(3, seed=1)
-    prefix = save_checkpoint(tmp_path / "user" / "head.ckpt",
-                             {"weights": weights, "biases": biases})
-    labels_file = write_labels(tmp_path / "labels.txt", labels)
-
-    def version_is(expected):
-        def check():
-            try:
-                return reader.get("acme").version == expected
-            except UnknownBot:
-                return expected is None
-        return check
-
-    with open_store(root) as reader:  # started on an empty store: nothing stored yet
-        assert not reader.exists("acme") and store_digest(root) == {}
-        proc = _cli(root, "register", "acme", "--weights-checkpoint", prefix, "--labels",
-                    labels_file)
-        assert proc.returncode == 0, proc.stderr
-        elapsed = _wait_for(version_is(1))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
-        np.testing.assert_array_equal(reader.get("acme").weights, weights)
-
-        with open_store(root) as writer:  # another connection, as the admin HTTP API would be
-            writer.register("acme", *random_head(3, seed=2))
-        elapsed = _wait_for(version_is(2))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
-
-        proc = _cli(root, "bots", "rollback", "acme")
-        assert proc.returncode == 0, proc.stderr
-        elapsed = _wait_for(version_is(1))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
-        np.testing.assert_array_equal(reader.get("acme").weights, weights)
-
-        proc = _cli(root, "bots", "remove", "acme")
-        assert proc.returncode == 0, proc.stderr
-        elapsed = _wait_for(version_is(None))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
-        assert reader.cache_stats()["resident_heads"] == 0
-
-
-# -- what the registry answers, and the slim import's rules (no trunk needed) ----------------------
-
-def test_bot_info_to_dict_public_and_admin(store):
-    w, b, labels = random_head(3, seed=2)
-    store.register("acme", w, b, labels, source="first")
-    store.register("acme", w, b, labels, source="second")
-    info = store.info("acme")
-    admin = info.to_dict()
-    assert admin == {"bot_id": "acme", "version": 2, "n_classes": 3, "labels": list(labels),
-                     "created": info.created, "versions": [1, 2], "source": "second"}
-    assert isinstance(admin["labels"], list) and isinstance(admin["versions"], list)
-    public = info.to_dict(with_source=False)
-    assert public == {k: v for k, v in admin.items() if k != "source"}
-    json.dumps(admin)  # JSON-ready
+# -- importing a slim model's classifier layer (no trunk: see test_slim_import.py) ------------
 
 
 def _slim_checkpoint(prefix, n_classes, seed=4):
@@ -578,39 +350,54 @@ def test_register_from_slim_compares_trunks_unless_forced(store, tmp_path, monke
     assert store.info("same").source == f"slim:{os.path.abspath(prefix)}"
 
 
-def test_register_checkpoint_names_the_checkpoint_of_a_refused_head(store, tmp_path):
-    w, b, _ = random_head(3, seed=5)
-    prefix = save_checkpoint(tmp_path / "head.ckpt", {"dense/kernel": w, "dense/bias": b})
-    with pytest.raises(InvalidHead) as exc:
-        store.register_checkpoint("acme", prefix, ["a", "b"], weights_name="dense/kernel",
-                                  biases_name="dense/bias")
-    assert str(exc.value) == (f"checkpoint '{prefix}': "
-                              "2 labels given for a head with 3 classes")
-    assert not store.exists("acme")
+# -- lookups and the resident cache -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("to", ["2", 2.0, True, None])
-def test_rollback_takes_an_integer_version_only(store, to):
-    for seed in (1, 2, 3):
-        store.register("acme", *random_head(3, seed=seed))
-    if to is None:  # the default: the highest version below the active one
-        assert store.rollback("acme", to) == 2
-        return
-    with pytest.raises(UnknownVersion) as exc:
-        store.rollback("acme", to=to)
-    assert str(exc.value) == f"version must be an integer, got {to!r}"
-    assert store.info("acme").version == 3
+def test_lookups_do_not_reload_heads_or_poll_the_registry_per_request(any_store, monkeypatch):
+    store = any_store
+    store.register("acme", *random_head(3))
+    loads, polls = [], []
+    real_load = store._backend.load
+    real_poll = store._backend.data_version
+    monkeypatch.setattr(store._backend, "load",
+                        lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    monkeypatch.setattr(store._backend, "data_version",
+                        lambda: polls.append(1) or real_poll())
+    store.change_poll_s = 3600.0  # no wall clock in the assertion: a poll is due only hourly
+    store._refresh(force=True)
+    polls.clear()
+    for _ in range(2000):
+        store.get("acme")
+    assert len(loads) == 1  # one cold load, then resident
+    assert len(polls) == 0  # no check before change_poll_s, not one per get
+    stats = store.cache_stats()
+    assert stats["misses"] == 1 and stats["hits"] == 1999
+    store.change_poll_s = 0.0  # a check is always due: each get polls (and only polls)
+    store._refresh(force=True)
+    polls.clear()
+    for _ in range(5):
+        store.get("acme")
+    assert len(polls) == 5 and len(loads) == 1
 
 
-def test_rollback_refusals_name_the_bot(store):
-    store.register("acme", *random_head(3, seed=1))
-    with pytest.raises(UnknownVersion) as exc:
-        store.rollback("acme")
-    assert str(exc.value) == "bot 'acme' has no version before v1 to roll back to"
-    with pytest.raises(UnknownVersion) as exc:
-        store.rollback("acme", to=np.int64(4))
-    assert str(exc.value) == "bot 'acme' has no version 4 (versions on disk: 1)"
-    assert store.rollback("acme", to=np.int64(1)) == 1
+def test_store_lru_respects_budget_and_pins(location):
+    with open_store(location) as writer:
+        for i in range(6):
+            writer.register(f"bot{i}", *random_head(100, seed=i))
+    with open_store(location) as probe:
+        one = probe.get("bot0").nbytes  # about 0.6 MiB
+    budget_mb = 3.5 * one / 2**20
+    with open_store(location, heads_memory_mb=budget_mb, pinned=["bot0"]) as s:
+        for _ in range(2):
+            for i in range(6):
+                head = s.get(f"bot{i}")
+                np.testing.assert_array_equal(head.weights, random_head(100, seed=i)[0])
+                stats = s.cache_stats()
+                assert stats["resident_bytes"] <= budget_mb * 2**20
+        stats = s.cache_stats()
+        assert stats["resident_heads"] == 3 and stats["evictions"] >= 6
+        assert s._cache.resident_bot_ids() == ["bot0", "bot4", "bot5"]
+        assert s._cache.peek("bot0", 1) is not None  # pinned, although least recently used
 
 
 def test_a_head_removed_or_replaced_by_another_writer_since_the_last_poll(store_dir):

@@ -1,13 +1,18 @@
-"""Softmax-regression training on synthetic feature vectors (no trunk)."""
+"""Softmax-regression training: on synthetic feature vectors (no trunk), then `multihead train`
+on generated images through the real trunk (the session's one `trunk`; 36 images)."""
 from __future__ import annotations
 
+import argparse
 import math
+import re
 
 import numpy as np
 import pytest
+from PIL import Image, ImageDraw
 
-from heads import InvalidTrainingData, train_head
+from heads import HeadStore, InvalidTrainingData, train_head
 from heads.train import stratified_split
+from service.cli import bots as bots_cli
 
 
 def blobs(n_per_class=40, n_classes=3, seed=0):
@@ -99,3 +104,73 @@ def test_trained_head_registers(store):
     assert version == 1 and head.labels == LABELS
     np.testing.assert_array_equal(head.logits(x).argmax(axis=1),
                                   (x @ result.weights + result.biases).argmax(axis=1))
+
+
+# -- training on generated images, through the trunk ------------------------------------------
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="multihead")
+    bots_cli.add_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+COLOURS = {"red": (200, 40, 40), "green": (40, 170, 60), "blue": (40, 60, 200)}
+
+
+def make_image_folder(root, per_class=12, seed=0):
+    """DIR/<colour>/*.png|JPG: a jittered solid background colour with a small random shape."""
+    rng = np.random.default_rng(seed)
+    for label, rgb in COLOURS.items():
+        (root / label).mkdir(parents=True)
+        for i in range(per_class):
+            jitter = rng.integers(-25, 26, 3)
+            colour = tuple(int(np.clip(c + j, 0, 255)) for c, j in zip(rgb, jitter))
+            image = Image.new("RGB", (80, 64), colour)
+            draw = ImageDraw.Draw(image)
+            x0, y0 = (int(v) for v in rng.integers(8, 48, 2))
+            box = [x0, y0, x0 + int(rng.integers(6, 20)), y0 + int(rng.integers(6, 16))]
+            fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+            (draw.ellipse if i % 2 else draw.rectangle)(box, fill=fill)
+            image.save(root / label / (f"{i:02d}.png" if i % 3 else f"{i:02d}.JPG"))
+    (root / "red" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    (root / "red" / "notes.txt").write_text("not an image")
+    return root
+
+
+class RecordingTrunk:
+    """The session trunk, keeping the features it hands out."""
+
+    def __init__(self, trunk):
+        self.trunk, self.features_seen = trunk, []
+
+    def features(self, images):
+        out = self.trunk.features(images)
+        self.features_seen.append(out)
+        return out
+
+
+def test_train_on_generated_images_beats_chance(trunk, tmp_path, capsys):
+    folder = make_image_folder(tmp_path / "images")
+    store_dir = tmp_path / "store"
+    recording = RecordingTrunk(trunk)
+    args = parse(["train", "colours", "--images", str(folder), "--store", str(store_dir),
+                  "--val-fraction", "0.25", "--no-progress", "--batch-size", "12"])
+    assert bots_cli.cmd_train(args, trunk=recording) == 0
+    out, err = capsys.readouterr()
+    assert "skipped" in err and "broken.jpg" in err
+    assert [len(f) for f in recording.features_seen] == [12, 12, 12]  # batched, 36 images
+    for label in COLOURS:
+        assert re.search(rf"^  {label}\s+\d/3 ", out, re.M), out
+    held_out = float(re.search(r"overall: ([0-9.]+) held-out accuracy", out).group(1))
+    assert held_out >= 0.75, out  # chance is 1/3
+    assert "registered bot 'colours' version 1 (3 classes)" in out
+
+    with HeadStore(store_dir) as s:
+        head = s.get("colours")
+        assert head.labels == ("blue", "green", "red")  # sorted folder names
+        features = np.concatenate(recording.features_seen)  # [36, 1536], raw trunk features
+        truth = np.repeat([0, 1, 2], 12)  # read in sorted folder order: blue, green, red
+        accuracy = np.mean(head.logits(features).argmax(axis=1) == truth)
+        assert accuracy >= 0.9  # train + held-out images, through the registered head
+        assert s.info("colours").source.startswith("train:")

@@ -1,18 +1,68 @@
-"""The directory store's SQLite registry (`heads.registry`) and its backend (`heads.disk`) read
-directly: the history rows of every action, a registry file whose schema is not committed yet, and
-the refusals of the directory backend. Fast (no trunk, no server): `make mutation` runs it."""
+"""The directory backend: the version directories (checkpoint, labels, manifest with sha256s),
+its SQLite registry (`heads.registry`) read directly, a registry that cannot be read or has no
+tables yet, crash leftovers, and the refusals of `heads.disk`. Fast (no trunk, no server):
+`make mutation` runs it."""
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import shutil
 import sqlite3
 
+import numpy as np
 import pytest
 
-from heads import HeadStore, UnknownBot
+from heads import HeadLoadError, HeadStore, UnknownBot
 from heads.disk import DiskBackend
 from heads.registry import Registry
 from tests.heads.helpers import random_head
+
+# -- the files of a version -------------------------------------------------------------------
+
+
+def test_version_directory_holds_checkpoint_labels_and_manifest(store):
+    import tensorflow as tf
+
+    w, b, labels = random_head(3, seed=2)
+    store.register("acme", w, b, labels, source="unit test")
+    vdir = store.root / "heads" / "acme" / "v1"
+    reader = tf.train.load_checkpoint(str(vdir / "head.ckpt"))
+    assert reader.get_variable_to_shape_map() == {"weights": [1536, 3], "biases": [3]}
+    np.testing.assert_array_equal(reader.get_tensor("weights"), w)
+    np.testing.assert_array_equal(reader.get_tensor("biases"), b)
+    assert (vdir / "labels.txt").read_text("utf-8").splitlines() == labels
+    manifest = json.loads((vdir / "manifest.json").read_text("utf-8"))
+    assert {k: manifest[k] for k in ("bot_id", "version", "n_classes", "source")} == {
+        "bot_id": "acme", "version": 1, "n_classes": 3, "source": "unit test"}
+    assert manifest["created"] == store.info("acme").created
+    assert set(manifest["files"]) == {p.name for p in vdir.iterdir()} - {"manifest.json"}
+    for name, digest in manifest["files"].items():
+        assert hashlib.sha256((vdir / name).read_bytes()).hexdigest() == digest
+    assert not [p for p in (store.root / "heads" / "acme").iterdir() if p.name != "v1"]
+
+
+def test_corrupt_head_file_is_a_load_error(tmp_path):
+    populated = tmp_path / "store"
+    with HeadStore(populated) as s:
+        s.register("acme", *random_head(3, seed=1))
+        s.register("acme", *random_head(3, seed=2))
+        s.register("beta", *random_head(2, seed=3))
+    labels_file = populated / "heads" / "beta" / "v1" / "labels.txt"
+    labels_file.write_text("x\ny\n", "utf-8")  # same count, other bytes
+    with HeadStore(populated) as s:
+        with pytest.raises(HeadLoadError, match="'labels.txt' is corrupt"):
+            s.get("beta")
+        assert s.get("acme").version == 2  # other bots unaffected
+    os.remove(populated / "heads" / "acme" / "v2" / "head.ckpt.data-00000-of-00001")
+    with HeadStore(populated) as s:
+        with pytest.raises(HeadLoadError, match="head.ckpt.data-00000-of-00001' is missing"):
+            s.get("acme")
+
+
+# -- the registry -----------------------------------------------------------------------------
+
 
 KEYS = {"action", "version", "previous", "at", "source"}
 
@@ -137,3 +187,49 @@ def test_the_first_registration_creates_the_heads_folder(tmp_path):
         assert not store_root.exists()  # nothing created by opening
         s.register("acme", *random_head(3, seed=1))
         assert (store_root / "heads" / "acme").is_dir() and (store_root / "registry.sqlite").exists()
+
+
+class FailingReader:
+    """The registry's read connection, except that reading the active map fails like a locked
+    or broken database does."""
+
+    def __init__(self, conn: sqlite3.Connection, message: str) -> None:
+        self._conn = conn
+        self.message = message
+        self.fail = True
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def execute(self, sql, *args):
+        if self.fail and "active_version FROM bots" in sql:
+            raise sqlite3.OperationalError(self.message)
+        return self._conn.execute(sql, *args)
+
+
+@pytest.mark.parametrize("message", ["database is locked", "disk I/O error"])
+def test_an_unreadable_registry_keeps_the_last_known_bots(store_dir, message, caplog):
+    with HeadStore(store_dir) as writer, HeadStore(store_dir) as reader:
+        writer.register("acme", *random_head(3, seed=1))
+        assert reader.get("acme").version == 1
+        registry = reader._backend._registry
+        registry._reader = FailingReader(registry._reader, message)
+        writer.register("beta", *random_head(2, seed=2))  # a change the reader must poll for
+        reader._next_check_s = 0.0
+        with caplog.at_level(logging.WARNING, logger="heads.store"):
+            assert reader.get("acme").version == 1  # still served, not "unknown bot"
+        assert message in caplog.text
+        with pytest.raises(UnknownBot):
+            reader.get("beta")  # not seen yet: the registry could not be read
+        registry._reader.fail = False
+        reader._next_check_s = 0.0
+        assert reader.get("beta").version == 1  # seen at the next good poll
+
+
+def test_a_registry_file_without_tables_yet_is_an_empty_store(store_dir):
+    store_dir.mkdir()
+    sqlite3.connect(store_dir / "registry.sqlite").close()  # created, schema not committed
+    with HeadStore(store_dir) as store:
+        assert store.list() == []
+        with pytest.raises(UnknownBot):
+            store.get("acme")

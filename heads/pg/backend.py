@@ -1,0 +1,244 @@
+"""`PgBackend`: the rows of each read and write transaction of a PostgreSQL store.
+
+A registration is ONE transaction (rows, blobs, `NOTIFY multihead_heads, '<change_seq>'`): a
+writer killed at any point leaves nothing visible, and the notification is delivered at commit.
+Every write transaction starts by taking the store's writer lock (`_begin_write`: the `state`
+row) and ends by notifying the listeners of every process (`heads.pg.listener.notify`).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+from heads.backend import POSTGRESQL, Step, StoreBackend, VersionRow, redact_url, utc_now
+from heads.errors import HeadLoadError, StoreUnavailable, UnknownBot
+from heads.head import Head
+from heads.pg import blobs
+from heads.pg.listener import Changes, Listener, notify
+from heads.pg.pool import Pool
+from heads.pg.schema import NO_SCHEMA, ensure_schema
+from heads.pg.schema import SCHEMA as S
+from heads.schema import BLOB_NAMES
+
+
+class PgBackend(StoreBackend):
+    """A head store in a PostgreSQL database (see `heads.pg`)."""
+
+    kind = POSTGRESQL
+    read_errors = (StoreUnavailable,)
+    # Of the listener, read when it starts (the first `data_version()`).
+    reconnect_min_s = 0.1
+    reconnect_max_s = 2.0
+    poll_s = 5.0
+
+    def __init__(self, url: str) -> None:
+        self._where = redact_url(url)
+        self._pool = Pool(url, self._where)
+        self._changes = Changes(self._pool, self._where)
+        self._lock = threading.Lock()  # guards the two below
+        self._closed = False
+        self._listener: Listener | None = None
+        self._schema_ready = False
+
+    def describe(self) -> str:
+        return self._where
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def data_version(self) -> object:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the head store is closed")
+            if self._listener is None:
+                self._listener = Listener(self._pool, self._changes, poll_s=self.poll_s,
+                                          reconnect_min_s=self.reconnect_min_s,
+                                          reconnect_max_s=self.reconnect_max_s)
+                self._listener.start()
+        return self._changes.version()
+
+    def active_map(self) -> dict[str, int]:
+        def work(conn):
+            try:
+                rows = conn.execute(f"SELECT bot_id, active_version FROM {S}.bots").fetchall()
+            except NO_SCHEMA:
+                return {}
+            return {b: int(v) for b, v in rows}
+
+        return self._pool.run(work, read=True)
+
+    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
+        where, params = ("WHERE b.bot_id = %s", (bot_id,)) if bot_id is not None else ("", ())
+
+        def work(conn):
+            try:
+                # One statement, one snapshot: the active rows and the version lists agree.
+                return conn.execute(
+                    f"SELECT v.bot_id, v.version, v.n_classes, v.labels, v.created, v.source, "
+                    f"ARRAY(SELECT w.version FROM {S}.versions w WHERE w.bot_id = b.bot_id "
+                    f"ORDER BY w.version) "
+                    f"FROM {S}.bots b JOIN {S}.versions v "
+                    f"ON v.bot_id = b.bot_id AND v.version = b.active_version {where} "
+                    "ORDER BY b.bot_id", params).fetchall()
+            except NO_SCHEMA:
+                return []
+
+        return [(int(version), VersionRow(b, int(version), int(n), tuple(labels), created, source),
+                 [int(x) for x in versions])
+                for b, version, n, labels, created, source, versions
+                in self._pool.run(work, read=True)]
+
+    def history(self, bot_id: str) -> list[dict]:
+        def work(conn):
+            try:
+                return conn.execute(
+                    f"SELECT action, version, previous, at, source FROM {S}.history "
+                    "WHERE bot_id = %s ORDER BY id", (bot_id,)).fetchall()
+            except NO_SCHEMA:
+                return []
+
+        keys = ("action", "version", "previous", "at", "source")
+        return [dict(zip(keys, r)) for r in self._pool.run(work, read=True)]
+
+    def load(self, bot_id: str, version: int) -> Head:
+        def work(conn):
+            try:
+                with conn.cursor(binary=True) as cur:
+                    cur.execute(
+                        f"SELECT v.n_classes, b.name, b.data, b.sha256 FROM {S}.versions v "
+                        f"LEFT JOIN {S}.blobs b ON b.bot_id = v.bot_id AND b.version = v.version "
+                        "WHERE v.bot_id = %s AND v.version = %s", (bot_id, version))
+                    return cur.fetchall()
+            except NO_SCHEMA:
+                return []
+
+        rows = self._pool.run(work, read=True)
+        if not rows:
+            raise HeadLoadError(f"head '{bot_id}' v{version} is not in the store")
+        stored = {name: (bytes(data), digest) for _, name, data, digest in rows
+                  if name is not None}
+        return blobs.decode(bot_id, version, int(rows[0][0]), stored)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
+                    labels: tuple[str, ...], source: str, step: Step) -> int:
+        n = int(weights.shape[1])
+        encoded = blobs.encode(weights, biases, labels)
+
+        def work(conn):
+            self._ensure_schema(conn)
+            with conn.transaction():
+                seq = self._begin_write(conn)
+                previous = self._active_version(conn, bot_id)
+                row = conn.execute(
+                    f"SELECT GREATEST((SELECT max(version) FROM {S}.history "
+                    "WHERE bot_id = %s AND action = 'register'), "
+                    f"(SELECT max(version) FROM {S}.versions WHERE bot_id = %s))",
+                    (bot_id, bot_id)).fetchone()
+                version = 1 + int(row[0] or 0)
+                created = utc_now()
+                conn.execute(f"INSERT INTO {S}.versions VALUES (%s, %s, %s, %s, %s, %s)",
+                             (bot_id, version, n, Jsonb(list(labels)), created, source))
+                with conn.cursor() as cur:
+                    cur.executemany(f"INSERT INTO {S}.blobs VALUES (%s, %s, %s, %s, %s)",
+                                    [(bot_id, version, name, *encoded[name])
+                                     for name in BLOB_NAMES])
+                step("written")
+                conn.execute(
+                    f"INSERT INTO {S}.bots VALUES (%s, %s, %s) ON CONFLICT (bot_id) DO UPDATE "
+                    "SET active_version = excluded.active_version, updated = excluded.updated",
+                    (bot_id, version, created))
+                self._history(conn, bot_id, "register", version, previous, created, source)
+                notify(conn, seq)
+                step("rows_added")
+            return version, seq
+
+        version, seq = self._pool.run(work, read=False)
+        self._changes.saw(seq)  # our own write: no need to wait for its notification
+        return version
+
+    def remove(self, bot_id: str) -> None:
+        def work(conn):
+            self._ensure_schema(conn)
+            with conn.transaction():
+                seq = self._begin_write(conn)
+                previous = self._active_version(conn, bot_id)
+                if previous is None:
+                    raise UnknownBot(bot_id)
+                conn.execute(f"DELETE FROM {S}.bots WHERE bot_id = %s", (bot_id,))
+                # The blobs go with their versions (ON DELETE CASCADE).
+                conn.execute(f"DELETE FROM {S}.versions WHERE bot_id = %s", (bot_id,))
+                self._history(conn, bot_id, "remove", None, previous, utc_now(), None)
+                notify(conn, seq)
+            return seq
+
+        self._changes.saw(self._pool.run(work, read=False))
+
+    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int]) -> int:
+        def work(conn):
+            self._ensure_schema(conn)
+            committed = None
+            with conn.transaction():
+                seq = self._begin_write(conn)
+                active = self._active_version(conn, bot_id)
+                if active is None:
+                    raise UnknownBot(bot_id)
+                versions = [int(r[0]) for r in conn.execute(
+                    f"SELECT version FROM {S}.versions WHERE bot_id = %s ORDER BY version",
+                    (bot_id,))]
+                target = choose(active, versions)
+                if target == active:
+                    raise psycopg.Rollback()  # nothing changes: no change_seq, no notification
+                at = utc_now()
+                conn.execute(f"UPDATE {S}.bots SET active_version = %s, updated = %s "
+                             "WHERE bot_id = %s", (target, at, bot_id))
+                self._history(conn, bot_id, "rollback", target, active, at, None)
+                notify(conn, seq)
+                committed = seq
+            return target, committed
+
+        target, seq = self._pool.run(work, read=False)
+        if seq is not None:
+            self._changes.saw(seq)
+        return target
+
+    def _ensure_schema(self, conn: psycopg.Connection) -> None:
+        if not self._schema_ready:
+            ensure_schema(conn)
+            self._schema_ready = True
+
+    @staticmethod
+    def _begin_write(conn: psycopg.Connection) -> int:
+        """The first statement of every write transaction: takes the store's writer lock (the
+        state row) until commit and returns this transaction's change_seq."""
+        row = conn.execute(
+            f"UPDATE {S}.state SET change_seq = change_seq + 1 RETURNING change_seq").fetchone()
+        return int(row[0])
+
+    @staticmethod
+    def _active_version(conn: psycopg.Connection, bot_id: str) -> int | None:
+        row = conn.execute(f"SELECT active_version FROM {S}.bots WHERE bot_id = %s",
+                           (bot_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    @staticmethod
+    def _history(conn, bot_id, action, version, previous, at, source) -> None:
+        conn.execute(f"INSERT INTO {S}.history (bot_id, action, version, previous, at, source) "
+                     "VALUES (%s, %s, %s, %s, %s, %s)",
+                     (bot_id, action, version, previous, at, source))
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+        self._pool.close()

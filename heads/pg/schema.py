@@ -1,0 +1,68 @@
+"""The schema `multihead` of a PostgreSQL store: its tables (rendered from `heads.schema`), the
+one row of `state`, and creating them once, by the first writer.
+
+    state(singleton, schema_version, change_seq)   one row; change_seq grows by one per write
+                                                   transaction, which also takes its row lock
+                                                   first (writers are serialised, as with the
+                                                   flock of a directory store)
+    versions(bot_id, version, n_classes, labels jsonb, created, source)   every stored version
+    blobs(bot_id, version, name, data bytea, sha256)   per version: see `heads.pg.blobs`
+    bots(bot_id, active_version, updated)          one row per live bot
+    history(id, bot_id, action, version, previous, at, source)   append-only audit trail; also
+                                                   keeps version numbers from being reused
+"""
+from __future__ import annotations
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from heads.backend import POSTGRESQL
+from heads.schema import create_statements
+
+SCHEMA = "multihead"
+SCHEMA_VERSION = 1
+# pg_advisory_xact_lock key serialising schema creation between processes ("mhschema").
+_DDL_LOCK_KEY = 0x6D68736368656D61
+# A database in which no registration ever happened: reads see an empty store.
+NO_SCHEMA = (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
+
+
+def ddl() -> list[str]:
+    """Every statement that creates the store's schema, in order (idempotent)."""
+    return [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
+            *create_statements(POSTGRESQL, prefix=f"{SCHEMA}."),
+            f"INSERT INTO {SCHEMA}.state (schema_version, change_seq) "
+            f"VALUES ({SCHEMA_VERSION}, 0) ON CONFLICT DO NOTHING"]
+
+
+def ensure_schema(conn: psycopg.Connection) -> None:
+    """Create the schema unless it exists (on an autocommit connection)."""
+    # DDL is transactional: the tables exist all together or not at all. Check first, so that a
+    # role allowed to write rows but not to create schemas works once they exist.
+    if _exists(conn):
+        return
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
+        # NOTE: check again under the lock. A writer that waited here while another created the
+        # schema must not run the DDL too: its ALTER TABLE and CREATE INDEX would lock tables
+        # that the other one's first registration is writing (a deadlock).
+        if not _exists(conn):
+            for statement in ddl():
+                conn.execute(statement)
+
+
+def _exists(conn: psycopg.Connection) -> bool:
+    # NOTE: a query of the catalog, not to_regclass(): that one answers from this backend's
+    # cache, which may still hold "no such schema" from before the lock was taken.
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables "
+                        "WHERE schemaname = %s AND tablename = 'state')",
+                        (SCHEMA,)).fetchone()[0]
+
+
+def read_seq(conn: psycopg.Connection) -> int:
+    """The store's change_seq now (0 before the schema exists)."""
+    try:
+        row = conn.execute(f"SELECT change_seq FROM {SCHEMA}.state").fetchone()
+    except NO_SCHEMA:
+        return 0
+    return int(row[0]) if row is not None else 0

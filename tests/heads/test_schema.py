@@ -1,0 +1,344 @@
+"""One schema description (`heads.schema.TABLES`), two backends: the live schema of a real SQLite
+registry and of a real PostgreSQL store, introspected, match it; and stores written before the
+description existed (commit 42dd771, whose DDL is kept here verbatim) open and work unchanged."""
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heads import files, open_store
+from heads.backend import POSTGRESQL, SQLITE
+from heads.schema import BIGINT, DIALECTS, SERIAL, TABLES, tables
+from tests.heads.helpers import pg_execute, random_head, tree_digest
+
+# -- introspection ---------------------------------------------------------------------------
+
+
+def expected_schema(dialect: str) -> dict:
+    """What `heads.schema` says a store of `dialect` has, in the shape the introspection gives."""
+    d = DIALECTS[dialect]
+    out = {}
+    for t in tables(dialect):
+        out[t.name] = {
+            # (name, declared type, nullable, default, identity)
+            "columns": [(c.name, d.types[BIGINT if c.type == SERIAL else c.type], c.nullable,
+                         c.default, c.type == SERIAL) for c in t.columns],
+            "primary_key": list(t.primary_key),
+            "checks": sorted(c.name for c in t.columns if c.check is not None),
+            "foreign_keys": sorted((list(fk.columns), fk.table, fk.on_delete_cascade)
+                                   for fk in t.foreign_keys) if d.foreign_keys else [],
+            "indexes": {i.name: list(i.columns) for i in t.indexes},
+            "external": sorted(c.name for c in t.columns
+                               if not c.compressible and d.storage_hint is not None),
+        }
+    return out
+
+
+def sqlite_schema(db: Path) -> dict:
+    conn = sqlite3.connect(db)
+    try:
+        out = {}
+        for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' "
+                                      "AND name NOT LIKE 'sqlite_%'"):
+            info = conn.execute(f"PRAGMA table_info({name})").fetchall()
+            # cid, name, type, notnull, dflt_value, pk
+            identity = [r[1] for r in info if r[5] and r[2] == "INTEGER"
+                        and "AUTOINCREMENT" in sql]
+            out[name] = {
+                "columns": [(r[1], r[2], not (r[3] or r[1] in identity), r[4], r[1] in identity)
+                            for r in info],
+                "primary_key": [r[1] for r in sorted(info, key=lambda r: r[5]) if r[5]],
+                # SQLite keeps checks only in the table's SQL: find each column's.
+                "checks": sorted(r[1] for r in info
+                                 if any(line.strip().startswith(f"{r[1]} ")
+                                        and "CHECK (" in line for line in sql.splitlines())),
+                "foreign_keys": sorted(
+                    ([r[3] for r in rows], rows[0][2], rows[0][6] == "CASCADE")
+                    for rows in _group(conn.execute(f"PRAGMA foreign_key_list({name})"))),
+                "indexes": {i[1]: [c[2] for c in conn.execute(f"PRAGMA index_info({i[1]})")]
+                            for i in conn.execute(f"PRAGMA index_list({name})") if i[3] == "c"},
+                "external": [],
+            }
+        return out
+    finally:
+        conn.close()
+
+
+def _group(rows) -> list[list[tuple]]:
+    groups: dict[int, list[tuple]] = {}
+    for r in rows:
+        groups.setdefault(r[0], []).append(r)
+    return list(groups.values())
+
+
+def pg_schema(url: str) -> dict:
+    def q(sql, *params):
+        return pg_execute(url, sql, params)
+
+    out = {}
+    for (name,) in q("SELECT tablename FROM pg_tables WHERE schemaname = 'multihead'"):
+        rel = f"multihead.{name}"
+        columns = q(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) || CASE WHEN co.collname "
+            "IS NOT NULL AND co.collname <> 'default' THEN ' COLLATE \"' || co.collname || '\"' "
+            "ELSE '' END, NOT a.attnotnull, pg_get_expr(d.adbin, d.adrelid), "
+            "a.attidentity = 'a', a.attstorage FROM pg_attribute a "
+            "LEFT JOIN pg_collation co ON co.oid = a.attcollation "
+            "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+            "ORDER BY a.attnum", rel)
+
+        def names(attnums, relid=rel):
+            return [q("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND "
+                      "attnum = %s", relid, n)[0][0] for n in attnums]
+
+        constraints = q("SELECT contype, conkey, confrelid::regclass::text, confdeltype "
+                        "FROM pg_constraint WHERE conrelid = %s::regclass", rel)
+        out[name] = {
+            "columns": [c[:5] for c in columns],
+            "primary_key": next(names(k) for t, k, _, _ in constraints if t == "p"),
+            "checks": sorted(n for t, k, _, _ in constraints if t == "c" for n in names(k)),
+            "foreign_keys": sorted((names(k), ref.removeprefix("multihead."), action == "c")
+                                   for t, k, ref, action in constraints if t == "f"),
+            "indexes": {i: names(k) for i, k in q(
+                "SELECT c.relname, i.indkey::int2[] FROM pg_index i JOIN pg_class c "
+                "ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass AND NOT "
+                "i.indisprimary", rel)},
+            "external": sorted(c[0] for c in columns if c[5] == "e"),
+        }
+    return out
+
+
+# -- fresh stores follow the description ----------------------------------------------------------
+
+
+def test_the_description_holds_both_backends_tables_with_their_constraints():
+    assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history"]
+    assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history"]
+    assert [t.name for t in tables(POSTGRESQL)] == [t.name for t in TABLES]
+    # Referenced tables come first: the statements run in this order.
+    for i, t in enumerate(TABLES):
+        assert all(fk.table in [u.name for u in TABLES[:i]] for fk in t.foreign_keys), t.name
+
+
+def test_a_directory_store_has_the_described_tables(store):
+    store.register("acme", *random_head(3, seed=1))
+    assert sqlite_schema(store.root / "registry.sqlite") == expected_schema(SQLITE)
+
+
+@pytest.mark.postgresql
+def test_a_postgresql_store_has_the_described_tables(pg_url):
+    with open_store(pg_url) as s:
+        s.register("acme", *random_head(3, seed=1))
+    assert pg_schema(pg_url) == expected_schema(POSTGRESQL)
+
+
+def test_the_sqlite_checks_refuse_what_the_description_forbids(store):
+    store.register("acme", *random_head(3, seed=1))
+    conn = sqlite3.connect(store.root / "registry.sqlite")
+    try:
+        for sql in ["INSERT INTO versions VALUES ('b', 0, 3, '[]', 'x', 'y')",
+                    "INSERT INTO versions VALUES ('b', 1, 1, '[]', 'x', 'y')",
+                    "INSERT INTO history (bot_id, action, at) VALUES ('b', 'drop', 'x')"]:
+            with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
+                conn.execute(sql)
+    finally:
+        conn.close()
+
+
+# -- stores written by 42dd771 open unchanged --------------------------------------------------
+
+# registry.py's _SCHEMA at 42dd771, verbatim.
+SQLITE_DDL_42DD771 = """
+CREATE TABLE IF NOT EXISTS bots (
+    bot_id TEXT PRIMARY KEY,
+    active_version INTEGER NOT NULL,
+    updated TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS versions (
+    bot_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    n_classes INTEGER NOT NULL,
+    labels TEXT NOT NULL,
+    created TEXT NOT NULL,
+    source TEXT NOT NULL,
+    PRIMARY KEY (bot_id, version)
+);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    bot_id TEXT NOT NULL,
+    action TEXT NOT NULL,
+    version INTEGER,
+    previous INTEGER,
+    at TEXT NOT NULL,
+    source TEXT
+);
+CREATE INDEX IF NOT EXISTS history_by_bot ON history (bot_id, version);
+"""
+
+# heads/pg.py's _DDL at 42dd771, verbatim (S = SCHEMA = "multihead", SCHEMA_VERSION = 1).
+S = "multihead"
+SCHEMA_VERSION = 1
+PG_DDL_42DD771 = [
+    f"CREATE SCHEMA IF NOT EXISTS {S}",
+    f"""CREATE TABLE IF NOT EXISTS {S}.state (
+        singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+        schema_version integer NOT NULL,
+        change_seq bigint NOT NULL
+    )""",
+    f"INSERT INTO {S}.state (schema_version, change_seq) VALUES ({SCHEMA_VERSION}, 0) "
+    "ON CONFLICT DO NOTHING",
+    f"""CREATE TABLE IF NOT EXISTS {S}.versions (
+        bot_id text COLLATE "C" NOT NULL,
+        version integer NOT NULL CHECK (version > 0),
+        n_classes integer NOT NULL CHECK (n_classes >= 2),
+        labels jsonb NOT NULL,
+        created text NOT NULL,
+        source text NOT NULL,
+        PRIMARY KEY (bot_id, version)
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {S}.blobs (
+        bot_id text COLLATE "C" NOT NULL,
+        version integer NOT NULL,
+        name text NOT NULL CHECK (name IN ('weights', 'biases', 'labels')),
+        data bytea NOT NULL,
+        sha256 text NOT NULL CHECK (length(sha256) = 64),
+        PRIMARY KEY (bot_id, version, name),
+        FOREIGN KEY (bot_id, version) REFERENCES {S}.versions ON DELETE CASCADE
+    )""",
+    # float32 tensors do not compress: store them out of line without trying.
+    f"ALTER TABLE {S}.blobs ALTER COLUMN data SET STORAGE EXTERNAL",
+    f"""CREATE TABLE IF NOT EXISTS {S}.bots (
+        bot_id text COLLATE "C" PRIMARY KEY,
+        active_version integer NOT NULL,
+        updated text NOT NULL,
+        FOREIGN KEY (bot_id, active_version) REFERENCES {S}.versions
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS {S}.history (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        bot_id text COLLATE "C" NOT NULL,
+        action text NOT NULL CHECK (action IN ('register', 'rollback', 'remove')),
+        version integer,
+        previous integer,
+        at text NOT NULL,
+        source text
+    )""",
+    f"CREATE INDEX IF NOT EXISTS history_by_bot ON {S}.history (bot_id, version)",
+]
+
+# What the old store holds: acme v1 and v2 (v1 active after a rollback), beta v1.
+OLD_VERSIONS = [("acme", 1, 1), ("acme", 2, 2), ("beta", 1, 3)]  # bot, version, seed
+OLD_ACTIVE = {"acme": 1, "beta": 1}
+OLD_HISTORY = [("acme", "register", 1, None, "api"), ("acme", "register", 2, 1, "api"),
+               ("beta", "register", 1, None, "api"), ("acme", "rollback", 1, 2, None)]
+AT = "2026-01-01T00:00:00.000+00:00"
+
+
+def _old_rows(insert_version, insert_bot, insert_history) -> None:
+    for bot, version, seed in OLD_VERSIONS:
+        insert_version(bot, version, seed)
+    for bot, version in OLD_ACTIVE.items():
+        insert_bot(bot, version)
+    for row in OLD_HISTORY:
+        insert_history(*row)
+
+
+def _works_with_the_new_code(location) -> None:
+    """Reads what the old code wrote, then writes on top of it."""
+    with open_store(location) as s:
+        assert [(i.bot_id, i.version, i.versions) for i in s.list()] == [
+            ("acme", 1, [1, 2]), ("beta", 1, [1])]
+        for bot, version, seed in OLD_VERSIONS:
+            s.rollback(bot, to=version)
+            head = s.get(bot)
+            w, b, labels = random_head(3, seed=seed)
+            assert (head.version, head.labels) == (version, tuple(labels))
+            np.testing.assert_array_equal(head.weights, w)
+            np.testing.assert_array_equal(head.biases, b)
+        assert [(h["action"], h["version"]) for h in s.history("acme")][:4] == [
+            ("register", 1), ("register", 2), ("rollback", 1), ("rollback", 2)]
+        assert s.register("acme", *random_head(3, seed=4)) == 3
+        assert s.rollback("acme") == 2
+        s.remove("beta")
+        assert s.register("beta", *random_head(3, seed=5)) == 2  # numbers never reused
+    with open_store(location) as fresh:
+        assert [(i.bot_id, i.version, i.versions) for i in fresh.list()] == [
+            ("acme", 2, [1, 2, 3]), ("beta", 2, [2])]
+        np.testing.assert_array_equal(fresh.get("beta").weights, random_head(3, seed=5)[0])
+
+
+def test_a_directory_store_written_by_42dd771_opens_unchanged(tmp_path):
+    root = tmp_path / "store"
+    (root / "heads").mkdir(parents=True)
+    conn = sqlite3.connect(root / "registry.sqlite", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(SQLITE_DDL_42DD771)
+
+    def insert_version(bot, version, seed):
+        w, b, labels = random_head(3, seed=seed)
+        vdir = root / "heads" / bot / f"v{version}"
+        vdir.mkdir(parents=True)
+        files.write_version_dir(vdir, bot_id=bot, version=version, weights=w, biases=b,
+                                labels=labels, created=AT, source="api")
+        conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?)",
+                     (bot, version, 3, json.dumps(labels), AT, "api"))
+
+    _old_rows(insert_version,
+              lambda bot, v: conn.execute("INSERT INTO bots VALUES (?, ?, ?)", (bot, v, AT)),
+              lambda bot, action, v, prev, source: conn.execute(
+                  "INSERT INTO history (bot_id, action, version, previous, at, source) "
+                  "VALUES (?, ?, ?, ?, ?, ?)", (bot, action, v, prev, AT, source)))
+    conn.close()
+    db = root / "registry.sqlite"
+    old_schema = sqlite_schema(db)
+    before = tree_digest(root)
+
+    with open_store(root) as s:  # reading changes nothing, not a byte
+        assert [i.bot_id for i in s.list()] == ["acme", "beta"] and s.get("acme").version == 1
+    assert tree_digest(root) == before
+    _works_with_the_new_code(root)
+    assert sqlite_schema(db) == old_schema  # no migration: the file keeps its tables
+    # The old tables differ from the description only in what the description added: the
+    # checks, and NOT NULL on bots.bot_id (which SQLite's inline PRIMARY KEY did not imply).
+    new = expected_schema(SQLITE)
+    assert {t: {k: v for k, v in old_schema[t].items() if k != "checks"} for t in old_schema} \
+        == {t: {k: v if k != "columns" else [c if (t, c[0]) != ("bots", "bot_id")
+                                             else (*c[:2], True, *c[3:]) for c in v]
+                for k, v in new[t].items() if k != "checks"} for t in new}
+    assert all(old_schema[t]["checks"] == [] for t in old_schema)
+
+
+@pytest.mark.postgresql
+def test_a_postgresql_store_written_by_42dd771_opens_unchanged(pg_url):
+    for statement in PG_DDL_42DD771:
+        pg_execute(pg_url, statement)
+
+    def insert_version(bot, version, seed):
+        w, b, labels = random_head(3, seed=seed)
+        pg_execute(pg_url, f"INSERT INTO {S}.versions VALUES (%s, %s, %s, %s, %s, %s)",
+                   (bot, version, 3, json.dumps(labels), AT, "api"))
+        for name, data in [("weights", w.astype("<f4").tobytes()),
+                           ("biases", b.astype("<f4").tobytes()),
+                           ("labels", json.dumps(labels, ensure_ascii=False).encode())]:
+            pg_execute(pg_url, f"INSERT INTO {S}.blobs VALUES (%s, %s, %s, %s, %s)",
+                       (bot, version, name, data, hashlib.sha256(data).hexdigest()))
+
+    _old_rows(insert_version,
+              lambda bot, v: pg_execute(pg_url, f"INSERT INTO {S}.bots VALUES (%s, %s, %s)",
+                                        (bot, v, AT)),
+              lambda bot, action, v, prev, source: pg_execute(
+                  pg_url, f"INSERT INTO {S}.history (bot_id, action, version, previous, at, "
+                  "source) VALUES (%s, %s, %s, %s, %s, %s)", (bot, action, v, prev, AT, source)))
+    pg_execute(pg_url, f"UPDATE {S}.state SET change_seq = 4")
+    # The DDL of 42dd771 and the description make the same tables, constraint for constraint.
+    assert pg_schema(pg_url) == expected_schema(POSTGRESQL)
+
+    _works_with_the_new_code(pg_url)
+    assert pg_schema(pg_url) == expected_schema(POSTGRESQL)
+    assert pg_execute(pg_url, f"SELECT schema_version, change_seq FROM {S}.state") == [
+        (1, 4 + 5)]  # + a rollback that changed something, register, rollback, remove, register
