@@ -193,17 +193,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def machine_facts(tf_version: str | None = None) -> dict:
     """CPU model, cores, memory, OS and library versions, for the report header."""
     mem = 0
@@ -214,6 +203,8 @@ def machine_facts(tf_version: str | None = None) -> dict:
                     mem = int(line.split()[1]) * 1024
     except OSError:
         pass
+    from backbone.device import cpu_flags  # the one place that reads the CPU's flags
+
     flags = cpu_flags()
     simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
