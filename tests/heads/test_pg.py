@@ -20,6 +20,7 @@ import pytest
 
 from heads import HeadLoadError, StoreUnavailable, UnknownBot, open_store
 from tests.heads.helpers import pg_execute, pg_rows, random_head
+from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,21 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
 SEEN_WITHIN_S = 1.0 + 2.0
 
 
-def wait_for(predicate, timeout_s: float) -> float | None:
-    """Seconds until predicate() was true (polled every 5 ms), or None after timeout_s."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.005)
-    return None
-
-
 def listening(store) -> None:
     """Start the store's listener (any lookup does), wait until it has connected, and let the
     store catch up with it: from here on, only a new change can make the store re-read."""
     store.exists("anything")
-    assert wait_for(lambda: store._backend._generation >= 1, 10) is not None
+    wait_until(lambda: store._backend._generation >= 1, 10)
     store._refresh(force=True)
     assert store._data_version == store._backend.data_version()
 
@@ -155,9 +146,9 @@ def test_another_process_change_is_seen_within_one_second(pg_url):
             for command, expected in [("register 1", 1), ("register 2", 2), ("rollback", 1),
                                       ("remove", None)]:
                 tell(command)
-                elapsed = wait_for(lambda e=expected: version_of(reader, "acme") == e,
-                                   SEEN_WITHIN_S + 5)
-                assert elapsed is not None and elapsed < SEEN_WITHIN_S, (command, elapsed)
+                elapsed = wait_until(lambda e=expected: version_of(reader, "acme") == e,
+                                     SEEN_WITHIN_S + 5)
+                assert elapsed < SEEN_WITHIN_S, (command, elapsed)
                 if expected is not None:
                     np.testing.assert_array_equal(reader.get("acme").weights,
                                                   random_head(3, seed=expected)[0])
@@ -178,8 +169,8 @@ def test_a_change_without_notification_is_seen_by_the_fallback_poll(pg_url):
         # A writer that forgot to NOTIFY (an old version, a hand-made fix in psql).
         pg_execute(pg_url, "UPDATE multihead.bots SET active_version = 1; "
                            "UPDATE multihead.state SET change_seq = change_seq + 1")
-        elapsed = wait_for(lambda: reader.get("acme").version == 1, 10)
-        assert elapsed is not None and elapsed < 0.2 + 0.25 + 2.0, elapsed
+        elapsed = wait_until(lambda: reader.get("acme").version == 1, 10)
+        assert elapsed < 0.2 + 0.25 + 2.0, elapsed
 
 
 # -- PostgreSQL goes away and comes back --------------------------------------------------------
@@ -198,7 +189,7 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
         with caplog.at_level(logging.WARNING, logger="heads"):
             getattr(pg_server, how)()  # a clean shutdown, or a crash (SIGKILL)
             try:
-                assert wait_for(lambda: reader._backend._down, 10) is not None
+                wait_until(lambda: reader._backend._down, 10)
                 for _ in range(100):
                     assert reader.get("acme") is head  # still served, from memory
                 assert reader.exists("acme") and reader.exists("beta")  # last known bots
@@ -216,15 +207,15 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
             with open_store(pg_url) as late:
                 assert late.register("gamma", *random_head(2, seed=3)) == 1
             # Reconnect backoff (at most 2 s) + notification: seen without any help.
-            elapsed = wait_for(lambda: reader.exists("gamma"), 30)
-            assert elapsed is not None, caplog.text
+            wait_until(lambda: reader.exists("gamma"), 30,
+                       what=lambda: f"gamma seen after the restart; the log: {caplog.text}")
             assert "reachable again" in caplog.text
         np.testing.assert_array_equal(reader.get("gamma").weights, random_head(2, seed=3)[0])
         assert reader.get("beta").version == 1  # loads again
         assert reader.get("acme") is head
         # The old writer, whose pooled connection died with the server, writes again.
         assert writer.register("acme", *random_head(3, seed=4)) == 2
-        assert wait_for(lambda: version_of(reader, "acme") == 2, SEEN_WITHIN_S) is not None
+        wait_until(lambda: version_of(reader, "acme") == 2, SEEN_WITHIN_S)
     finally:
         reader.close()
         writer.close()
@@ -251,6 +242,6 @@ def test_close_stops_the_listener_and_closes_every_connection(pg_url):
     assert time.monotonic() - start < 1.0  # the listener is woken, not waited out
     s.close()  # idempotent
     assert not thread.is_alive()
-    assert wait_for(lambda: _connections(pg_url) == 0, 5) is not None
+    wait_until(lambda: _connections(pg_url) == 0, 5)
     with pytest.raises(RuntimeError, match="closed"):
         s.get("acme")

@@ -35,6 +35,7 @@ from tests.heads.helpers import (
     stored_entries,
     write_labels,
 )
+from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -447,15 +448,6 @@ def _cli(root, *argv):
 SEEN_WITHIN_S = 1.0 + 4.0
 
 
-def _wait_for(predicate, timeout_s=10.0):
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.01)
-    return None
-
-
 @pytest.mark.subprocess
 def test_reader_sees_another_process_change_within_one_second(tmp_path):
     """A running reader (a server) and the admin CLI in other processes share one store.
@@ -480,25 +472,25 @@ def test_reader_sees_another_process_change_within_one_second(tmp_path):
         proc = _cli(root, "register", "acme", "--weights-checkpoint", prefix, "--labels",
                     labels_file)
         assert proc.returncode == 0, proc.stderr
-        elapsed = _wait_for(version_is(1))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(1), 10)
+        assert elapsed < SEEN_WITHIN_S, elapsed
         np.testing.assert_array_equal(reader.get("acme").weights, weights)
 
         with open_store(root) as writer:  # another connection, as the admin HTTP API would be
             writer.register("acme", *random_head(3, seed=2))
-        elapsed = _wait_for(version_is(2))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(2), 10)
+        assert elapsed < SEEN_WITHIN_S, elapsed
 
         proc = _cli(root, "bots", "rollback", "acme")
         assert proc.returncode == 0, proc.stderr
-        elapsed = _wait_for(version_is(1))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(1), 10)
+        assert elapsed < SEEN_WITHIN_S, elapsed
         np.testing.assert_array_equal(reader.get("acme").weights, weights)
 
         proc = _cli(root, "bots", "remove", "acme")
         assert proc.returncode == 0, proc.stderr
-        elapsed = _wait_for(version_is(None))
-        assert elapsed is not None and elapsed < SEEN_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(None), 10)
+        assert elapsed < SEEN_WITHIN_S, elapsed
         assert reader.cache_stats()["resident_heads"] == 0
 
 

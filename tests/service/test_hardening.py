@@ -16,7 +16,8 @@ from service.core.batcher import Batcher
 from service.core.context import Service
 from service.transports.http.app import SERVICE
 from tests.backbone.helpers import encode
-from tests.service.conftest import GatedTrunk, make_settings
+from tests.support.fakes import GatedTrunk
+from tests.support.servers import make_settings
 
 pytestmark = pytest.mark.timeout(300)
 PNG = {"Content-Type": "image/png"}
