@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.backbone.helpers import graph_cache_of
+from tests.support.postgres import pg_server  # noqa: F401 - a fixture, used by name
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ session-wide `trunk` / `trunk_checkpoint` fixtures of tests/conftest.py.
 
 Store fixtures: `store` is a directory store (SQLite). `location` runs a test once per backend,
 `sqlite` (a directory path) and `postgresql` (a fresh database of the session's one throw-away
-PostgreSQL server, see bench/pgserver.py); `any_store` is a store open on it.
+PostgreSQL server, `pg_server` of tests/support/postgres.py); `any_store` is a store open on it.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import os
 
 import pytest
 
-from bench.pgserver import PgServer, PgServerError
 from heads import HeadStore, open_store
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
@@ -28,22 +27,6 @@ def store(store_dir):
     s = HeadStore(store_dir)
     yield s
     s.close()
-
-
-@pytest.fixture(scope="session")
-def pg_server():
-    """One PostgreSQL 15 server for the whole session, started on first use. Missing server
-    binaries FAIL the tests that need it (a skip would hide a missing feature)."""
-    try:
-        server = PgServer()
-    except PgServerError as exc:
-        problem = str(exc)
-    else:
-        problem = None
-    if problem is not None:
-        pytest.fail(problem, pytrace=False)
-    yield server
-    server.cleanup()
 
 
 _databases = itertools.count()

@@ -9,15 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backbone.spec import FEATURE_DIM
-
-
-def random_head(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """weights [1536, n], biases [n] and n labels, seeded."""
-    rng = np.random.default_rng(seed)
-    weights = (rng.standard_normal((FEATURE_DIM, n)) / np.sqrt(FEATURE_DIM)).astype(np.float32)
-    biases = rng.standard_normal(n).astype(np.float32)
-    return weights, biases, [f"class-{seed}-{i}" for i in range(n)]
+from tests.support.builders import random_head  # noqa: F401 - the heads tests import it here
 
 
 def features(n: int = 3, seed: int = 9) -> np.ndarray:

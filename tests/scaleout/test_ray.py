@@ -23,7 +23,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from bench.pgserver import PgServer, free_port
+from bench.pgserver import free_port
 from heads import HeadStore
 from tests.heads.helpers import random_head, save_checkpoint, write_labels
 
@@ -82,10 +82,8 @@ async def replicas_ready(base: str, want: int, timeout_s: float,
 
 
 @pytest.fixture(scope="module")
-def pg():
-    server = PgServer()
-    yield server
-    server.cleanup()
+def pg(pg_server):
+    return pg_server
 
 
 @pytest.fixture(scope="module")

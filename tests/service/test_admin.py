@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,10 @@ import aiohttp
 import pytest
 
 from backbone.checkpoint import write_checkpoint
-from tests.service.conftest import random_head
+from bench.pgserver import free_port
+from service.cli.main import main
+from tests.support.builders import random_head
+from tests.support.servers import metric
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "s3cret-token"
@@ -22,7 +24,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def head_upload(tmp_path, seed, n, *, labels=None):
-    weights, biases, default_labels = random_head(seed, n)
+    weights, biases, default_labels = random_head(n, seed=seed)
     prefix = write_checkpoint(str(tmp_path / f"up{seed}" / "head.ckpt"),
                               {"weights": weights, "biases": biases})
     form = aiohttp.FormData()
@@ -33,7 +35,7 @@ def head_upload(tmp_path, seed, n, *, labels=None):
     return form
 
 
-async def test_admin_routes_are_403_without_a_configured_token(make_client, tmp_path):
+async def test_admin_routes_are_403_without_a_configured_token(make_client):
     client = await make_client()
     resp = await client.delete("/bots/alpha", headers=AUTH)
     body = await resp.json()
@@ -56,7 +58,7 @@ async def test_admin_auth(make_client, store, tmp_path, method, path, headers, s
     """Every admin route checks the token: 401 + a Bearer challenge without credentials, 403
     for a wrong token, and nothing changes either way (the upload is valid, and alpha has a v1
     to roll back to, so a missing check would show as a new active version)."""
-    store.register("alpha", *random_head(40, 2))  # v2 active
+    store.register("alpha", *random_head(2, seed=40))  # v2 active
     client = await make_client(admin_token=TOKEN)
     data = head_upload(tmp_path, 41, 3) if method == "PUT" else None
     resp = await client.request(method, path, data=data, headers=headers)
@@ -109,29 +111,10 @@ async def test_put_without_files_is_400(make_client):
 
 # -- a real server process ------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _gauge(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in metrics")
-
-
-def _multihead(*args, **kwargs):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=240, **kwargs)
-
-
 async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
         trunk_checkpoint, serving_graph_cache, tmp_path, jpegs):
     store_dir = tmp_path / "live-store"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "MULTIHEAD_MAX_WAIT_MS": "200",
            "MULTIHEAD_MAX_BATCH_SIZE": "1", "MULTIHEAD_FEATURE_CACHE_SIZE": "0"}
     server = subprocess.Popen(
@@ -154,13 +137,14 @@ async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
                                  headers={"Content-Type": "image/jpeg"}) as r:
                 assert r.status == 404
 
-            weights, biases, labels = random_head(80, 3)
+            weights, biases, labels = random_head(3, seed=80)
             prefix = write_checkpoint(str(tmp_path / "cli" / "head.ckpt"),
                                       {"weights": weights, "biases": biases})
             (tmp_path / "labels.txt").write_text("\n".join(labels) + "\n")
-            done = _multihead("register", "cli-bot", "--store", str(store_dir),
-                              "--weights-checkpoint", prefix, "--labels", str(tmp_path / "labels.txt"))
-            assert done.returncode == 0, done.stderr
+            # The real CLI, in this process: another process than the server's, like an
+            # operator's `multihead register` (without a second TensorFlow import to wait for).
+            assert main(["register", "cli-bot", "--store", str(store_dir), "--weights-checkpoint",
+                         prefix, "--labels", str(tmp_path / "labels.txt")]) == 0
             registered = time.monotonic()
             while True:
                 async with http.post(f"{base}/classify/cli-bot", data=jpegs[0],
@@ -180,7 +164,7 @@ async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
             depth = 0.0
             for _ in range(300):
                 async with http.get(f"{base}/metrics") as r:
-                    depth = _gauge(await r.text(), "multihead_queue_depth")
+                    depth = metric(await r.text(), "multihead_queue_depth")
                 if depth >= 2:
                     break
                 await asyncio.sleep(0.01)

@@ -11,7 +11,10 @@ from PIL import Image
 
 from service.transports.http.app import SERVICE
 from tests.backbone.helpers import encode
-from tests.service.conftest import BOTS, GatedTrunk, random_head
+from tests.support.builders import random_head
+from tests.support.fakes import GatedTrunk
+from tests.support.polling import until
+from tests.support.servers import BOTS, metric
 
 
 class CountingTrunk:
@@ -159,24 +162,13 @@ async def test_concurrent_requests_over_many_bots_equal_single_requests(
         assert body["bot_id"] == bot_id
         assert_predictions(body["results"][0], expected(store, bot_id, features_of[jpeg], 2))
     metrics = await (await client.get("/metrics")).text()
-    bots_sum = _metric(metrics, "multihead_batch_bots_sum")
-    batches = _metric(metrics, "multihead_batch_bots_count")
-    rows = _metric(metrics, "multihead_batch_size_sum")
+    bots_sum = metric(metrics, "multihead_batch_bots_sum")
+    batches = metric(metrics, "multihead_batch_bots_count")
+    rows = metric(metrics, "multihead_batch_size_sum")
     assert rows == len(jobs)  # every request went through the trunk (no cache)
     assert batches < len(jobs) and bots_sum > batches  # batched, and batches mixed bots
     assert len(counting.batch_sizes) == batches  # one trunk call per (mixed) batch
     assert sum(counting.batch_sizes) == len(jobs) and max(counting.batch_sizes) > 1
-
-
-def _metric(text, name):
-    """The value of series `name` (with its labels if given; 0 if absent but named with labels,
-    as a labelled counter appears only once it moved)."""
-    for line in text.splitlines():
-        if line.startswith(name + " ") or ("{" not in name and line.startswith(name + "{")):
-            return float(line.rsplit(" ", 1)[1])
-    if "{" in name:
-        return 0.0
-    raise AssertionError(f"{name} not in metrics")
 
 
 def _png(colour, size=(64, 64)):
@@ -197,7 +189,7 @@ async def test_bots_change_while_requests_run(make_client, store, jpegs):
     async def register(seed, n):
         start = time.monotonic()  # the version cannot be served before the call starts
         version = await loop.run_in_executor(
-            None, lambda: store.register("live", *random_head(seed, n)))
+            None, lambda: store.register("live", *random_head(n, seed=seed)))
         n_classes[version], registered_at[version] = n, start
 
     async def load(jpeg):
@@ -213,10 +205,6 @@ async def test_bots_change_while_requests_run(make_client, store, jpegs):
             else:
                 assert (resp.status, body["code"]) == (404, "unknown_bot"), body
                 not_found.append((sent, received))
-
-    async def until(predicate):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
     async def admin():
         for i in range(4):  # replace it four times, each after two answers of the last one
@@ -337,14 +325,14 @@ async def test_metrics_move(make_client, jpegs):
     after = await (await client.get("/metrics")).text()
 
     def moved(name):
-        return _metric(after, name) - _metric(before, name)
+        return metric(after, name) - metric(before, name)
 
     assert moved('multihead_requests_total{route="classify",status="200"}') == 2
     assert moved("multihead_feature_cache_hits_total") == 1
     assert moved("multihead_feature_cache_misses_total") == 1
     assert moved("multihead_trunk_seconds_count") == 1  # the hit never reached the trunk
     assert moved("multihead_batch_size_sum") == 1
-    assert _metric(after, "multihead_resident_heads") >= 1
+    assert metric(after, "multihead_resident_heads") >= 1
 
 
 async def test_too_many_images_is_413(make_client):
@@ -355,7 +343,7 @@ async def test_too_many_images_is_413(make_client):
 
 async def test_corrupt_head_on_disk_is_500_and_other_bots_still_work(make_client, store, tmp_path):
     """A registered bot whose files were damaged after registration: a clear 500, no crash."""
-    store.register("broken", *random_head(90, 3))
+    store.register("broken", *random_head(3, seed=90))
     version_dir = store.heads_dir / "broken" / "v1"
     for path in version_dir.iterdir():
         if ".data-" in path.name:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
+import logging
 import threading
 import time
 
@@ -12,6 +14,7 @@ import pytest
 
 from service.core.batcher import Batcher, Row
 from service.core.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
+from tests.support.fakes import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -85,6 +88,15 @@ def spawn(coro) -> asyncio.Task:
 
 async def gather5(*aws, **kw):
     return await asyncio.wait_for(asyncio.gather(*aws, **kw), 5)
+
+
+async def running_and_queued(b: Batcher, fake: FakeRunBatch) -> tuple[asyncio.Task, asyncio.Task]:
+    """Row "p0" inside the held `run_batch`, row "p1" queued behind it (max_batch_size 1)."""
+    running = spawn(b.submit("p0", group="a"))
+    await fake.entered()
+    queued = spawn(b.submit("p1", group="a"))
+    await settle()
+    return running, queued
 
 
 # -- flushing -------------------------------------------------------------------------------------
@@ -281,13 +293,18 @@ async def test_cancelled_submit_many_withdraws_all_its_rows(make):
 
 
 async def test_rows_whose_deadline_passed_are_dropped_before_run(make):
+    clock = FakeClock()
     fake = FakeRunBatch(hold=True)
-    b = make(fake, max_batch_size=4, max_wait_ms=1)
+    b = make(fake, max_batch_size=4, max_wait_ms=1, clock=clock)
     running = spawn(b.submit("p0", group="a"))
+    await settle()
+    clock.advance(0.001)  # p0 has waited max_wait_ms
+    b.poke()
     await fake.entered()
-    late = spawn(b.submit("late", group="a", deadline=time.monotonic() + 0.01))
-    fine = spawn(b.submit("fine", group="a", deadline=time.monotonic() + 60))
-    await asyncio.sleep(0.03)
+    late = spawn(b.submit("late", group="a", deadline=clock.now + 0.01))
+    fine = spawn(b.submit("fine", group="a", deadline=clock.now + 60))
+    await settle()
+    clock.advance(0.03)  # late's deadline passes while the batch ahead of it still runs
     fake.release()
     assert await gather5(running, fine) == [("ok", "p0"), ("ok", "fine")]
     with pytest.raises(DeadlineExceeded):
@@ -378,10 +395,7 @@ async def test_close_finishes_queued_rows_then_refuses_new_ones(make):
 async def test_close_with_timeout_fails_queued_rows_but_waits_for_the_running_batch(make):
     fake = FakeRunBatch(hold=True)
     b = make(fake, max_batch_size=1)
-    running = spawn(b.submit("p0", group="a"))
-    await fake.entered()
-    queued = spawn(b.submit("p1", group="a"))
-    await settle()
+    running, queued = await running_and_queued(b, fake)
     closing = spawn(b.close(timeout_s=0.01))
     outcomes = await gather5(running, queued, return_exceptions=True)
     assert all(isinstance(o, ShuttingDown) for o in outcomes)
@@ -480,19 +494,6 @@ async def test_incoming_hint_skips_the_wait_when_nobody_else_is_coming():
 
 
 # -- a controlled clock: waits, deadlines and batch times without sleeping -------------------------
-
-
-class FakeClock:
-    """`time.monotonic` stand-in that moves only when told (from any thread)."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 async def test_rows_that_waited_through_a_running_batch_go_at_once_after_it(make):
@@ -820,3 +821,84 @@ def test_smallest_valid_arguments_are_accepted_and_run_batch_must_be_callable():
     with pytest.raises(TypeError) as info:
         Batcher(None, max_batch_size=1, max_wait_ms=0, max_queue_rows=1)
     assert str(info.value) == "run_batch must be callable"
+
+
+# -- rows across several batches, rows withdrawn as their batch forms or runs ------------------
+
+
+async def test_per_group_full_batches_of_one_group_run_back_to_back(make):
+    # Four rows of one bot queued behind a running batch, two per batch: both batches run
+    # without waiting for max_wait_ms (a minute), so the count left after the first is right.
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=2, max_wait_ms=LONG_MS, policy="per_group")
+    blocker = [spawn(b.submit(f"z{i}", group="z")) for i in range(2)]
+    await fake.entered()
+    rows = [spawn(b.submit(f"a{i}", group="a")) for i in range(4)]
+    await settle()
+    fake.release()
+    assert await gather5(*blocker, *rows) == [("ok", p) for p in
+                                              ("z0", "z1", "a0", "a1", "a2", "a3")]
+    assert fake.payloads() == [["z0", "z1"], ["a0", "a1"], ["a2", "a3"]]
+
+
+async def test_a_row_cancelled_as_its_batch_forms_does_not_split_the_batch(make):
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=4, max_wait_ms=1000, clock=clock)
+    tasks = [spawn(b.submit(p, group="g")) for p in ("a", "gone", "c")]
+    await settle()  # three rows wait for max_wait_ms
+    clock.advance(1.0)
+    b.poke()  # the batcher runs before the cancelled caller gets to withdraw its row
+    tasks[1].cancel()
+    assert await gather5(tasks[0], tasks[2]) == [("ok", "a"), ("ok", "c")]
+    assert tasks[1].cancelled()
+    assert fake.payloads() == [["a", "c"]]
+
+
+async def test_rows_withdrawn_while_their_batch_runs_leave_no_unretrieved_error(make, caplog):
+    # submit_many raises the first failure and gives up on its other rows; one of them is
+    # inside run_batch and fails later: nobody awaits it, and nothing may be logged about it.
+    second_may_finish = threading.Event()
+
+    def fn(rows, i):
+        if rows[0].payload == "second":
+            assert second_may_finish.wait(10)
+        return [KeyError(r.payload) for r in rows]
+
+    fake = FakeRunBatch(fn)
+    b = make(fake, max_batch_size=1)
+    many = spawn(b.submit_many(["first", "second"], group="g"))
+    await fake.entered()  # "first" runs and fails
+    await fake.entered()  # "second" is inside run_batch when submit_many gives up on it
+    try:
+        await asyncio.wait_for(many, 5)
+    except KeyError as exc:
+        assert exc.args == ("first",)
+    else:
+        pytest.fail("submit_many did not raise the first row's error")
+    second_may_finish.set()
+    await asyncio.wait_for(b.close(), 5)  # "second" has failed by now
+    del many  # the task (and the traceback it keeps) is the last holder of the rows' futures
+    with caplog.at_level(logging.ERROR):
+        gc.collect()
+        await settle()
+    assert "never retrieved" not in caplog.text
+    assert fake.payloads() == [["first"], ["second"]]
+
+
+async def test_close_after_the_batching_task_was_cancelled_fails_the_rows_left_queued(make):
+    # The event loop cancels every task when it shuts down; rows queued at that moment must
+    # still be answered when the batcher is closed, not left hanging.
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=1)
+    running, queued = await running_and_queued(b, fake)
+    (task,) = [t for t in asyncio.all_tasks() if t.get_name() == "multihead-batcher"]
+    task.cancel()
+    await settle()
+    assert task.cancelled() and b.queue_depth == 1
+    fake.release()
+    await asyncio.wait_for(b.close(), 5)
+    outcomes = await gather5(running, queued, return_exceptions=True)
+    assert [(type(o).__name__, str(o)) for o in outcomes] == [
+        ("ShuttingDown", "the service shut down before this request finished"),
+        ("ShuttingDown", "the service shut down before this request ran")]

@@ -6,7 +6,8 @@ Each test loads the page, acts like a user (tick bots, choose or drop an image) 
 the page renders; the answer is checked against the API's own answer for the same image.
 
 NOTE: the WebDriver client blocks, so every browser step runs in a worker thread
-(`asyncio.to_thread`) while the test's event loop keeps serving the page's requests.
+(`asyncio.to_thread`) while the test's event loop stays free: the page's requests are served by
+the test's server (`make_client`) on that loop, or by the session's shared one in its thread.
 
 Set MULTIHEAD_SCREENSHOT_DIR to a folder to keep a PNG of each page the tests look at.
 """
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.backbone.helpers import encode, pattern
-from tests.service.conftest import BOTS, random_head
+from tests.support.builders import random_head
+from tests.support.servers import BOTS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -214,8 +216,8 @@ async def _weights(client) -> str:
     return (await resp.json())["trunk"]["weights"]
 
 
-async def test_one_bot_through_the_file_input_matches_the_api(browser, make_client, tmp_path):
-    client = await make_client()
+async def test_one_bot_through_the_file_input_matches_the_api(browser, shared_client, tmp_path):
+    client = shared_client
     image = encode(pattern(42, size=(400, 300)), "PNG")
     path = tmp_path / "pattern.png"
     path.write_bytes(image)
@@ -233,8 +235,8 @@ async def test_one_bot_through_the_file_input_matches_the_api(browser, make_clie
     assert await _weights(client) in trunk_text
 
 
-async def test_several_bots_by_drag_and_drop_match_the_api(browser, make_client):
-    client = await make_client()
+async def test_several_bots_by_drag_and_drop_match_the_api(browser, shared_client):
+    client = shared_client
     image = encode(pattern(43, size=(640, 480)), "JPEG", quality=90)
     url = str(client.make_url("/").with_query(bots="alpha,echo"))
 
@@ -253,9 +255,9 @@ async def test_several_bots_by_drag_and_drop_match_the_api(browser, make_client)
     ("broken.png", b"\x89PNG\r\n\x1a\n but not really", "image/png"),
     ("notes.txt", b"just some text", "text/plain"),
 ])
-async def test_api_errors_are_shown_as_readable_messages(browser, make_client, tmp_path,
+async def test_api_errors_are_shown_as_readable_messages(browser, shared_client, tmp_path,
                                                          name, data, content_type):
-    client = await make_client()
+    client = shared_client
     path = tmp_path / name
     path.write_bytes(data)
 
@@ -271,8 +273,8 @@ async def test_api_errors_are_shown_as_readable_messages(browser, make_client, t
 
 async def test_bots_page_lists_every_bot_with_version_and_classes(browser, make_client, store):
     # A second version, and a bot with more classes than the page shows unfolded.
-    store.register("bravo", *random_head(21, BOTS["bravo"]))
-    store.register("foxtrot", *random_head(22, 100))
+    store.register("bravo", *random_head(BOTS["bravo"], seed=21))
+    store.register("foxtrot", *random_head(100, seed=22))
     bots = {**BOTS, "foxtrot": 100}
     client = await make_client()
     rows, trunk_text = await asyncio.to_thread(
@@ -289,8 +291,8 @@ async def test_bots_page_lists_every_bot_with_version_and_classes(browser, make_
     assert await _weights(client) in trunk_text
 
 
-async def test_the_page_and_its_assets_are_served(make_client):
-    client = await make_client()
+async def test_the_page_and_its_assets_are_served(shared_client):
+    client = shared_client
     for path, content_type in (("/", "text/html"), ("/static/bots.html", "text/html"),
                                ("/static/app.js", "javascript"), ("/static/style.css", "text/css")):
         resp = await client.get(path)

@@ -12,6 +12,7 @@ from service.codecs.native import parse_bot_ids, parse_images, parse_multipart
 from service.codecs.routes import ENDPOINTS
 from service.core.errors import BadRequest, PayloadTooLarge
 from service.core.settings import Settings
+from tests.support.fakes import FakeService
 
 BOUNDARY = "XyZ"
 CTYPE = f"multipart/form-data; boundary={BOUNDARY}"
@@ -102,13 +103,6 @@ def test_routes_are_unique_and_every_admin_route_is_a_write_on_bots():
     assert sorted((e.method, e.path) for e in ENDPOINTS if e.admin) == [
         ("DELETE", "/bots/{bot_id}"), ("POST", "/bots/{bot_id}/rollback"),
         ("PUT", "/bots/{bot_id}")]
-
-
-@dataclasses.dataclass
-class FakeService:
-    """Only what `dispatch` reads: the settings (admin token)."""
-
-    settings: Settings
 
 
 ADMIN = [e for e in ENDPOINTS if e.admin]

@@ -1,12 +1,15 @@
 """The admin, ops and native codecs (and the codec base types) as pure code against a fake
-Service: no server, no trunk. End to end: test_admin.py and test_app.py."""
+Service (or a store that refuses an upload): no server, no trunk. End to end: test_admin.py and
+test_app.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from heads import InvalidHead
 from service.codecs import admin, native, ops
 from service.codecs.admin import DEFAULT_SHARD, HeadUpload, parse_head_upload, register_upload
 from service.codecs.base import JSON, Endpoint, Reply, Request, dispatch, json_reply
@@ -14,7 +17,7 @@ from service.codecs.native import Part, check_image_content_type, render_bot_res
 from service.core.engine import Prediction
 from service.core.errors import BadRequest, UnsupportedMediaType
 from service.core.settings import Settings
-from tests.service.codec_fakes import FakeService, failed, loading, make_head, probabilities, req
+from tests.support.fakes import FakeService, failed, loading, make_head, probabilities, req
 
 BOUNDARY = "b0und"
 MULTIPART = f"multipart/form-data; boundary={BOUNDARY}"
@@ -135,6 +138,51 @@ def test_register_upload_writes_the_files_and_registers_them(tmp_path):
     assert service.store.written == {
         "head.ckpt.data-00000-of-00002": b"D0", "head.ckpt.data-00001-of-00002": b"D1",
         "head.ckpt.index": b"IDX", "labels.txt": b"cat\n"}
+
+
+# -- admin: a refused upload names no server path -----------------------------------------
+
+REFUSED_UPLOAD = HeadUpload(b"IDX", {".data-00000-of-00001": b"D0"}, b"cat\n", {})
+
+
+class RefusingStore:
+    """`register_checkpoint` refuses with `make_error(prefix, labels_path)`; remembers where the
+    upload was written."""
+
+    def __init__(self, make_error) -> None:
+        self.make_error = make_error
+        self.prefix: Path | None = None
+
+    def register_checkpoint(self, bot_id, prefix, labels_path, **kwargs) -> int:
+        self.prefix = Path(prefix)
+        raise self.make_error(Path(prefix), Path(labels_path))
+
+
+def test_the_upload_is_written_to_a_temporary_directory_named_for_it():
+    store = RefusingStore(lambda prefix, labels: InvalidHead("no"))
+    with pytest.raises(InvalidHead):
+        register_upload(store, "acme", REFUSED_UPLOAD)
+    assert store.prefix.parent.name.startswith("multihead-upload-")
+    assert not store.prefix.parent.exists()  # removed after the refusal
+
+
+def test_a_refusal_names_the_uploaded_parts_instead_of_server_paths():
+    def error(prefix: Path, labels: Path) -> InvalidHead:
+        return InvalidHead(f"cannot read '{labels}' (bad UTF-8); {prefix}.index is truncated; "
+                           f"nothing kept in {prefix.parent}")
+
+    with pytest.raises(InvalidHead) as info:  # the same class: the same status and code
+        register_upload(RefusingStore(error), "acme", REFUSED_UPLOAD)
+    assert info.value.args == (
+        "cannot read <labels part> (bad UTF-8); <uploaded checkpoint>.index is truncated; "
+        "nothing kept in <upload>",)
+
+
+def test_a_refusal_without_a_path_is_raised_unchanged():
+    original = InvalidHead("labels", "as the store said it")  # two args: kept as they are
+    with pytest.raises(InvalidHead) as info:
+        register_upload(RefusingStore(lambda prefix, labels: original), "acme", REFUSED_UPLOAD)
+    assert info.value is original and original.args == ("labels", "as the store said it")
 
 
 # -- admin endpoints -------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from service.codecs import admin, native, oip, openapi, ops, tfserving
 from service.codecs.base import JSON, Answer, Body, Endpoint, Param, Reply, dispatch, json_answer
 from service.codecs.common import is_number
 from service.core.errors import DeadlineExceeded
-from tests.service.codec_fakes import FakeService, loading, make_head, req
+from tests.support.fakes import FakeService, loading, make_head, req
 
 HEAD = make_head("acme", 2, ["cat", "dog", "eel"])
 

@@ -22,7 +22,7 @@ from service.codecs.oip import (
 )
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest
-from tests.service.codec_fakes import FakeService, failed, loading, make_head, probabilities, req
+from tests.support.fakes import FakeService, failed, loading, make_head, probabilities, req
 
 SHAPE = [299, 299, 3]
 PIXELS = 299 * 299 * 3

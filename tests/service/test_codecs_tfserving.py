@@ -23,7 +23,7 @@ from service.codecs.tfserving import parse_predict_request, render_predictions, 
 from service.core.context import Readiness
 from service.core.engine import Prediction
 from service.core.errors import BadRequest
-from tests.service.codec_fakes import FakeService, failed, loading, make_head, probabilities, req
+from tests.support.fakes import FakeService, failed, loading, make_head, probabilities, req
 
 IMAGE = np.full((299, 299, 3), 0.25, np.float32)
 

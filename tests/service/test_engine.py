@@ -1,31 +1,159 @@
-"""The data plane's logic without TensorFlow: the feature cache, `score`, and `Engine` around a
-fake trunk (the subject is which rows reach the trunk and which heads score which rows; the real
-trunk's end-to-end behaviour is tested over HTTP in test_app.py)."""
+"""`Engine`, the feature cache and `score` around fakes (no TensorFlow): which rows reach the
+trunk and which heads score which rows, admission (rows queued plus rows being decoded never
+exceed max_queue_rows) and the `incoming` hint, the exact messages of refused input, what reaches
+the metrics, which threads do the work, the per-bot batch groups, and shutdown. The real trunk's
+end-to-end behaviour is tested over HTTP in test_app.py.
+
+The fakes: a trunk (tests/support/fakes.py) that can be held at a gate, heads that record what
+they are given, a `perf_counter` that moves only when told, and (where decoding must block) a
+`preprocess` stand-in."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+import types
 
 import numpy as np
 import pytest
 
+import service.core.engine as engine_module
+from backbone.errors import ImageTooLarge, InvalidImage
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head
 from service.core.batcher import Row
-from service.core.engine import Engine, FeatureCache, Item, score
-from service.core.errors import BadRequest, PayloadTooLarge
+from service.core.engine import Engine, FeatureCache, Images, Item, score
+from service.core.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    Overloaded,
+    PayloadTooLarge,
+    ShuttingDown,
+)
 from service.core.metrics import Metrics
 from service.core.settings import Settings
 from tests.backbone.helpers import encode, pattern
-from tests.service.conftest import random_head
+from tests.support.builders import random_head
+from tests.support.fakes import FakeClock, FakeTrunk, GatedTrunk
+from tests.support.polling import until
 
 pytestmark = pytest.mark.timeout(60)
+
+WAIT_S = 5.0  # a bound no passing test comes near; only a broken engine makes a test wait it out
+
+
+class RecordingHead:
+    """A real head's arithmetic; records the number of rows, the dtype of the features and the
+    thread of each call, can fail, and advances `clock` by `run_s` per call."""
+
+    def __init__(self, bot_id: str, seed: int = 1, n: int = 3, *, version: int = 1,
+                 fail: bool = False, clock: FakeClock | None = None, run_s: float = 0.0) -> None:
+        w, b, labels = random_head(n, seed=seed)
+        self.head = Head(bot_id, version, tuple(labels), w, b)
+        self.bot_id, self.version, self.labels = bot_id, version, self.head.labels
+        self.fail, self.clock, self.run_s = fail, clock, run_s
+        self.calls: list[int] = []
+        self.dtypes: list[np.dtype] = []
+        self.threads: list[str] = []
+
+    def probabilities(self, features: np.ndarray) -> np.ndarray:
+        self.calls.append(len(features))
+        self.dtypes.append(features.dtype)
+        self.threads.append(threading.current_thread().name)
+        if self.clock is not None:
+            self.clock.advance(self.run_s)
+        if self.fail:
+            raise RuntimeError(f"head {self.bot_id} is broken")
+        return self.head.probabilities(features)
+
+
+class BlockingDecode:
+    """`preprocess` stand-in: inputs starting with b"slow" block until `release` is set; every
+    input becomes a blank preprocessed image. Records what it was given, in order."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls: list[bytes] = []
+        self.threads: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, data: bytes, *, max_pixels: int) -> np.ndarray:
+        with self._lock:
+            self.calls.append(data)
+            self.threads.append(threading.current_thread().name)
+        if data.startswith(b"slow"):
+            assert self.release.wait(WAIT_S), "the test never released the decoding"
+        return np.zeros(INPUT.shape, np.float32)
+
+
+@pytest.fixture
+def ticks(monkeypatch) -> FakeClock:
+    """The engine's `time.perf_counter`, moving only when told."""
+    clock = FakeClock(now=100.0)
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=clock))
+    return clock
+
+
+@pytest.fixture
+def blocking_decode(monkeypatch) -> BlockingDecode:
+    decode = BlockingDecode()
+    monkeypatch.setattr(engine_module, "preprocess", decode)
+    yield decode
+    decode.release.set()
+
+
+@pytest.fixture
+async def make_engine(tmp_path):
+    """`make_engine(trunk=None, **settings) -> Engine`; every engine is opened up and closed at
+    teardown."""
+    made: list[Engine] = []
+
+    def make(trunk=None, **overrides) -> Engine:
+        values = dict(store=str(tmp_path / "store"), max_wait_ms=0.0, feature_cache_size=16)
+        values.update(overrides)
+        e = Engine(trunk or GatedTrunk(FakeTrunk(), open=True, wait_s=WAIT_S), Settings(**values),
+                   Metrics())
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.trunk.gate.set()
+        await asyncio.wait_for(e.close(), WAIT_S)
 
 
 def vec(value: float) -> np.ndarray:
     return np.full(FEATURE_DIM, value, np.float32)
 
 
-# -- FeatureCache ---------------------------------------------------------------------------------
+def spawn(coro) -> asyncio.Task:
+    return asyncio.get_running_loop().create_task(coro)
+
+
+def sample(engine: Engine, name: str, **labels: str) -> float:
+    value = engine.metrics.registry.get_sample_value(f"multihead_{name}", labels)
+    return 0.0 if value is None else value
+
+
+def pngs(n: int, start: int = 0) -> list[bytes]:
+    return [encode(pattern(i, size=(40, 30))) for i in range(start, start + n)]
+
+
+def blank(n: int = 1, dtype=np.float32) -> np.ndarray:
+    return np.zeros((n, *INPUT.shape), dtype)
+
+
+def item(heads, top_k: int = 2) -> Item:
+    return Item(None, None, b"", tuple(heads), top_k)
+
+
+# -- Images, FeatureCache -------------------------------------------------------------------------
+
+
+def test_images_count_whichever_form_they_come_in():
+    assert len(Images(encoded=[b"a", b"b"])) == 2
+    assert len(Images(arrays=np.zeros((3, 1, 1, 3), np.float32))) == 3
+    assert len(Images()) == 0
 
 
 def test_feature_cache_keeps_the_most_recently_used_within_its_bound():
@@ -58,34 +186,18 @@ def test_feature_cache_of_size_zero_keeps_nothing(size):
     assert cache.get(b"k") is None and len(cache) == 0
 
 
+def test_a_feature_cache_of_one_entry_keeps_the_latest():
+    cache = FeatureCache(1)
+    cache.put(b"a", np.full(FEATURE_DIM, 1, np.float32))
+    cache.put(b"b", np.full(FEATURE_DIM, 2, np.float32))
+    assert cache.get(b"a") is None and cache.get(b"b")[0] == 2 and len(cache) == 1
+
+
 # -- score ----------------------------------------------------------------------------------------
 
 
-class CountingHead:
-    """A real head's arithmetic, counting calls (score must apply each head once per batch)."""
-
-    def __init__(self, head: Head, *, fail: bool = False) -> None:
-        self.head, self.fail, self.calls = head, fail, []
-        self.bot_id, self.version, self.labels = head.bot_id, head.version, head.labels
-
-    def probabilities(self, features):
-        self.calls.append(len(features))
-        if self.fail:
-            raise RuntimeError(f"head {self.bot_id} is broken")
-        return self.head.probabilities(features)
-
-
-def head(bot_id: str, seed: int, n: int, version: int = 1, **kwargs) -> CountingHead:
-    w, b, labels = random_head(seed, n)
-    return CountingHead(Head(bot_id, version, tuple(labels), w, b), **kwargs)
-
-
-def item(heads, top_k=2) -> Item:
-    return Item(None, None, b"", tuple(heads), top_k)
-
-
 def test_score_applies_each_head_once_to_the_rows_that_asked_for_it():
-    a, b = head("a", 1, 3), head("b", 2, 5, version=4)
+    a, b = RecordingHead("a", 1, 3), RecordingHead("b", 2, 5, version=4)
     features = np.random.default_rng(0).standard_normal((3, FEATURE_DIM)).astype(np.float32)
     items = [item([a]), item([b, a], top_k=3), item([b], top_k=9)]
     results = score(features, items)
@@ -105,7 +217,7 @@ def test_score_applies_each_head_once_to_the_rows_that_asked_for_it():
 
 
 def test_a_failing_head_fails_only_its_own_rows():
-    good, bad = head("good", 1, 3), head("bad", 2, 3, fail=True)
+    good, bad = RecordingHead("good", 1, 3), RecordingHead("bad", 2, 3, fail=True)
     features = np.zeros((3, FEATURE_DIM), np.float32)
     results = score(features, [item([good]), item([bad]), item([good, bad])])
     assert [p.bot_id for p in results[0]] == ["good"]
@@ -114,34 +226,28 @@ def test_a_failing_head_fails_only_its_own_rows():
     assert good.calls == [2] and bad.calls == [2]
 
 
-# -- Engine around a fake trunk ---------------------------------------------------------------------
+def test_a_failing_head_leaves_every_other_head_and_row_scored():
+    # The failing head is the first one met and its rows come first: the rest still runs.
+    bad, good = RecordingHead("bad", 2, fail=True), RecordingHead("good", 1)
+    features = np.random.default_rng(0).standard_normal((3, FEATURE_DIM)).astype(np.float32)
+    results = score(features, [item([bad, good]), item([bad]), item([good], top_k=3)])
+    assert len(results) == 3
+    assert all(isinstance(r, RuntimeError) and str(r) == "head bad is broken"
+               for r in results[:2])
+    (prediction,) = results[2]
+    assert prediction.bot_id == "good"
+    want = good.head.top_k(features[2:3], 3)[0]
+    assert [label for label, _ in prediction.labels_scores] == [label for label, _ in want]
+    assert [s for _, s in prediction.labels_scores] == pytest.approx([s for _, s in want], rel=1e-5)
+    assert good.dtypes == [np.float32] and bad.dtypes == [np.float32]
 
 
-class FakeTrunk:
-    """Features = a fixed projection of the pixels; records every batch it is given."""
-
-    checkpoint_prefix, device = "fake", "/cpu:0"
-
-    def __init__(self) -> None:
-        self.batches: list[int] = []
-
-    def features(self, images):
-        self.batches.append(len(images))
-        flat = images.reshape(len(images), -1)
-        return np.stack([np.resize(row[:4096], FEATURE_DIM) for row in flat]).astype(np.float32)
+# -- Engine: which rows reach the trunk, the cache ------------------------------------------------
 
 
-@pytest.fixture
-def engine(tmp_path):
-    settings = Settings(store=str(tmp_path / "store"), max_wait_ms=0.0, max_images_per_request=3,
-                        feature_cache_size=8)
-    e = Engine(FakeTrunk(), settings, Metrics())
-    yield e
-    e.decode_pool.shutdown(wait=True)
-
-
-def test_run_batch_sends_only_uncached_rows_to_the_trunk_and_caches_them(engine):
-    a = head("a", 1, 3)
+async def test_run_batch_sends_only_uncached_rows_to_the_trunk_and_caches_them(make_engine):
+    engine = make_engine(feature_cache_size=8)
+    a = RecordingHead("a", 1, 3)
     image = np.zeros(INPUT.shape, np.float32)
     image[0, 0, 0] = 0.5
     cached = Item(None, vec(0.25), b"cached", (a,), 2)
@@ -157,14 +263,16 @@ def test_run_batch_sends_only_uncached_rows_to_the_trunk_and_caches_them(engine)
     assert a.calls == [3]  # the head once, over cached and computed rows alike
 
 
-def test_run_batch_of_cached_rows_only_never_calls_the_trunk(engine):
-    a = head("a", 1, 3)
+async def test_run_batch_of_cached_rows_only_never_calls_the_trunk(make_engine):
+    engine = make_engine(feature_cache_size=8)
+    a = RecordingHead("a", 1, 3)
     results = engine.run_batch([Row(Item(None, vec(1), b"k", (a,), 1), "a", None, 0.0)])
     assert engine.trunk.batches == [] and len(results) == 1
 
 
-async def test_classify_decodes_caches_and_skips_the_trunk_on_a_repeat(engine):
-    a = head("a", 1, 3)
+async def test_classify_decodes_caches_and_skips_the_trunk_on_a_repeat(make_engine):
+    engine = make_engine(feature_cache_size=8)
+    a = RecordingHead("a", 1, 3)
     png = [encode(pattern(i, size=(40, 30))) for i in range(2)]
     first = await engine.classify(png, [a], top_k=2)
     assert engine.trunk.batches == [2] and len(engine.cache) == 2
@@ -184,15 +292,18 @@ async def test_classify_decodes_caches_and_skips_the_trunk_on_a_repeat(engine):
     (np.zeros((0, *INPUT.shape), np.float32), BadRequest, "no image in the request"),
     (np.zeros((4, *INPUT.shape), np.float32), PayloadTooLarge, "more than 3 images in one request"),
 ])
-async def test_classify_arrays_refuses_bad_input_before_any_work(engine, arrays, error, message):
+async def test_classify_arrays_refuses_bad_input_before_any_work(make_engine, arrays, error,
+                                                                 message):
+    engine = make_engine(max_images_per_request=3, feature_cache_size=8)
     with pytest.raises(error) as info:
-        await engine.classify_arrays(arrays, [head("a", 1, 3)], top_k=1)
+        await engine.classify_arrays(arrays, [RecordingHead("a", 1, 3)], top_k=1)
     assert message in str(info.value)
     assert engine.trunk.batches == [] and engine.batcher.queue_depth == 0
 
 
-async def test_classify_arrays_within_the_slack_are_scored_and_cached(engine):
-    a = head("a", 1, 3)
+async def test_classify_arrays_within_the_slack_are_scored_and_cached(make_engine):
+    engine = make_engine(feature_cache_size=8)
+    a = RecordingHead("a", 1, 3)
     arrays = np.zeros((2, *INPUT.shape), np.float32)
     arrays[0, 0, 0, 0], arrays[1, 0, 0, 0] = 1.0005, -1.0005  # inside the rounding slack
     out = await engine.classify_arrays(arrays, [a], top_k=1)
@@ -200,3 +311,274 @@ async def test_classify_arrays_within_the_slack_are_scored_and_cached(engine):
     await engine.classify_arrays(arrays, [a], top_k=1)
     assert engine.trunk.batches == [2]
     await asyncio.wait_for(engine.batcher.close(), 5)
+
+
+# -- admission and the incoming hint ---------------------------------------------------------------
+
+
+async def test_a_request_alone_is_not_held_for_max_wait_ms(make_engine):
+    # Nobody else is decoding: waiting out max_wait_ms (a minute here) would only add latency.
+    e = make_engine(max_wait_ms=60_000.0)
+    out = await asyncio.wait_for(e.classify(pngs(2), [RecordingHead("a")], top_k=1), WAIT_S)
+    assert len(out) == 2 and e.trunk.batches == [2]
+
+
+async def test_admission_counts_rows_being_decoded_and_rows_queued(make_engine, blocking_decode):
+    e = make_engine(max_queue_rows=4, max_images_per_request=4, max_wait_ms=60_000.0,
+                    preprocess_threads=4)
+    a = RecordingHead("a")
+    decoding = spawn(e.classify([b"slow-1", b"slow-2", b"slow-3"], [a], top_k=1))
+    await until(lambda: len(blocking_decode.calls) == 3)
+    with pytest.raises(Overloaded):  # 4 rows - 3 being decoded: no room for 2
+        await asyncio.wait_for(e.classify([b"fast-1", b"fast-2"], [a], top_k=1), WAIT_S)
+    fits = spawn(e.classify([b"fast-3"], [a], top_k=1))  # room for exactly one
+    await until(lambda: e.batcher.queue_depth == 1)
+    assert sample(e, "queue_depth") == 1
+    with pytest.raises(Overloaded):  # 4 rows - 3 being decoded - 1 queued
+        await asyncio.wait_for(e.classify([b"fast-4"], [a], top_k=1), WAIT_S)
+    await asyncio.sleep(0.05)  # a real wait: the queued row must still wait for the others
+    assert not fits.done()
+    blocking_decode.release.set()
+    results = await asyncio.wait_for(asyncio.gather(decoding, fits), WAIT_S)
+    assert [len(r) for r in results] == [3, 1]
+    assert e.trunk.batches == [4]  # the rows decoded meanwhile shared the queued row's batch
+    assert sorted(blocking_decode.calls) == [b"fast-3", b"slow-1", b"slow-2", b"slow-3"]
+    assert sample(e, "queue_depth") == 0
+
+
+async def test_at_most_preprocess_threads_images_are_decoded_at_once(make_engine,
+                                                                     blocking_decode):
+    e = make_engine(preprocess_threads=2)
+    task = spawn(e.classify([b"slow-1", b"slow-2", b"slow-3"], [RecordingHead("a")], top_k=1))
+    await until(lambda: len(blocking_decode.calls) == 2)
+    await asyncio.sleep(0.05)  # a real wait: a third decoding thread would start meanwhile
+    assert len(blocking_decode.calls) == 2
+    blocking_decode.release.set()
+    assert len(await asyncio.wait_for(task, WAIT_S)) == 3
+    assert set(blocking_decode.threads) == {"multihead-decode_0", "multihead-decode_1"}
+
+
+async def test_after_close_a_request_is_refused_before_anything_is_decoded(make_engine,
+                                                                           blocking_decode):
+    e = make_engine()
+    await e.batcher.close()
+    for call in (e.classify([b"fast-1"], [RecordingHead("a")], top_k=1),
+                 e.classify_arrays(blank(), [RecordingHead("a")], top_k=1)):
+        with pytest.raises(ShuttingDown) as info:
+            await call
+        assert str(info.value) == "the service is shutting down and accepts no new requests"
+    assert blocking_decode.calls == [] and sample(e, "feature_cache_misses_total") == 0
+
+
+# -- limits and messages --------------------------------------------------------------------------
+
+
+async def test_the_image_count_limit_is_inclusive_and_named(make_engine):
+    e = make_engine(max_images_per_request=3)
+    a = RecordingHead("a")
+    assert len(await e.classify(pngs(3), [a], top_k=1)) == 3
+    with pytest.raises(PayloadTooLarge) as info:
+        await e.classify(pngs(4), [a], top_k=1)
+    assert str(info.value) == "more than 3 images in one request"
+    with pytest.raises(BadRequest) as info:
+        await e.classify([], [a], top_k=1)
+    assert str(info.value) == "no image in the request"
+
+
+async def test_the_pixel_limit_reaches_the_decoder(make_engine):
+    e = make_engine(max_image_pixels=40 * 30)
+    a = RecordingHead("a")
+    assert len(await e.classify([encode(pattern(1, size=(40, 30)))], [a], top_k=1)) == 1
+    with pytest.raises(ImageTooLarge):
+        await e.classify([encode(pattern(2, size=(41, 30)))], [a], top_k=1)
+
+
+def _with(value: float, *more: float) -> np.ndarray:
+    arrays = blank()
+    for i, v in enumerate((value, *more)):
+        arrays[0, 0, i, 0] = v
+    return arrays
+
+
+@pytest.mark.parametrize("arrays, message", [
+    (np.zeros((1, 10, 10, 3), np.float32),
+     "preprocessed images must have shape [N, 299, 299, 3], got [1, 10, 10, 3]"),
+    (np.zeros(INPUT.shape, np.float32),
+     "preprocessed images must have shape [N, 299, 299, 3], got [299, 299, 3]"),
+    (np.full((1, *INPUT.shape), 1.5, np.float32),
+     f"a preprocessed image must be {INPUT.describe()}; got values in [1.5, 1.5]"),
+    (_with(2.0, np.nan), f"a preprocessed image must be {INPUT.describe()}; got values in "
+                         "[0, 2] and NaN/Inf"),
+    (np.full((1, *INPUT.shape), np.inf, np.float32),
+     f"a preprocessed image must be {INPUT.describe()}; got no finite value and NaN/Inf"),
+], ids=["shape", "rank", "range", "range-and-nan", "inf"])
+async def test_refused_arrays_name_the_expected_form_and_what_was_seen(make_engine, arrays,
+                                                                       message):
+    e = make_engine()
+    with pytest.raises(BadRequest) as info:
+        await e.classify_arrays(arrays, [RecordingHead("a")], top_k=1)
+    assert str(info.value) == message
+    assert e.trunk.batches == []
+
+
+# The rounding slack is 1e-3 either side of [-1, 1]: its edge is in, the next float32 is out.
+EDGE = np.float32(1.001)
+
+
+@pytest.mark.parametrize("value, accepted", [
+    (1.0, True), (-1.0, True), (EDGE, True), (-EDGE, True),
+    (np.nextafter(EDGE, np.float32(2)), False), (-np.nextafter(EDGE, np.float32(2)), False),
+])
+async def test_the_value_range_slack_is_inclusive(make_engine, value, accepted):
+    e = make_engine()
+    call = e.classify_arrays(_with(value), [RecordingHead("a")], top_k=1)
+    if accepted:
+        assert len(await call) == 1
+    else:
+        with pytest.raises(BadRequest):
+            await call
+
+
+async def test_arrays_reach_the_trunk_and_the_cache_as_float32(make_engine):
+    e = make_engine()
+    a = RecordingHead("a")
+    arrays = _with(0.25).astype(np.float64)
+    first = await e.classify_arrays(arrays, [a], top_k=1)
+    assert e.trunk.dtypes == [np.float32]
+    for _ in range(2):
+        again = await e.classify_arrays(arrays.astype(np.float32), [a], top_k=1)
+        assert again == first
+    assert e.trunk.batches == [1]  # the same image: its features were cached
+    assert (sample(e, "feature_cache_misses_total"), sample(e, "feature_cache_hits_total")) == (
+        1, 2)
+    await e.classify_arrays(_with(0.5), [a], top_k=1)  # another image: another cache entry
+    assert e.trunk.batches == [1, 1] and sample(e, "feature_cache_misses_total") == 2
+
+
+async def test_an_array_and_encoded_bytes_never_share_a_cache_entry(make_engine):
+    # The same bytes as an array and as an upload: the upload must be decoded (and refused),
+    # never answered from the array's cached features.
+    e = make_engine()
+    arrays = blank()
+    await e.classify_arrays(arrays, [RecordingHead("a")], top_k=1)
+    with pytest.raises(InvalidImage):
+        await e.classify([arrays[0].tobytes()], [RecordingHead("a")], top_k=1)
+
+
+async def test_a_request_whose_deadline_passed_is_refused(make_engine):
+    e = make_engine()
+    a = RecordingHead("a")
+    with pytest.raises(DeadlineExceeded):
+        await e.classify(pngs(1), [a], top_k=1, deadline=time.monotonic() - 1)
+    with pytest.raises(DeadlineExceeded):
+        await e.classify_arrays(blank(), [a], top_k=1, deadline=time.monotonic() - 1)
+    assert e.trunk.batches == []
+
+
+# -- heads ------------------------------------------------------------------------------------------
+
+
+async def test_a_failing_head_fails_the_request_whether_or_not_features_were_cached(make_engine):
+    e = make_engine()
+    good, bad = RecordingHead("good"), RecordingHead("bad", 2, fail=True)
+    images = pngs(2)
+    with pytest.raises(RuntimeError) as info:  # through the batcher
+        await e.classify(images, [good, bad], top_k=1)
+    assert str(info.value) == "head bad is broken"
+    assert e.trunk.batches == [2]
+    with pytest.raises(RuntimeError) as info:  # every feature cached: heads only
+        await e.classify(images, [bad], top_k=1)
+    assert str(info.value) == "head bad is broken"
+    assert e.trunk.batches == [2]
+
+
+async def test_heads_get_float32_features_on_the_batch_thread_or_else_a_decode_thread(
+        make_engine):
+    e = make_engine(preprocess_threads=2)
+    a = RecordingHead("a")
+    images = pngs(2)
+    await e.classify(images, [a], top_k=1)
+    await e.classify(images, [a], top_k=1)  # all cached: no trunk, still off the event loop
+    assert a.dtypes == [np.float32, np.float32]
+    assert not a.threads[0].startswith("multihead-decode")
+    assert a.threads[1] in {"multihead-decode_0", "multihead-decode_1"}
+
+
+async def test_per_group_policy_batches_each_set_of_bots_on_its_own(make_engine):
+    trunk = GatedTrunk(FakeTrunk(), wait_s=WAIT_S)
+    e = make_engine(trunk, batch_policy="per_group", max_batch_size=8)
+    a, b = RecordingHead("a", 1), RecordingHead("b", 2)
+    images = pngs(5)
+    blocker = spawn(e.classify(images[:1], [a], top_k=1))
+    await until(trunk.entered.is_set)
+    tasks = []
+    for image, heads in zip(images[1:], ([a], [b], [b, a], [a, b])):  # [a, b]: the same set
+        tasks.append(spawn(e.classify([image], heads, top_k=1)))
+        await until(lambda: e.batcher.queue_depth == len(tasks))  # queued in this order
+    trunk.gate.set()
+    await asyncio.wait_for(asyncio.gather(blocker, *tasks), WAIT_S)
+    assert trunk.batches == [1, 1, 1, 2]
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+
+
+async def test_metrics_count_the_cache_bots_batches_and_time_each_stage(make_engine, ticks):
+    trunk = GatedTrunk(FakeTrunk(), open=True, clock=ticks, run_s=0.25, wait_s=WAIT_S)
+    e = make_engine(trunk)
+    a, b = RecordingHead("a", 1, clock=ticks, run_s=0.125), RecordingHead("b", 2)
+    images = pngs(2)
+    await e.classify(images, [a, b], top_k=1)
+    assert (sample(e, "feature_cache_misses_total"), sample(e, "feature_cache_hits_total")) == (
+        2, 0)
+    assert (sample(e, "bot_requests_total", bot="a"), sample(e, "bot_requests_total", bot="b")) \
+        == (2, 2)
+    assert (sample(e, "batch_size_count"), sample(e, "batch_size_sum")) == (1, 2)
+    assert sample(e, "batch_bots_sum") == 1  # one request: one set of bots
+    assert sample(e, "trunk_seconds_sum") == 0.25
+    assert sample(e, "heads_seconds_sum") == 0.125
+    assert (sample(e, "decode_seconds_count"), sample(e, "decode_seconds_sum")) == (2, 0.0)
+    await e.classify(images[:1], [a], top_k=1)  # cached: no decode, no trunk, no batch
+    assert (sample(e, "feature_cache_misses_total"), sample(e, "feature_cache_hits_total")) == (
+        2, 1)
+    assert sample(e, "bot_requests_total", bot="a") == 3
+    assert (sample(e, "decode_seconds_count"), sample(e, "batch_size_count")) == (2, 1)
+
+
+# -- shutdown ---------------------------------------------------------------------------------------
+
+
+async def test_close_gives_up_on_requests_after_request_timeout_s_but_waits_for_the_trunk(
+        make_engine):
+    trunk = GatedTrunk(FakeTrunk(), wait_s=WAIT_S)
+    e = make_engine(trunk, request_timeout_s=0.05)
+    a = RecordingHead("a")
+    images = pngs(2)
+    running = spawn(e.classify(images[:1], [a], top_k=1))
+    await until(trunk.entered.is_set)
+    queued = spawn(e.classify(images[1:], [a], top_k=1))
+    await until(lambda: e.batcher.queue_depth == 1)
+    closing = spawn(e.close())
+    with pytest.raises(ShuttingDown) as info:
+        await asyncio.wait_for(queued, WAIT_S)
+    assert str(info.value) == "the service shut down before this request ran"
+    with pytest.raises(ShuttingDown) as info:  # its answer will not be waited for either
+        await asyncio.wait_for(running, WAIT_S)
+    assert str(info.value) == "the service shut down before this request finished"
+    assert not closing.done()  # but the trunk call itself is: the session closes after it
+    trunk.gate.set()
+    await asyncio.wait_for(closing, WAIT_S)
+    assert trunk.batches == [1]
+
+
+async def test_close_waits_for_images_still_being_decoded(make_engine, blocking_decode):
+    e = make_engine()
+    pending = spawn(e.classify([b"slow-1"], [RecordingHead("a")], top_k=1))
+    await until(lambda: blocking_decode.calls)
+    closing = spawn(e.close())
+    await asyncio.sleep(0.05)  # a real wait: close must still be waiting for the decode thread
+    assert not closing.done()
+    blocking_decode.release.set()
+    await asyncio.wait_for(closing, WAIT_S)
+    with pytest.raises(ShuttingDown):  # decoded after close began: never queued
+        await pending

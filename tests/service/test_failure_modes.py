@@ -11,7 +11,9 @@ import pytest
 from PIL import Image
 
 from service.transports.http.app import SERVICE, create_app
-from tests.service.conftest import GatedTrunk, make_settings
+from tests.support.fakes import GatedTrunk
+from tests.support.polling import until
+from tests.support.servers import make_settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,14 +24,6 @@ def png(color: tuple[int, int, int]) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (32, 24), color).save(out, "PNG")
     return out.getvalue()
-
-
-async def wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def post_png(client, color, bot="alpha"):
@@ -44,9 +38,9 @@ async def test_a_deadline_passing_in_the_queue_is_504_and_the_running_request_an
                                max_wait_ms=1.0)
     service = client.server.app[SERVICE]
     first = asyncio.create_task(post_png(client, (1, 2, 3)))
-    await wait_for(gated.entered.is_set, "the first request in the trunk")
+    await until(gated.entered.is_set, what="the first request in the trunk")
     second = asyncio.create_task(post_png(client, (4, 5, 6)))
-    await wait_for(lambda: service.engine.batcher.queue_depth == 1, "the second request queued")
+    await until(lambda: service.engine.batcher.queue_depth == 1, what="the second request queued")
     await asyncio.sleep(1.2)  # past the queued request's deadline, the trunk still blocked
     gated.gate.set()
     resp = await second
@@ -63,9 +57,9 @@ async def test_a_draining_service_refuses_new_requests_and_finishes_the_running_
     client = await make_client(trunk_obj=gated, feature_cache_size=0)
     service = client.server.app[SERVICE]
     running = asyncio.create_task(post_png(client, (7, 8, 9)))
-    await wait_for(gated.entered.is_set, "the first request in the trunk")
+    await until(gated.entered.is_set, what="the first request in the trunk")
     draining = asyncio.create_task(service.engine.close())
-    await wait_for(lambda: service.engine.batcher.closing, "the engine draining")
+    await until(lambda: service.engine.batcher.closing, what="the engine draining")
     resp = await post_png(client, (10, 11, 12))
     assert (resp.status, await resp.json()) == (503, {
         "error": "the service is shutting down and accepts no new requests",

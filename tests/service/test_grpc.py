@@ -38,7 +38,9 @@ from service.core.settings import InvalidSettings, Settings
 from service.transports.grpc.server import GrpcServer
 from service.transports.http.app import LISTENERS, SERVICE
 from tests.backbone.helpers import encode, pattern
-from tests.service.conftest import GatedTrunk, make_settings
+from tests.support.fakes import GatedTrunk
+from tests.support.polling import until
+from tests.support.servers import make_settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -412,13 +414,6 @@ class CountingTrunk(GatedTrunk):
     def features(self, images):
         self.rows += len(images)
         return super().features(images)
-
-
-async def until(predicate, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_deadline_and_in_flight_budget(make_grpc, channels, trunk, jpegs):

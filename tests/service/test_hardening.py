@@ -16,7 +16,9 @@ from service.core.batcher import Batcher
 from service.core.context import READY, Service
 from service.transports.http.app import SERVICE
 from tests.backbone.helpers import encode
-from tests.service.conftest import GatedTrunk, make_settings
+from tests.support.fakes import GatedTrunk
+from tests.support.polling import until
+from tests.support.servers import make_settings
 
 pytestmark = pytest.mark.timeout(300)
 PNG = {"Content-Type": "image/png"}
@@ -45,8 +47,7 @@ async def test_a_body_that_does_not_fit_the_budget_is_refused_before_it_is_read(
         "/classify/alpha", data=_slow_body(body[:half], gate, body[half:]),
         headers={**PNG, "Content-Length": str(len(body))}))
     service = client.server.app[SERVICE]
-    while service.inflight.used_bytes < len(body):
-        await asyncio.sleep(0.01)
+    await until(lambda: service.inflight.used_bytes >= len(body), what="the first upload held")
     # The second one cannot fit: refused with the JSON error while the first is still open.
     refused = await client.post("/classify/alpha", data=body, headers=PNG)
     assert refused.status == 503, await refused.text()
@@ -87,10 +88,8 @@ async def test_concurrent_large_uploads_beyond_the_budget_are_refused_the_rest_a
     posts = [asyncio.ensure_future(client.post("/classify/bravo", data=upload, headers=PNG))
              for _ in range(8)]
     service = client.server.app[SERVICE]
-    for _ in range(1000):  # until three are admitted and the five others refused
-        if sum(p.done() for p in posts) == 5:
-            break
-        await asyncio.sleep(0.01)
+    # Three admitted (held in the trunk's gate), the five others refused.
+    await until(lambda: sum(p.done() for p in posts) == 5, what="five uploads refused")
     assert service.inflight.used_bytes == 3 * len(upload)
     gated.gate.set()
     responses = await asyncio.gather(*posts)
@@ -118,11 +117,7 @@ async def test_each_open_websocket_holds_its_message_size_of_the_budget(make_cli
     await first.close()
     await second.close()
     service = client.server.app[SERVICE]
-    for _ in range(200):
-        if service.inflight.used_bytes == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert service.inflight.used_bytes == 0
+    await until(lambda: service.inflight.used_bytes == 0, 2, what="every byte given back")
 
 
 async def test_a_websocket_message_over_its_limit_closes_with_1009(make_client):
@@ -154,12 +149,11 @@ async def test_a_full_queue_refuses_before_decoding(make_client, trunk, monkeypa
     gated.entered.clear()
     running = asyncio.ensure_future(client.post("/classify/alpha", data=_png((1, 1, 1)),
                                                 headers=PNG))
-    while not gated.entered.is_set():
-        await asyncio.sleep(0.01)
+    await until(gated.entered.is_set, what="the first request in the trunk")
     queued = [asyncio.ensure_future(client.post("/classify/alpha", data=_png((2, i, 2)),
                                                 headers=PNG)) for i in range(2)]
-    while client.server.app[SERVICE].engine.batcher.queue_depth < 2:
-        await asyncio.sleep(0.01)
+    await until(lambda: client.server.app[SERVICE].engine.batcher.queue_depth >= 2,
+                what="two requests queued")
     before = len(decoded)
     refused = await client.post("/classify/alpha", data=_png((4, 4, 4)), headers=PNG)
     assert refused.status == 503 and (await refused.json())["code"] == "overloaded"

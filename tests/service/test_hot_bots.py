@@ -23,7 +23,8 @@ from service.core.context import (
 )
 from service.core.settings import InvalidSettings, Settings
 from service.transports.http.app import SERVICE, create_app
-from tests.service.conftest import BOTS, random_head
+from tests.support.builders import random_head
+from tests.support.servers import BOTS, metric
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,7 +51,7 @@ class GatedStore(HeadStore):
 def register_in_order(store: HeadStore, bots: dict[str, int]) -> None:
     """Registers `bots` oldest first, each at a later time than the one before."""
     for seed, (bot_id, n) in enumerate(bots.items()):
-        store.register(bot_id, *random_head(seed, n))
+        store.register(bot_id, *random_head(n, seed=seed))
         time.sleep(0.005)  # registration times have millisecond resolution
 
 
@@ -63,13 +64,6 @@ def resident(store: HeadStore, bot_ids) -> dict[str, bool]:
         store.get(bot_id)
         out[bot_id] = store.cache_stats()["misses"] == before
     return out
-
-
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 async def start(aiohttp_client, settings: Settings, trunk, store=None, *, wait_ready=True):
@@ -194,7 +188,7 @@ def test_most_recent_orders_by_registration_time_then_id(tmp_path):
         assert [i.bot_id for i in most_recent(infos, 9, exclude=["d"])] == ["c", "a", "b"]
         assert most_recent(infos, 0) == []
         # A rollback makes an older registration active: it then counts as that old.
-        store.register("b", *random_head(7, 2))
+        store.register("b", *random_head(2, seed=7))
         assert most_recent(store.list(), 1)[0].bot_id == "b"
         store.rollback("b")
         assert most_recent(store.list(), 1)[0].bot_id == "c"

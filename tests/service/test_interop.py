@@ -15,7 +15,8 @@ import pytest
 
 from backbone import preprocess
 from service.codecs.oip import HEADER_LENGTH
-from tests.service.conftest import GatedTrunk, random_head
+from tests.support.builders import random_head
+from tests.support.fakes import GatedTrunk
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -272,7 +273,7 @@ async def test_tf_serving_predict_row_and_columnar(make_client, store, jpegs, fe
 
 async def test_versioned_routes_serve_only_the_active_version(make_client, store, jpegs):
     client = await make_client()
-    store.register(BOT, *random_head(77, 4))  # version 2 becomes the active one
+    store.register(BOT, *random_head(4, seed=77))  # version 2 becomes the active one
     request = {"inputs": [oip_bytes_input(jpegs[:1])]}
     old = await client.post(f"/v2/models/{BOT}/versions/1/infer", json=request)
     assert old.status == 404 and (await old.json())["code"] == "unknown_version"

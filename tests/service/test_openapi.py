@@ -24,8 +24,9 @@ import pytest
 
 from service.codecs import openapi
 from service.codecs.routes import ENDPOINTS
-from tests.service.conftest import BOTS, random_head
 from tests.service.test_openapi_document import ADMIN_OPERATIONS, document
+from tests.support.builders import random_head
+from tests.support.servers import BOTS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,8 +43,8 @@ SCRATCH_BOTS = ("scratch-1", "scratch-2")
 
 # -- served by the real server ----------------------------------------------------------------------
 
-async def test_openapi_json_is_the_generated_document(make_client):
-    client = await make_client()
+async def test_openapi_json_is_the_generated_document(shared_client):
+    client = shared_client
     resp = await client.get("/openapi.json")
     assert resp.status == 200 and resp.content_type == "application/json"
     assert await resp.json() == json.loads(json.dumps(document()))
@@ -58,8 +59,8 @@ class _Links(HTMLParser):
         self.urls += [v for k, v in attrs if k in ("src", "href") and v]
 
 
-async def test_the_docs_page_and_all_it_loads_come_from_this_server(make_client):
-    client = await make_client()
+async def test_the_docs_page_and_all_it_loads_come_from_this_server(shared_client):
+    client = shared_client
     resp = await client.get("/docs")
     assert resp.status == 200 and resp.content_type == "text/html"
     assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
@@ -85,7 +86,7 @@ async def test_the_docs_page_and_all_it_loads_come_from_this_server(make_client)
         assert missing.status == 404 and (await missing.json())["code"] == "not_found", name
 
 
-async def test_the_docs_page_renders_every_operation_in_a_browser(make_client):
+async def test_the_docs_page_renders_every_operation_in_a_browser(shared_client):
     from tests.service.test_browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
 
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
@@ -95,11 +96,10 @@ async def test_the_docs_page_renders_every_operation_in_a_browser(make_client):
     from selenium.webdriver.chrome.service import Service as DriverService
     from selenium.webdriver.support.ui import WebDriverWait
 
-    client = await make_client()
-    url = str(client.make_url("/docs"))
+    url = str(shared_client.make_url("/docs"))
 
     def render() -> tuple[str, list[str], list[dict]]:
-        """Blocking WebDriver steps (run in a thread: the test's loop serves the page)."""
+        """Blocking WebDriver steps (run in a thread: the test's loop stays free)."""
         profile = tempfile.mkdtemp(prefix="multihead-chromium-")
         options = webdriver.ChromeOptions()
         options.binary_location = str(CHROMIUM)
@@ -136,8 +136,8 @@ async def test_the_docs_page_renders_every_operation_in_a_browser(make_client):
     ("FP32", [2**64, 299, 299, 3]),
     ("FP32", [2**62, 299, 299, 3]),  # wraps around in int64 (a negative count) if not exact
 ])
-async def test_an_oip_shape_too_big_for_int64_is_a_400(make_client, datatype, shape):
-    client = await make_client()
+async def test_an_oip_shape_too_big_for_int64_is_a_400(shared_client, datatype, shape):
+    client = shared_client
     body = {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": []}]}
     resp = await client.post("/v2/models/alpha/infer", json=body)
     assert resp.status == 400, await resp.text()
@@ -252,7 +252,7 @@ def schemathesis_config(examples: int, seed: int) -> str:
 async def test_schemathesis_finds_no_server_error_and_no_answer_off_its_schema(
         make_client, store, trunk_checkpoint, tmp_path):
     for bot_id in SCRATCH_BOTS:
-        store.register(bot_id, *random_head(9, 3))
+        store.register(bot_id, *random_head(3, seed=9))
     client = await make_client(admin_token=TOKEN, max_body_bytes=4 * 2**20,
                                max_images_per_request=4)
     work = tmp_path / "schemathesis"

@@ -1,15 +1,23 @@
-"""A fake `Service` for the codec tests: only what the endpoints call, no trunk, no store files.
+"""Fakes for the unit tests of logic, each defined once.
 
-Fakes are fine here: the codecs' logic is the subject (parsing, rendering, status codes);
-the same endpoints run against the real `Service` in test_app.py and test_interop.py.
+- `FakeService` (with `FakeStore`, `FakeMetrics`): only what the codecs call, no trunk, no store
+  files. The codecs' logic is the subject (parsing, rendering, status codes); the same endpoints
+  run against the real `Service` in test_app.py and test_interop.py.
+- `FakeClock`: a monotonic clock that moves only when told (the batcher's injected clock, the
+  engine's `perf_counter`).
+- `FakeTrunk`: features that are a fixed projection of the pixels, no TensorFlow.
+- `GatedTrunk`: any trunk (the real one, or a `FakeTrunk`) behind a gate, recording its batches,
+  for readiness, overload and shutdown tests.
 """
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
 
+from backbone.spec import FEATURE_DIM
 from heads import BotInfo, Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
 from service.core.context import FAILED, LOADING, READY, Readiness
@@ -77,10 +85,11 @@ class FakeStore:
 
 @dataclasses.dataclass
 class FakeService:
-    """Heads by bot id; `classify` answers `probabilities(i, j, n)` for image i under head j."""
+    """Heads by bot id; `classify` answers `probabilities(i, j, n)` for image i under head j.
+    `FakeService(settings)` is all `dispatch` reads (the admin token)."""
 
-    heads: dict[str, Head] = dataclasses.field(default_factory=dict)
     settings: Settings = dataclasses.field(default_factory=lambda: Settings(top_k_default=2))
+    heads: dict[str, Head] = dataclasses.field(default_factory=dict)
     readiness: Readiness = dataclasses.field(default_factory=lambda: Readiness(status=READY))
     store: FakeStore = dataclasses.field(default_factory=FakeStore)
     metrics: FakeMetrics = dataclasses.field(default_factory=FakeMetrics)
@@ -176,3 +185,55 @@ def req(method: str = "GET", path: str = "/x", *, params=None, query=None, heade
     return Request(method, path, params or {}, query or {},
                    {k.lower(): v for k, v in (headers or {}).items()},
                    read if body is not None else None)
+
+
+class FakeClock:
+    """A monotonic clock (`time.monotonic` / `time.perf_counter` stand-in) that moves only when
+    told, from any thread."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeTrunk:
+    """Features = a fixed projection of the pixels (no TensorFlow)."""
+
+    checkpoint_prefix, device = "fake", "/cpu:0"
+
+    def features(self, images: np.ndarray) -> np.ndarray:
+        flat = images.reshape(len(images), -1)
+        return np.stack([np.resize(row[:4096], FEATURE_DIM) for row in flat]).astype(np.float32)
+
+
+class GatedTrunk:
+    """`trunk` behind a gate: `features` sets `entered`, blocks until `gate` is set (at once if
+    `open`), records the batch's size and dtype, advances `clock` by `run_s`, then answers with
+    `trunk`'s features. Everything else is `trunk`'s."""
+
+    def __init__(self, trunk, *, open: bool = False, clock: FakeClock | None = None,
+                 run_s: float = 0.0, wait_s: float = 60.0) -> None:
+        self._trunk = trunk
+        self.gate = threading.Event()
+        if open:
+            self.gate.set()
+        self.entered = threading.Event()
+        self.batches: list[int] = []
+        self.dtypes: list[np.dtype] = []
+        self.clock, self.run_s, self.wait_s = clock, run_s, wait_s
+        self.checkpoint_prefix = trunk.checkpoint_prefix
+        self.device = trunk.device
+
+    def features(self, images: np.ndarray) -> np.ndarray:
+        self.entered.set()
+        assert self.gate.wait(self.wait_s), "the test never opened the gate"
+        self.batches.append(len(images))
+        self.dtypes.append(images.dtype)
+        if self.clock is not None:
+            self.clock.advance(self.run_s)
+        return self._trunk.features(images)
