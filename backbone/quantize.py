@@ -287,15 +287,22 @@ class Int8Artifact:
     def __init__(self, directory: str | os.PathLike, *, prefix: str, calibration: str):
         from backbone.openvino_runtime import checkpoint_fingerprint
 
-        self.checkpoint = checkpoint_fingerprint(prefix)
-        self.calibration = calibration
-        self.environment = _environment()
-        key = hashlib.sha256(json.dumps(
-            [self.checkpoint, calibration, self.environment], sort_keys=True).encode())
+        self._place(directory, checkpoint_fingerprint(prefix), calibration, _environment())
+
+    def _place(self, directory, checkpoint: str, calibration: str, environment: dict) -> None:
+        self.checkpoint, self.calibration, self.environment = checkpoint, calibration, environment
+        key = hashlib.sha256(json.dumps([checkpoint, calibration, environment],
+                                        sort_keys=True).encode())
         self.key = key.hexdigest()[:16]
         self.xml_path = Path(directory) / f"{PREFIX}{self.key}.xml"
         self.bin_path = self.xml_path.with_suffix(".bin")
         self.meta_path = self.xml_path.with_suffix(".json")
+
+    def with_calibration(self, calibration: str) -> Int8Artifact:
+        """The artifact of the same checkpoint and environment for another calibration set."""
+        other = object.__new__(type(self))
+        other._place(self.xml_path.parent, self.checkpoint, calibration, self.environment)
+        return other
 
     @classmethod
     def find(cls, directory: str | os.PathLike, prefix: str, *,
@@ -304,30 +311,34 @@ class Int8Artifact:
         made from any calibration set; with `passing`, only one whose fidelity passed (an
         artifact written with --force below a bound is not)."""
         found = []
+        ours = cls(directory, prefix=prefix, calibration="")  # reads the checkpoint once
         for meta_path in Path(directory).glob(f"{PREFIX}*.json"):
             try:
                 meta = json.loads(meta_path.read_text())
-                artifact = cls(directory, prefix=prefix, calibration=meta["calibration"]["digest"])
+                artifact = ours.with_calibration(meta["calibration"]["digest"])
+                passed, date = bool(meta["fidelity"]["passed"]), str(meta["calibration"]["date"])
             except Exception as exc:  # noqa: BLE001 - foreign or corrupt: not ours
                 log.warning("ignoring unreadable int8 artifact %s: %s", meta_path, exc)
                 continue
-            if (artifact.meta_path == meta_path and artifact.complete()
-                    and (meta["fidelity"]["passed"] or not passing)):
-                found.append((meta["calibration"]["date"], artifact))
+            # A file of another checkpoint or environment names another key: not ours.
+            if artifact.meta_path == meta_path and artifact.complete() and (passed or not passing):
+                found.append((date, artifact))
         return max(found, key=lambda pair: pair[0])[1] if found else None
 
     def complete(self) -> bool:
         return self.xml_path.exists() and self.bin_path.exists() and self.meta_path.exists()
 
     def metadata(self) -> dict:
-        """The JSON: calibration (digest, images, description, date), fidelity, versions."""
+        """The JSON: calibration (digest, images, description, date), fidelity (measured with
+        the float layers in `float_precision`), versions, source digest."""
         return json.loads(self.meta_path.read_text())
 
     def load(self):
         """The quantized `openvino.Model`."""
         return _ov().Core().read_model(str(self.xml_path), str(self.bin_path))
 
-    def save(self, model, *, report: FidelityReport, images: int, description: str) -> dict:
+    def save(self, model, *, report: FidelityReport, images: int, description: str,
+             float_precision: str = "fp32") -> dict:
         """Writes the model, then the metadata (the commit); returns the metadata.
 
         NOTE: every file is written under a temporary name and moved into place with
@@ -342,7 +353,8 @@ class Int8Artifact:
                 "calibration": {"digest": self.calibration, "images": images,
                                 "description": description,
                                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                "fidelity": report.to_dict(), **self.environment}
+                "fidelity": report.to_dict(), "float_precision": float_precision,
+                **self.environment}
         try:
             # NOTE: no fp16 compression: the saved model is the one whose fidelity was measured.
             _ov().save_model(model, str(tmp_xml), compress_to_fp16=False)

@@ -147,6 +147,7 @@ def run_quantize(args: argparse.Namespace) -> int:
               "those you serve, or use --force)", file=sys.stderr)
         return 2
     description = f"{len(calibration)} images from {folder.resolve()}"
-    artifact.save(int8_model, report=report, images=len(calibration), description=description)
+    artifact.save(int8_model, report=report, images=len(calibration), description=description,
+                  float_precision=float_precision)
     print(f"wrote {artifact.xml_path}" + ("" if report.passed else " (forced, below a bound)"))
     return 0
