@@ -207,3 +207,14 @@ def test_fidelity_measures_cosine_and_top1_agreement_per_head():
     assert q.fidelity(fp32, fp32).passed
     with pytest.raises(ValueError):
         q.fidelity(fp32, fp32[:3])
+
+
+def test_importing_the_module_imports_neither_openvino_nor_nncf():
+    import subprocess
+    import sys
+
+    code = ("import sys, backbone, backbone.quantize, service.cli.main; "
+            "print(sorted({'openvino', 'nncf', 'tensorflow'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert out.stdout.strip() == "[]"
