@@ -218,3 +218,13 @@ def test_importing_the_module_imports_neither_openvino_nor_nncf():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert out.stdout.strip() == "[]"
+
+
+def test_too_few_images_is_a_usage_error_before_any_work(tmp_path, capsys):
+    from service.cli.demo_images import write_demo_images
+
+    folder = write_demo_images(tmp_path / "images", "light", per_class=2)  # 6 < 8 + 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["quantize", "--images", str(folder), "--trunk-checkpoint", str(tmp_path / "none")])
+    assert exit_info.value.code == 2
+    assert "6 images, need at least 9" in capsys.readouterr().err
