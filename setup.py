@@ -55,7 +55,8 @@ setup(
         ],
         # The trunk on OpenVINO (`--runtime openvino`), compiled in-process from the restored
         # tf-slim graph.
-        "openvino": ["openvino==2026.4.1"],
+        # NNCF: `multihead quantize` (INT8 post-training quantization, OpenVINO backend).
+        "openvino": ["openvino==2026.4.1", "nncf==3.4.0"],
         # `--store postgresql://...`: the head store in PostgreSQL (psycopg 3 with its C
         # build; no libpq from the system needed).
         "postgres": ["psycopg[binary]==3.3.9"],

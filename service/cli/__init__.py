@@ -3,6 +3,7 @@
     serve                     service.cli.serve
     demo                      service.cli.demo
     init-trunk                service.cli.trunk
+    quantize                  service.cli.quantize
     register, train, bots     service.cli.bots
     bench                     service.cli.bench   (the code is in the `bench` package)
 

@@ -8,7 +8,8 @@ The three transports never import each other. No import cycle among modules; aio
 the HTTP transport and the benchmark client; grpc and the packages of its generated code
 (tritonclient, tensorflow_serving) only in the gRPC transport and the benchmark's gRPC client
 (bench.grpc_load); Ray and Starlette only in the Ray transport; psycopg only in the PostgreSQL
-store backend (heads.pg); matplotlib only in the benchmark's report; no private name imported
+store backend (heads.pg); OpenVINO only in the backbone and NNCF only
+in backbone.quantize; matplotlib only in the benchmark's report; no private name imported
 from another module.
 """
 from __future__ import annotations
@@ -175,6 +176,8 @@ RAY_ALLOWED = ("service.transports.ray.",)
                                              ("ray", RAY_ALLOWED),
                                              ("starlette", RAY_ALLOWED),
                                              ("psycopg", ("heads.pg",)),
+                                             ("openvino", ("backbone.",)),
+                                             ("nncf", ("backbone.quantize",)),
                                              ("tensorflow", ("backbone.", "heads.files",
                                                              "heads.store", "heads.train",
                                                              "bench.sections.trunk",
