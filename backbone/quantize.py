@@ -1,7 +1,7 @@
 """The INT8 trunk: post-training quantization with NNCF of the same frozen tf-slim graph.
 
 tf-slim stays the one definition of the net: `float_model` restores the checkpoint with the TF
-runner, freezes it (`openvino_runtime.freeze`) and converts it with OpenVINO's TF frontend;
+runner, freezes it (`TfRunner.freeze`) and converts it with OpenVINO's TF frontend;
 `quantize` hands that fp32 `ov.Model` to `nncf.quantize` (OpenVINO backend, no PyTorch) with
 images preprocessed exactly as for serving. `fidelity` compares the int8 features with fp32 on
 held-out images; `Int8Artifact` keeps a quantized model next to the trunk's graph cache.
@@ -142,24 +142,12 @@ def float_model(prefix: str, *, graph_cache_dir: str | os.PathLike | None = None
     trunk = Trunk.from_checkpoint(prefix, runtime="tf", precision="fp32",
                                   warmup_batch_sizes=(), graph_cache_dir=graph_cache_dir)
     try:
-        graph_def, input_name, output_names = frozen_features_graph(trunk)
+        frozen = trunk.runner.freeze()
     finally:
         trunk.close()  # OpenVINO holds its own copy of the constants
-    return _ov().convert_model(graph_def, input=[(input_name, [-1, IMAGE_SIZE, IMAGE_SIZE, 3])],
-                               output=output_names)
+    from backbone.runners import openvino as ov_runner
 
-
-def frozen_features_graph(trunk):
-    """(frozen GraphDef, input tensor name, output tensor names) of a TF-runner trunk.
-
-    # NOTE: adapt to the runner interface at merge: reads the trunk's private session, graph
-    # and tensors, which the Trunk refactor moves into its TF runner.
-    """
-    from backbone import openvino_runtime
-
-    graph_def, output_names = openvino_runtime.freeze(trunk._session, trunk._graph,
-                                                      [trunk._features])
-    return graph_def, trunk._inputs.name, output_names
+    return ov_runner.convert_graph(frozen)
 
 
 def _single_images(calibration: Iterable[np.ndarray], samples: int) -> list[np.ndarray]:
@@ -212,20 +200,20 @@ def compile_model(ov_model, *, float_precision: str = "fp32", threads: int | Non
 
     `float_precision` ("fp32" | "bf16") is the precision of the layers NNCF left in float.
     """
-    from backbone import openvino_runtime
+    from backbone.runners import openvino as ov_runner
 
-    config = openvino_runtime.compile_config(float_precision, threads)
-    return _ov().Core().compile_model(ov_model, openvino_runtime.DEVICE, config)
+    config = ov_runner.compile_config(float_precision, threads)
+    return _ov().Core().compile_model(ov_model, ov_runner.DEVICE, config)
 
 
 def features(compiled, images: np.ndarray, *, batch_size: int = 8) -> np.ndarray:
     """Features [N, 1536] of preprocessed images [N, 299, 299, 3] with a compiled model."""
-    from backbone.openvino_runtime import OpenVinoRunner
-
-    runner = OpenVinoRunner(compiled)
+    request = compiled.create_infer_request()
     images = np.asarray(images, np.float32)
-    return np.concatenate([runner.run(np.ascontiguousarray(images[i:i + batch_size]))[0]
-                           for i in range(0, len(images), batch_size)])
+    return np.concatenate([
+        np.asarray(request.infer({0: np.ascontiguousarray(images[i:i + batch_size])})[0],
+                   dtype=np.float32)
+        for i in range(0, len(images), batch_size)])
 
 
 def _ov():
@@ -261,10 +249,12 @@ def library_versions() -> dict[str, str]:
 def source_digest() -> str:
     """A digest of the code an artifact is made by: the network, the freezing, the
     preprocessing and this module (its quantization options)."""
-    from backbone import inception_v4, openvino_runtime, preprocess
+    from backbone import inception_v4, preprocess
+    from backbone.runners import openvino as ov_runner
+    from backbone.runners import tf as tf_runner
 
     digest = hashlib.sha256()
-    for module in (inception_v4, openvino_runtime, preprocess):
+    for module in (inception_v4, tf_runner, ov_runner, preprocess):
         digest.update(Path(inspect.getsourcefile(module)).read_bytes())
     digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()
@@ -277,7 +267,7 @@ def _environment() -> dict:
 class Int8Artifact:
     """A quantized trunk: `<dir>/inception_v4-int8-<key>.xml`, `.bin` (OpenVINO IR) and `.json`.
 
-    Keyed by the checkpoint's fingerprint (`openvino_runtime.checkpoint_fingerprint`), the
+    Keyed by the checkpoint's fingerprint (`runners.openvino.checkpoint_fingerprint`), the
     calibration set's digest (`calibration_digest`), the OpenVINO, NNCF and TensorFlow versions
     and the source digest, so a change to any of them never reuses an artifact. The JSON holds
     the calibration set's description and date, the fidelity report and the versions; it is
@@ -285,7 +275,7 @@ class Int8Artifact:
     """
 
     def __init__(self, directory: str | os.PathLike, *, prefix: str, calibration: str):
-        from backbone.openvino_runtime import checkpoint_fingerprint
+        from backbone.runners.openvino import checkpoint_fingerprint
 
         self._place(directory, checkpoint_fingerprint(prefix), calibration, _environment())
 
@@ -370,5 +360,5 @@ class Int8Artifact:
 
 
 __all__ = ["MIN_COSINE", "MIN_TOP1_AGREEMENT", "DEFAULT_SAMPLES", "FidelityReport", "fidelity",
-           "float_model", "frozen_features_graph", "quantize", "compile_model", "features",
+           "float_model", "quantize", "compile_model", "features",
            "calibration_digest", "library_versions", "source_digest", "Int8Artifact"]

@@ -65,12 +65,15 @@ def compile_graph(frozen: tf_runner.FrozenGraph, *, precision: str, threads: int
     Returns:
       An `openvino.CompiledModel` with a dynamic batch dimension.
     """
-    ov = _ov()
-    model = ov.convert_model(frozen.graph_def,
-                             input=[(frozen.input_name, [-1, IMAGE_SIZE, IMAGE_SIZE, 3])],
-                             output=frozen.output_names)
     config = compile_config(precision, threads)
-    return _checked(ov.Core().compile_model(model, DEVICE, config), precision)
+    return _checked(_ov().Core().compile_model(convert_graph(frozen), DEVICE, config), precision)
+
+
+def convert_graph(frozen: tf_runner.FrozenGraph):
+    """The frozen graph as an `openvino.Model` (OpenVINO's TF frontend), dynamic batch."""
+    return _ov().convert_model(frozen.graph_def,
+                               input=[(frozen.input_name, [-1, IMAGE_SIZE, IMAGE_SIZE, 3])],
+                               output=frozen.output_names)
 
 
 def compile_config(precision: str, threads: int | None = None) -> dict:

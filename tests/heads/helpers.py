@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backbone.spec import FEATURE_DIM
 from tests.support.builders import random_head  # noqa: F401 - the heads tests import it here
 
 
