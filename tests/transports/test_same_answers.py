@@ -36,7 +36,7 @@ from service.transports.common.exchange import UNMATCHED
 from service.transports.http.app import SERVICE
 from service.transports.ray.serve import Call, Ingress, answer
 from tests.backbone.helpers import encode
-from tests.service.conftest import make_settings
+from tests.support.servers import make_settings
 
 pytestmark = pytest.mark.timeout(300)
 
