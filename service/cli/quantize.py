@@ -99,7 +99,8 @@ def _registered_heads(location: str) -> dict:
 def run_quantize(args: argparse.Namespace) -> int:
     from backbone import quantize as q
     from backbone.checkpoint import resolve_prefix
-    from backbone.precision import cpu_flags, resolve_precision
+    from backbone.device import detect_device
+    from backbone.precision import resolve_precision
 
     if args.samples < 1:
         args._parser.error("--samples must be >= 1")
@@ -127,7 +128,7 @@ def run_quantize(args: argparse.Namespace) -> int:
 
     heads = _registered_heads(store_dir(args))
     # The float layers run as `auto` would serve them: bf16 where the CPU has it.
-    float_precision = resolve_precision("auto", device="/CPU:0", flags=cpu_flags())
+    float_precision = resolve_precision("auto", device=detect_device("cpu"))
     print(f"trunk {prefix}: {len(calibration)} calibration and {len(held_out)} held-out images "
           f"from {folder}; {len(heads)} registered bot(s)", flush=True)
     held = _preprocessed(held_out, data)
