@@ -33,7 +33,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # PostgreSQL 15's server binaries (Debian's postgresql package), for the tests that start a
-# throw-away server (tests/pgserver.py) as an unprivileged user. Only the binaries are used:
+# throw-away server (bench/pgserver.py, one per test session: tests/support/postgres.py) as an
+# unprivileged user. Only the binaries are used:
 # the cluster Debian creates is never started by the tests.
 PG_BIN := /usr/lib/postgresql/15/bin
 postgres-deps:
