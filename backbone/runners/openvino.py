@@ -330,6 +330,18 @@ class OpenVinoRunner(Runner):
     def features(self, images: np.ndarray) -> np.ndarray:
         return self.run(images)[0]
 
+    def executed_precisions(self) -> dict[str, dict[str, int]]:
+        """What the CPU plugin runs: layer type -> {precision: layer count}, from the compiled
+        model's execution graph (e.g. {"Convolution": {"u8": 149}} for an INT8 trunk)."""
+        out: dict[str, dict[str, int]] = {}
+        for op in self._compiled.get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            kind = str(info["layerType"].astype(str))
+            precision = str(info["runtimePrecision"].astype(str)).lower()
+            out.setdefault(kind, {}).setdefault(precision, 0)
+            out[kind][precision] += 1
+        return out
+
     def features_and_logits(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         features, logits = self.run(images)
         return features, logits
