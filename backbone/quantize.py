@@ -139,16 +139,20 @@ def float_model(prefix: str, *, graph_cache_dir: str | os.PathLike | None = None
     the restored net's `Layout` in its runtime info (`runners.openvino.layout_of`), which
     quantization and the IR keep, so an INT8 trunk loads without TensorFlow.
     """
-    from backbone.trunk import Trunk
-
-    trunk = Trunk.from_checkpoint(prefix, runtime="tf", precision="fp32",
-                                  warmup_batch_sizes=(), graph_cache_dir=graph_cache_dir)
-    try:
-        frozen = trunk.runner.freeze()
-        layout = trunk.runner.layout
-    finally:
-        trunk.close()  # OpenVINO holds its own copy of the constants
+    from backbone.checkpoint import resolve_prefix
+    from backbone.device import detect_device
     from backbone.runners import openvino as ov_runner
+    from backbone.runners.base import LoadRequest
+    from backbone.runners.tf import TfRunner
+
+    # NOTE: the runner, not `Trunk`: `backbone.trunk` looks up the artifacts made here.
+    runner = TfRunner.load(LoadRequest(resolve_prefix(prefix), detect_device("cpu"), "fp32",
+                                       cache_dir=graph_cache_dir))
+    try:
+        frozen = runner.freeze()
+        layout = runner.layout
+    finally:
+        runner.close()  # OpenVINO holds its own copy of the constants
 
     model = ov_runner.convert_graph(frozen)
     ov_runner.set_layout(model, layout)
