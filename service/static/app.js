@@ -86,7 +86,9 @@ async function showTrunk() {
     const runs = body.trunk.runtime ? ` · ${body.trunk.runtime} ${body.trunk.precision}` : "";
     // An int8 trunk: the images it was calibrated on, and when (the day; the rest in the title).
     const cal = body.trunk.calibration;
-    const calibrated = cal ? ` · calibrated on ${cal.images} images, ${cal.date.slice(0, 10)}` : "";
+    const calibrated = cal
+      ? ` · calibrated on ${cal.images} images, ${cal.date.slice(0, 10)}${cal.passed ? "" : " (below its fidelity bound)"}`
+      : "";
     node.textContent = `Trunk weights: ${weights}${runs}${calibrated}`;
     const where = body.trunk.checkpoint ? `checkpoint ${body.trunk.checkpoint} on ${body.trunk.device}` : "";
     node.title = cal
