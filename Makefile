@@ -47,7 +47,8 @@ system-deps: browser-deps postgres-deps
 test: lint system-deps
 	$(BIN)/python -m pytest
 
-# First run: demo trunk, generated images and demo bots (about 1-2 min); later runs reuse them.
+# First run: demo trunk, generated images, INT8 trunk and demo bots (about 3-7 min); later runs
+# reuse them.
 demo: $(STAMP)
 	$(BIN)/multihead demo --store $(STORE)
 

@@ -18,6 +18,7 @@ _LAZY = {
     "resolve_prefix": "backbone.checkpoint",
     "check_layout": "backbone.checkpoint",
     "PrecisionUnsupported": "backbone.errors",
+    "Int8ArtifactMissing": "backbone.errors",
     "RuntimeUnavailable": "backbone.errors",
     "PRECISIONS": "backbone.precision",
     "RUNTIMES": "backbone.precision",

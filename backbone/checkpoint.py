@@ -24,6 +24,8 @@ from backbone.tfimport import import_tensorflow
 # Names inside a store (`<store>/trunk/...`): the official checkpoint wins when present.
 OFFICIAL_CHECKPOINT = "inception_v4.ckpt"
 DEMO_CHECKPOINT = "demo_inception_v4.ckpt"
+# Next to a trunk checkpoint: its saved graph, compiled models and INT8 trunks.
+CACHE_DIR = "graph_cache"
 
 
 def checkpoint_exists(prefix: str | os.PathLike) -> bool:
@@ -48,6 +50,12 @@ def default_trunk_checkpoint(store_dir: str | os.PathLike) -> str:
     if checkpoint_exists(official):
         return str(official)
     return str(trunk_dir / DEMO_CHECKPOINT)
+
+
+def cache_dir_of(prefix: str | os.PathLike) -> Path:
+    """Where a trunk checkpoint's graph, compiled models and INT8 trunks are kept: graph_cache/
+    next to it (`<store>/trunk/graph_cache` for a store's own trunk)."""
+    return Path(prefix).parent / CACHE_DIR
 
 
 def resolve_prefix(path: str | os.PathLike) -> str:

@@ -23,3 +23,8 @@ class PrecisionUnsupported(BackboneError):
 
 class RuntimeUnavailable(BackboneError):
     """The requested trunk runtime is not installed or cannot run on this device."""
+
+
+class Int8ArtifactMissing(PrecisionUnsupported):
+    """Precision "int8" was asked for and no INT8 trunk was calibrated for this checkpoint
+    (`multihead quantize` makes one)."""

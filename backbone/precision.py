@@ -1,7 +1,8 @@
 """Which precision and which runtime the trunk runs in: pure resolution rules, no side effects.
 
-Everything here is a function of its inputs (the `Device`, whether OpenVINO is importable), so
-the rules are unit-tested with fake devices; `Trunk.from_checkpoint` feeds them the detected one.
+Everything here is a function of its inputs (the `Device`, whether OpenVINO is importable,
+the resolved runtime, whether an INT8 trunk was calibrated for the checkpoint), so the rules
+are unit-tested with fake devices; `Trunk.from_checkpoint` feeds them what it found.
 
 Rules:
   - "fp32" runs everywhere.
@@ -12,7 +13,13 @@ Rules:
     rewriter (its CUDA one is fp16): refused, use "fp16".
   - "fp16" needs a GPU (TF's CUDA `auto_mixed_precision` rewriter). On the CPU it is refused:
     TF's CPU fp16 path (`auto_mixed_precision_cpu`) only emulates it, for testing.
-  - "auto": fp16 on a GPU, bf16 on a CPU with native bf16, fp32 otherwise.
+  - "int8" runs on OpenVINO (so on the CPU) from an INT8 trunk calibrated for this checkpoint
+    by `multihead quantize` (`backbone.quantize.Int8Artifact`); without one it is refused,
+    naming the command. OpenVINO's CPU plugin runs INT8 on any x86 CPU with AVX2 (VNNI and AMX
+    make it faster). The layers NNCF leaves in float run in `float_layers_precision`: bf16
+    where the CPU has it, else fp32.
+  - "auto": fp16 on a GPU; on the CPU int8 when the runtime is OpenVINO and an INT8 trunk that
+    passed its fidelity bounds exists, else bf16 where the CPU has it, else fp32.
   - runtime "openvino" runs on the CPU only (this package compiles for OpenVINO's CPU plugin);
     "auto" picks it on the CPU when `openvino` is importable, else "tf".
 """
@@ -21,29 +28,42 @@ from __future__ import annotations
 import importlib.util
 
 from backbone.device import Device
-from backbone.errors import PrecisionUnsupported, RuntimeUnavailable
+from backbone.errors import Int8ArtifactMissing, PrecisionUnsupported, RuntimeUnavailable
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 RUNTIMES = ("tf", "openvino")
+# What is known of the INT8 trunks calibrated for a checkpoint (`resolve_precision`'s input):
+# none, only ones written with --force below a fidelity bound, or one that passed.
+INT8_NONE, INT8_FAILING, INT8_PASSING = "none", "failing", "passing"
+QUANTIZE_COMMAND = "multihead quantize --images DIR"
 
 
-def resolve_precision(requested: str, *, device: Device) -> str:
-    """Turns "fp32" | "bf16" | "fp16" | "auto" into the precision the trunk will run in.
+def resolve_precision(requested: str, *, device: Device, runtime: str = "tf",
+                      int8: str = INT8_NONE) -> str:
+    """Turns "fp32" | "bf16" | "fp16" | "int8" | "auto" into the precision the trunk will run in.
 
     Args:
       requested: the user's choice.
       device: where the trunk runs (see `backbone.device.detect_device`).
+      runtime: the resolved runtime ("tf" | "openvino", see `resolve_runtime`).
+      int8: the INT8 trunks calibrated for this checkpoint: `INT8_NONE`, `INT8_FAILING` (only
+        ones forced below a bound: "int8" takes them, "auto" does not) or `INT8_PASSING`.
 
     Raises:
       ValueError: an unknown name.
-      PrecisionUnsupported: the precision cannot run natively on this device.
+      PrecisionUnsupported: the precision cannot run natively on this device or runtime.
+      Int8ArtifactMissing: "int8" and no INT8 trunk calibrated for this checkpoint.
     """
     requested = requested.lower()
     if requested not in (*PRECISIONS, "auto"):
         raise ValueError(f"precision must be one of {', '.join((*PRECISIONS, 'auto'))}, "
                          f"got {requested!r}")
     if requested == "auto":
-        return "fp16" if device.is_gpu else ("bf16" if device.bf16 else "fp32")
+        if device.is_gpu:
+            return "fp16"
+        if runtime == "openvino" and int8 == INT8_PASSING:
+            return "int8"
+        return float_layers_precision(device)
     if requested == "bf16":
         if device.is_gpu:
             raise PrecisionUnsupported(f"precision 'bf16' is not supported on {device} "
@@ -54,7 +74,27 @@ def resolve_precision(requested: str, *, device: Device) -> str:
     if requested == "fp16" and not device.is_gpu:
         raise PrecisionUnsupported(f"precision 'fp16' needs a GPU, the trunk runs on {device}: "
                                    f"use 'bf16' (CPUs with avx512_bf16/amx_bf16) or 'fp32'")
+    if requested == "int8":
+        if device.is_gpu:
+            raise PrecisionUnsupported(f"precision 'int8' runs on OpenVINO's CPU plugin, not on "
+                                       f"{device}: use 'fp16' or device 'cpu'")
+        if runtime != "openvino":
+            raise PrecisionUnsupported(f"precision 'int8' runs on OpenVINO, not on runtime "
+                                       f"{runtime!r}: use runtime 'openvino' or 'auto' (needs "
+                                       f"the openvino extra)")
+        if int8 not in (INT8_PASSING, INT8_FAILING):
+            raise Int8ArtifactMissing(f"precision 'int8' needs an INT8 trunk calibrated for "
+                                      f"this checkpoint and there is none: make one with "
+                                      f"`{QUANTIZE_COMMAND}`")
     return requested
+
+
+def float_layers_precision(device: Device) -> str:
+    """The float precision of a CPU trunk: bf16 where the CPU computes it natively, else fp32.
+
+    It is `auto`'s float choice, and the precision of the layers an INT8 trunk keeps in float.
+    """
+    return "bf16" if device.bf16 else "fp32"
 
 
 def openvino_available() -> bool:

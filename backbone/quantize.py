@@ -135,19 +135,28 @@ def float_model(prefix: str, *, graph_cache_dir: str | os.PathLike | None = None
     """The fp32 `openvino.Model` of the trunk of a checkpoint (features output only).
 
     The checkpoint is restored by the TF runner exactly as for serving, frozen and converted
-    by OpenVINO's TF frontend; the TF session is closed before returning.
+    by OpenVINO's TF frontend; the TF session is closed before returning. The model carries
+    the restored net's `Layout` in its runtime info (`runners.openvino.layout_of`), which
+    quantization and the IR keep, so an INT8 trunk loads without TensorFlow.
     """
-    from backbone.trunk import Trunk
-
-    trunk = Trunk.from_checkpoint(prefix, runtime="tf", precision="fp32",
-                                  warmup_batch_sizes=(), graph_cache_dir=graph_cache_dir)
-    try:
-        frozen = trunk.runner.freeze()
-    finally:
-        trunk.close()  # OpenVINO holds its own copy of the constants
+    from backbone.checkpoint import resolve_prefix
+    from backbone.device import detect_device
     from backbone.runners import openvino as ov_runner
+    from backbone.runners.base import LoadRequest
+    from backbone.runners.tf import TfRunner
 
-    return ov_runner.convert_graph(frozen)
+    # NOTE: the runner, not `Trunk`: `backbone.trunk` looks up the artifacts made here.
+    runner = TfRunner.load(LoadRequest(resolve_prefix(prefix), detect_device("cpu"), "fp32",
+                                       cache_dir=graph_cache_dir))
+    try:
+        frozen = runner.freeze()
+        layout = runner.layout
+    finally:
+        runner.close()  # OpenVINO holds its own copy of the constants
+
+    model = ov_runner.convert_graph(frozen)
+    ov_runner.set_layout(model, layout)
+    return model
 
 
 def _single_images(calibration: Iterable[np.ndarray], samples: int) -> list[np.ndarray]:
@@ -287,6 +296,7 @@ class Int8Artifact:
         self.xml_path = Path(directory) / f"{PREFIX}{self.key}.xml"
         self.bin_path = self.xml_path.with_suffix(".bin")
         self.meta_path = self.xml_path.with_suffix(".json")
+        self.passed: bool | None = None  # known once found (`available`, `find`) or saved
 
     def with_calibration(self, calibration: str) -> Int8Artifact:
         """The artifact of the same checkpoint and environment for another calibration set."""
@@ -300,7 +310,18 @@ class Int8Artifact:
         """The newest complete artifact for this checkpoint and these libraries and sources,
         made from any calibration set; with `passing`, only one whose fidelity passed (an
         artifact written with --force below a bound is not)."""
+        found = cls.available(directory, prefix)
+        if passing:
+            found = [artifact for artifact in found if artifact.passed]
+        return found[0] if found else None
+
+    @classmethod
+    def available(cls, directory: str | os.PathLike, prefix: str) -> list[Int8Artifact]:
+        """Every complete artifact for this checkpoint and these libraries and sources, newest
+        first (by calibration date); `passed` says whether its fidelity passed."""
         found = []
+        if not Path(directory).is_dir():
+            return found
         ours = cls(directory, prefix=prefix, calibration="")  # reads the checkpoint once
         for meta_path in Path(directory).glob(f"{PREFIX}*.json"):
             try:
@@ -311,9 +332,10 @@ class Int8Artifact:
                 log.warning("ignoring unreadable int8 artifact %s: %s", meta_path, exc)
                 continue
             # A file of another checkpoint or environment names another key: not ours.
-            if artifact.meta_path == meta_path and artifact.complete() and (passed or not passing):
+            if artifact.meta_path == meta_path and artifact.complete():
+                artifact.passed = passed
                 found.append((date, artifact))
-        return max(found, key=lambda pair: pair[0])[1] if found else None
+        return [artifact for _, artifact in sorted(found, key=lambda pair: pair[0], reverse=True)]
 
     def complete(self) -> bool:
         return self.xml_path.exists() and self.bin_path.exists() and self.meta_path.exists()
@@ -356,6 +378,7 @@ class Int8Artifact:
         finally:
             for tmp in (tmp_xml, tmp_bin, tmp_meta):
                 tmp.unlink(missing_ok=True)
+        self.passed = report.passed
         return meta
 
 

@@ -1,9 +1,10 @@
 """The shared trunk: one Inception-V4 per process, pixels in, features out.
 
 `Trunk` is a façade over exactly one runner (`backbone.runners`: TensorFlow, OpenVINO). It
-detects the device once, resolves the precision and runtime by the rules of
-`backbone.precision`, loads the runner the runtime names, warms it up once, and adds what is
-common to every runtime: the input check, the closed state and the checkpoint's description.
+detects the device once, resolves the runtime and precision by the rules of
+`backbone.precision` (`choose`: looking up the INT8 trunks calibrated for the checkpoint),
+loads the runner the runtime names, warms it up once, and adds what is common to every
+runtime: the input check, the closed state and the checkpoint's description.
 """
 from __future__ import annotations
 
@@ -18,8 +19,16 @@ import numpy as np
 from backbone.checkpoint import resolve_prefix
 from backbone.device import Device, detect_device
 from backbone.inception_v4 import LOGITS_SCOPE
-from backbone.precision import openvino_available, resolve_precision, resolve_runtime
-from backbone.runners import LoadRequest, Runner, runner_class
+from backbone.precision import (
+    INT8_FAILING,
+    INT8_NONE,
+    INT8_PASSING,
+    float_layers_precision,
+    openvino_available,
+    resolve_precision,
+    resolve_runtime,
+)
+from backbone.runners import Calibration, LoadRequest, Runner, runner_class
 from backbone.spec import FEATURE_DIM, IMAGE_SIZE
 
 log = logging.getLogger(__name__)
@@ -33,6 +42,49 @@ class TrunkTimings:
     restore_s: float
     warmup_s: float
     compile_s: float = 0.0  # OpenVINO: freeze + convert + compile, or import from the cache
+
+
+@dataclass(frozen=True)
+class TrunkChoice:
+    """What a trunk will run as, resolved before anything is loaded (`choose`).
+
+    Attributes:
+      runtime: "tf" | "openvino".
+      precision: "fp32" | "bf16" | "fp16" | "int8".
+      float_precision: the precision of the layers an INT8 trunk keeps in float.
+      int8_artifact: precision "int8": the `backbone.quantize.Int8Artifact` to run.
+    """
+
+    runtime: str
+    precision: str
+    float_precision: str
+    int8_artifact: object | None = None
+
+
+def choose(prefix: str, *, device: Device, precision: str = "auto", runtime: str = "auto",
+           int8_dir: str | os.PathLike | None = None) -> TrunkChoice:
+    """Resolves the runtime, then the precision, by the rules of `backbone.precision`.
+
+    The INT8 trunks calibrated for the checkpoint are looked up in `int8_dir` only where they
+    matter (runtime OpenVINO, precision "int8" or "auto"); reads the checkpoint's fingerprint
+    and no TensorFlow or OpenVINO. "int8" takes the newest passing INT8 trunk, else the newest
+    one forced below a bound; "auto" only a passing one.
+
+    Raises:
+      ValueError, PrecisionUnsupported, Int8ArtifactMissing, RuntimeUnavailable: see
+        `resolve_precision` and `resolve_runtime`.
+    """
+    runtime = resolve_runtime(runtime, device=device, openvino=openvino_available())
+    found = []
+    if runtime == "openvino" and precision.lower() in ("int8", "auto") and int8_dir is not None:
+        from backbone.quantize import Int8Artifact
+
+        found = Int8Artifact.available(int8_dir, prefix)  # newest first
+    passing = [artifact for artifact in found if artifact.passed]
+    state = INT8_PASSING if passing else INT8_FAILING if found else INT8_NONE
+    precision = resolve_precision(precision, device=device, runtime=runtime, int8=state)
+    artifact = (passing or found)[0] if precision == "int8" else None
+    return TrunkChoice(runtime, precision, float_layers_precision(device), artifact)
 
 
 class Trunk:
@@ -61,7 +113,8 @@ class Trunk:
                         warmup_batch_sizes: tuple[int, ...] = (1,),
                         graph_cache_dir: str | os.PathLike | None = None,
                         precision: str = "fp32",
-                        runtime: str = "tf") -> Trunk:
+                        runtime: str = "tf",
+                        int8_dir: str | os.PathLike | None = None) -> Trunk:
         """Builds the trunk graph once, restores it from a checkpoint and warms it up.
 
         Args:
@@ -82,36 +135,48 @@ class Trunk:
             come from `prefix`; a corrupt cache entry is ignored and rebuilt. With runtime
             "openvino" the compiled model is cached there too, keyed by the checkpoint's
             content: a restart then imports it without TensorFlow.
-          precision: "fp32", "bf16" (CPUs with avx512_bf16 or amx_bf16), "fp16" (GPU) or
-            "auto" (fp16 on a GPU, bf16 on a CPU that has it, else fp32); reported, resolved,
-            as `trunk.precision`. Features are float32 whatever the precision.
+          precision: "fp32", "bf16" (CPUs with avx512_bf16 or amx_bf16), "fp16" (GPU), "int8"
+            (runtime openvino, from an INT8 trunk `multihead quantize` calibrated for this
+            checkpoint in `int8_dir`; its float layers in bf16 where the CPU has it, else
+            fp32) or "auto" (fp16 on a GPU; on the CPU int8 when OpenVINO runs it and a
+            passing INT8 trunk exists, else bf16 where the CPU has it, else fp32); reported,
+            resolved, as `trunk.precision`. Features are float32 whatever the precision.
           runtime: "tf", "openvino" (CPU; compiled in-process from the same restored tf-slim
             graph) or "auto" (openvino on the CPU when installed, else tf); reported, resolved,
             as `trunk.runtime`.
+          int8_dir: where the INT8 trunks of this checkpoint are (`multihead quantize` writes
+            them to graph_cache/ next to it); None: `graph_cache_dir`. With
+            `graph_cache_dir` the compiled INT8 trunk is cached there too.
 
         Raises:
           CheckpointError: the file is missing (names the path) or a variable is missing or
             mis-shaped (names the variable and both shapes).
-          PrecisionUnsupported: the precision cannot run natively here (never emulated).
+          PrecisionUnsupported: the precision cannot run natively here (never emulated), or
+            int8 on runtime "tf" or with `with_logits`.
+          Int8ArtifactMissing: precision "int8" and no INT8 trunk for this checkpoint (the
+            message names `multihead quantize`).
           RuntimeUnavailable: runtime "openvino" without the package or on a GPU.
         """
         prefix = resolve_prefix(prefix)
         # NOTE: a CPU-only start detects its device without TensorFlow, so a cached OpenVINO
         # trunk starts without importing it.
         found = detect_device(device)
-        precision = resolve_precision(precision, device=found)
-        runtime = resolve_runtime(runtime, device=found, openvino=openvino_available())
-        runner = runner_class(runtime).load(LoadRequest(
-            prefix, found, precision, with_logits=with_logits,
+        choice = choose(prefix, device=found, precision=precision, runtime=runtime,
+                        int8_dir=graph_cache_dir if int8_dir is None else int8_dir)
+        runner = runner_class(choice.runtime).load(LoadRequest(
+            prefix, found, choice.precision, with_logits=with_logits,
             intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
-            cache_dir=graph_cache_dir, gpu_memory_limit_mb=gpu_memory_limit_mb))
+            cache_dir=graph_cache_dir, gpu_memory_limit_mb=gpu_memory_limit_mb,
+            int8_artifact=choice.int8_artifact, float_precision=choice.float_precision))
         trunk = cls(runner, checkpoint_prefix=prefix)
         trunk.warm_up(warmup_batch_sizes)
         t = trunk.timings
         log.info("trunk ready on %s (%s, %s) from %s: build %.1fs restore %.1fs compile %.1fs "
-                 "warm-up %.1fs%s", trunk.device, runtime, precision, prefix, t.build_s,
-                 t.restore_s, t.compile_s, t.warmup_s,
-                 " (compiled model from the cache)" if trunk.compiled_from_cache else "")
+                 "warm-up %.1fs%s%s", trunk.device, choice.runtime, trunk.precision_label,
+                 prefix, t.build_s, t.restore_s, t.compile_s, t.warmup_s,
+                 " (compiled model from the cache)" if trunk.compiled_from_cache else "",
+                 f"; calibrated on {trunk.calibration.description} at "
+                 f"{trunk.calibration.date}" if trunk.calibration else "")
         return trunk
 
     def warm_up(self, batch_sizes) -> None:
@@ -142,8 +207,25 @@ class Trunk:
 
     @property
     def precision(self) -> str:
-        """Resolved precision: "fp32" | "bf16" | "fp16"."""
+        """Resolved precision: "fp32" | "bf16" | "fp16" | "int8"."""
         return self.runner.info.precision
+
+    @property
+    def float_precision(self) -> str | None:
+        """INT8: the precision of the layers left in float ("fp32" | "bf16"); else None."""
+        return self.runner.info.float_precision
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """INT8: the calibration set (digest, image count, description, date); else None."""
+        return self.runner.info.calibration
+
+    @property
+    def precision_label(self) -> str:
+        """The precision for people: "int8 (float layers bf16)", "fp32", ..."""
+        if self.float_precision:
+            return f"{self.precision} (float layers {self.float_precision})"
+        return self.precision
 
     @property
     def variables(self) -> list[tuple[str, list[int]]]:
@@ -209,4 +291,4 @@ class Trunk:
                 f"precision={self.precision!r}, checkpoint={self.checkpoint_prefix!r})")
 
 
-__all__ = ["Trunk", "TrunkTimings", "FEATURE_DIM", "LOGITS_SCOPE"]
+__all__ = ["Trunk", "TrunkChoice", "TrunkTimings", "choose", "FEATURE_DIM", "LOGITS_SCOPE"]

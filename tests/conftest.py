@@ -1,4 +1,5 @@
-"""Session-wide fixtures: ONE real Inception-V4 trunk per test session.
+"""Session-wide fixtures: ONE real Inception-V4 trunk per test session (and ONE real INT8
+calibration of it, tests/support/int8.py).
 
 The trunk checkpoint is written once (seeded random weights in the official slim layout, the
 same file `multihead init-trunk` writes) and the graph is built once; every test that needs
@@ -12,6 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.backbone.helpers import graph_cache_of
+from tests.support.int8 import (  # noqa: F401 - fixtures, used by name
+    int8_calibrated,
+    int8_images,
+    int8_trunk,
+)
 from tests.support.postgres import pg_server  # noqa: F401 - a fixture, used by name
 
 

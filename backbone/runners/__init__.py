@@ -6,7 +6,14 @@ Importing this package imports neither TensorFlow nor OpenVINO.
 """
 from __future__ import annotations
 
-from backbone.runners.base import Layout, LoadReport, LoadRequest, Runner, RunnerInfo
+from backbone.runners.base import (
+    Calibration,
+    Layout,
+    LoadReport,
+    LoadRequest,
+    Runner,
+    RunnerInfo,
+)
 from backbone.runners.openvino import OpenVinoRunner
 from backbone.runners.tf import TfRunner
 
@@ -23,5 +30,5 @@ def runner_class(runtime: str) -> type[Runner]:
                          f"{', '.join(RUNNERS)}") from None
 
 
-__all__ = ["RUNNERS", "Layout", "LoadReport", "LoadRequest", "OpenVinoRunner", "Runner",
-           "RunnerInfo", "TfRunner", "runner_class"]
+__all__ = ["RUNNERS", "Calibration", "Layout", "LoadReport", "LoadRequest", "OpenVinoRunner",
+           "Runner", "RunnerInfo", "TfRunner", "runner_class"]

@@ -2,15 +2,16 @@
 
 A runner is one way of running the restored tf-slim Inception-V4 (TensorFlow's session, an
 OpenVINO compiled model, ...). `Trunk` holds exactly one and adds what is common to all: the
-input check, the closed state, the warm-up and the checkpoint's description. A new runtime or
-precision (INT8) is a new `Runner` registered in `backbone.runners.RUNNERS`; `Trunk` does not
-change.
+input check, the closed state, the warm-up and the checkpoint's description. A new runtime is a
+new `Runner` registered in `backbone.runners.RUNNERS`; a new precision is one more that a
+runner loads (INT8: the OpenVINO runner, from the `LoadRequest`'s `int8_artifact`); `Trunk`
+does not change.
 """
 from __future__ import annotations
 
 import abc
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -24,11 +25,15 @@ class LoadRequest:
     Attributes:
       prefix: an existing checkpoint prefix.
       device: where the trunk runs.
-      precision: resolved ("fp32", "bf16", "fp16").
+      precision: resolved ("fp32", "bf16", "fp16", "int8").
       with_logits: also build the checkpoint's own Logits layer.
       intra_op_threads / inter_op_threads: thread pools (None lets the runtime choose).
       cache_dir: where built graphs and compiled models are kept between processes, or None.
       gpu_memory_limit_mb: optional cap on GPU memory.
+      int8_artifact: precision "int8": the INT8 trunk to run, a `backbone.quantize.Int8Artifact`
+        calibrated for this checkpoint (not imported here: that module imports the runners).
+      float_precision: precision "int8": the precision of the layers left in float ("fp32",
+        "bf16"; see `backbone.precision.float_layers_precision`).
     """
 
     prefix: str
@@ -39,15 +44,52 @@ class LoadRequest:
     inter_op_threads: int | None = None
     cache_dir: str | os.PathLike | None = None
     gpu_memory_limit_mb: int | None = None
+    int8_artifact: object | None = None
+    float_precision: str = "fp32"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration set of an INT8 trunk, as `multihead quantize` recorded it.
+
+    Attributes:
+      digest: sha256 of the calibration images (`backbone.quantize.calibration_digest`).
+      images: how many images it calibrated on.
+      description: where they came from ("64 images from /data/photos").
+      date: when it was calibrated, ISO 8601 UTC ("2026-05-01T12:00:00Z").
+      min_cosine: the fidelity measured on held-out images (min cosine of features vs fp32).
+      passed: whether that fidelity was within the bounds (False: written with --force).
+    """
+
+    digest: str
+    images: int
+    description: str
+    date: str
+    min_cosine: float
+    passed: bool
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> Calibration:
+        """From an INT8 artifact's JSON (`backbone.quantize.Int8Artifact.metadata`)."""
+        calibration, fidelity = meta["calibration"], meta["fidelity"]
+        return cls(str(calibration["digest"]), int(calibration["images"]),
+                   str(calibration["description"]), str(calibration["date"]),
+                   float(fidelity["min_cosine"]), bool(fidelity["passed"]))
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class RunnerInfo:
-    """What a runner runs on: runtime ("tf", "openvino"), resolved precision and device."""
+    """What a runner runs on: runtime ("tf", "openvino"), resolved precision and device; for
+    an INT8 trunk also the precision of its float layers and its calibration set."""
 
     runtime: str
     precision: str
     device: Device
+    float_precision: str | None = None
+    calibration: Calibration | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +123,7 @@ class LoadReport:
     build_s: float = 0.0
     restore_s: float = 0.0
     compile_s: float = 0.0  # OpenVINO: freeze + convert + compile, or import from the cache
-    graph_from_cache: bool = False  # the start skipped building the graph
+    graph_from_cache: bool = False  # the start skipped building the graph (INT8: always)
     compiled_from_cache: bool = False  # OpenVINO: the compiled model was imported
 
 

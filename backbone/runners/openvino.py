@@ -5,8 +5,9 @@ as for runtime "tf" (fp32), takes its restored graph through `TfRunner.freeze` (
 become constants; input with a dynamic batch, output `PreLogitsFlatten` and optionally
 `Logits`), `compile_graph` hands it to OpenVINO's TensorFlow frontend and the CPU plugin, and
 `CompiledCache` keeps the compiled blob next to the graph cache, so a restart imports it (no
-TensorFlow, no conversion). An INT8 model of the same frozen graph plugs in here, as one more
-precision this runner compiles or imports.
+TensorFlow, no conversion). Precision "int8" compiles the INT8 model `multihead quantize` made
+of the same frozen graph (`backbone.quantize.Int8Artifact`, an OpenVINO IR: no TensorFlow
+either), its float layers in fp32 or bf16, and caches the compiled blob the same way.
 
 `import backbone` imports no OpenVINO: the package is imported on the first load.
 
@@ -23,6 +24,7 @@ and loaded during measurement, so the numbers below are ratios within one run, n
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -37,9 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from backbone.errors import PrecisionUnsupported
+from backbone.errors import Int8ArtifactMissing, PrecisionUnsupported
 from backbone.runners import tf as tf_runner
-from backbone.runners.base import Layout, LoadReport, LoadRequest, Runner, RunnerInfo
+from backbone.runners.base import (
+    Calibration,
+    Layout,
+    LoadReport,
+    LoadRequest,
+    Runner,
+    RunnerInfo,
+)
 from backbone.spec import IMAGE_SIZE
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,7 @@ log = logging.getLogger(__name__)
 DEVICE = "CPU"
 PERFORMANCE_HINT = "LATENCY"
 _OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+LAYOUT_RT_INFO = ("multihead", "layout")  # where a model keeps its `Layout`
 
 
 def _ov():
@@ -76,11 +86,23 @@ def convert_graph(frozen: tf_runner.FrozenGraph):
                                output=frozen.output_names)
 
 
+def set_layout(model, layout: Layout) -> None:
+    """Keeps the restored net's `Layout` in a model's runtime info (JSON), which NNCF's
+    quantization and the IR files keep: an INT8 trunk then loads without TensorFlow."""
+    model.set_rt_info(json.dumps(layout.to_json()), list(LAYOUT_RT_INFO))
+
+
+def layout_of(model) -> Layout:
+    """The `Layout` a model carries (`set_layout`)."""
+    return Layout.from_json(json.loads(model.get_rt_info(list(LAYOUT_RT_INFO)).astype(str)))
+
+
 def compile_config(precision: str, threads: int | None = None) -> dict:
-    """OpenVINO CPU properties for a resolved precision ("fp32" or "bf16")."""
+    """OpenVINO CPU properties for a resolved float precision ("fp32" or "bf16"; for an INT8
+    model, the precision of its float layers)."""
     if precision not in _OV_PRECISION:
-        raise PrecisionUnsupported(f"precision {precision!r} is not available on OpenVINO's CPU "
-                                   f"plugin: use 'fp32' or 'bf16'")
+        raise PrecisionUnsupported(f"precision {precision!r} is not a float precision of "
+                                   f"OpenVINO's CPU plugin: use 'fp32' or 'bf16'")
     config = {"PERFORMANCE_HINT": PERFORMANCE_HINT,
               "INFERENCE_PRECISION_HINT": _OV_PRECISION[precision]}
     if threads:
@@ -108,17 +130,19 @@ class CompiledCache:
     Keyed by everything the blob depends on: the weights (the V2 checkpoint's `.index`, whose
     entries hold every tensor's crc32c, and the data shard sizes; a V1 file's full bytes), the
     precision, the outputs, the network and freezing source, and the TensorFlow and OpenVINO
-    versions. A hit starts the trunk without TensorFlow. A corrupt entry is ignored and
-    rewritten; a read-only directory only costs the cache.
+    versions; an INT8 trunk's entry also by its artifact's key (checkpoint, calibration set,
+    libraries) and the precision of its float layers (`variant`). A hit starts the trunk
+    without TensorFlow. A corrupt entry is ignored and rewritten; a read-only directory only
+    costs the cache.
     """
 
     def __init__(self, directory: str | os.PathLike, *, prefix: str, precision: str,
-                 with_logits: bool):
+                 with_logits: bool, variant: str = ""):
         from backbone import inception_v4
 
         digest = hashlib.sha256()
         for part in (version(), _dist_version("tensorflow"), precision, str(with_logits),
-                     PERFORMANCE_HINT):
+                     PERFORMANCE_HINT, variant):
             digest.update(part.encode() + b"|")
         for source in (inspect.getsourcefile(inception_v4), tf_runner.__file__, __file__):
             digest.update(Path(source).read_bytes())
@@ -173,7 +197,19 @@ def checkpoint_fingerprint(prefix: str) -> str:
 
     V2: the `.index` file (names, shapes, offsets and a crc32c of every tensor) and the sizes
     of the data shards. V1 (one file, like the official `inception_v4.ckpt`): all its bytes.
+    A start asks for it several times (compiled-model cache, INT8 trunks): it is read once per
+    state of the files (path, inode, size and modification time of each).
     """
+    index = Path(f"{prefix}.index")
+    files = [index, *sorted(index.parent.glob(f"{index.name[:-len('.index')]}.data-*"))] \
+        if index.exists() else [Path(prefix)]
+    state = tuple((str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+                  for p in files for st in [p.stat()])
+    return _fingerprint(prefix, state)
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(prefix: str, state: tuple) -> str:  # `state` keys the cache only
     digest = hashlib.sha256()
     index = Path(f"{prefix}.index")
     if index.exists():
@@ -206,7 +242,10 @@ class OpenVinoRunner(Runner):
     @classmethod
     def load(cls, request: LoadRequest) -> OpenVinoRunner:
         """Imports the compiled trunk from the cache, or loads the TF runner (fp32), freezes
-        its restored graph, compiles it and caches the result."""
+        its restored graph, compiles it and caches the result. Precision "int8" compiles the
+        request's INT8 artifact instead (`_load_int8`)."""
+        if request.precision == "int8":
+            return cls._load_int8(request)
         t0 = time.perf_counter()
         threads = request.intra_op_threads
         cache = (CompiledCache(request.cache_dir, prefix=request.prefix,
@@ -237,6 +276,46 @@ class OpenVinoRunner(Runner):
         return cls(compiled, info=RunnerInfo("openvino", request.precision, request.device),
                    layout=layout, report=report)
 
+    @classmethod
+    def _load_int8(cls, request: LoadRequest) -> OpenVinoRunner:
+        """The INT8 trunk: the artifact's model (an OpenVINO IR, no TensorFlow) compiled with
+        its float layers in `request.float_precision`, or that compiled model imported from
+        the cache (a restart)."""
+        artifact = request.int8_artifact
+        if artifact is None:
+            raise Int8ArtifactMissing("precision 'int8' was asked for without an INT8 trunk")
+        if request.with_logits:
+            raise PrecisionUnsupported("the INT8 trunk computes features only, not the "
+                                       "checkpoint's Logits layer: load it in fp32 or bf16")
+        t0 = time.perf_counter()
+        threads, float_precision = request.intra_op_threads, request.float_precision
+        calibration = Calibration.from_metadata(artifact.metadata())
+        cache = (CompiledCache(request.cache_dir, prefix=request.prefix, precision="int8",
+                               with_logits=False, variant=f"{artifact.key}|{float_precision}")
+                 if request.cache_dir else None)
+        loaded = cache.load(float_precision, threads=threads) if cache else None
+        if loaded is not None:
+            compiled, meta = loaded
+            layout = Layout.from_json(meta)
+        else:
+            model = artifact.load()
+            layout = layout_of(model)
+            compiled = _checked(_ov().Core().compile_model(
+                model, DEVICE, compile_config(float_precision, threads)), float_precision)
+            del model
+            if cache:
+                cache.save(compiled, layout.to_json())
+        # NOTE: an INT8 start never builds the TF graph: the artifact is the converted model.
+        report = LoadReport(compile_s=time.perf_counter() - t0, graph_from_cache=True,
+                            compiled_from_cache=loaded is not None)
+        if not calibration.passed:
+            log.warning("the INT8 trunk %s is below a fidelity bound (min cosine %.6f; kept "
+                        "with --force or by the demo): served because int8 was asked for",
+                        artifact.xml_path.name, calibration.min_cosine)
+        info = RunnerInfo("openvino", "int8", request.device, float_precision=float_precision,
+                          calibration=calibration)
+        return cls(compiled, info=info, layout=layout, report=report)
+
     def run(self, images: np.ndarray) -> list[np.ndarray]:
         """Every output of the model for a float32 batch [N, H, W, 3], as float32 arrays."""
         try:
@@ -251,6 +330,18 @@ class OpenVinoRunner(Runner):
 
     def features(self, images: np.ndarray) -> np.ndarray:
         return self.run(images)[0]
+
+    def executed_precisions(self) -> dict[str, dict[str, int]]:
+        """What the CPU plugin runs: layer type -> {precision: layer count}, from the compiled
+        model's execution graph (e.g. {"Convolution": {"u8": 149}} for an INT8 trunk)."""
+        out: dict[str, dict[str, int]] = {}
+        for op in self._compiled.get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            kind = str(info["layerType"].astype(str))
+            precision = str(info["runtimePrecision"].astype(str)).lower()
+            out.setdefault(kind, {}).setdefault(precision, 0)
+            out[kind][precision] += 1
+        return out
 
     def features_and_logits(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         features, logits = self.run(images)

@@ -24,7 +24,6 @@ import numpy as np
 from backbone.checkpoint import check_layout
 from backbone.errors import CheckpointError
 from backbone.inception_v4 import PRELOGITS, build_inception_v4
-from backbone.precision import PRECISIONS
 from backbone.runners.base import Layout, LoadReport, LoadRequest, Runner, RunnerInfo
 from backbone.spec import IMAGE_SIZE
 from backbone.tfimport import import_tensorflow
@@ -33,6 +32,8 @@ log = logging.getLogger(__name__)
 
 INPUT_NAME = "input"
 OUTPUT_PREFIX = "multihead_output_"
+# The precisions a TF session runs ("int8" runs on OpenVINO: `backbone.precision`).
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)

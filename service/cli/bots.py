@@ -205,8 +205,12 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
     own_trunk = trunk is None
     if own_trunk:
         from backbone import Trunk
+        from backbone.checkpoint import cache_dir_of, resolve_prefix
 
-        trunk = Trunk.from_checkpoint(trunk_prefix(args), **trunk_kwargs(args))
+        # The trunk `serve` runs: its graph, compiled models and INT8 trunk next to it.
+        prefix = resolve_prefix(trunk_prefix(args))
+        trunk = Trunk.from_checkpoint(prefix, graph_cache_dir=cache_dir_of(prefix),
+                                      **trunk_kwargs(args))
     try:
         data = extract_features(folder, trunk, batch_size=args.batch_size,
                                 progress=not args.no_progress)

@@ -1,8 +1,11 @@
 """`multihead demo`: create what the demo needs under a store, reuse what is there.
 
-First run (about a minute on 2 cores): the seeded demo trunk (unless the official checkpoint
-is in `<store>/trunk/`), the generated labelled images under `<store>/demo_images/`, and one
-bot per image kind trained on them with the `train` code path. Later runs only check: a demo
+First run (about two minutes on 2 cores): the seeded demo trunk (unless the official
+checkpoint is in `<store>/trunk/`), the generated labelled images under `<store>/demo_images/`,
+an INT8 trunk calibrated on those images with `multihead quantize`'s code (where the trunk runs
+on OpenVINO and NNCF is installed: `serve` then runs int8 by default), and one bot per image
+kind trained on them with the `train` code path, on the trunk `serve` will run. Later runs only
+check: the INT8 trunk is calibrated again when none exists for the store's trunk, and a demo
 bot is retrained when the trunk it was trained on is no longer the store's trunk.
 """
 from __future__ import annotations
@@ -53,13 +56,72 @@ def held_out_accuracy(trunk, head, kind: str, per_class: int = HELD_OUT_PER_CLAS
     return float(np.mean([p == t for p, t in zip(predicted, truth)]))
 
 
+def int8_wanted(trunk_kwargs: dict | None) -> str | None:
+    """Why the demo does not calibrate an INT8 trunk (None: it does): the trunk would not run
+    it (runtime TF, a GPU, a float precision asked for) or NNCF is not installed."""
+    import importlib.util
+
+    from backbone.device import cpu_device_if_known
+    from backbone.precision import openvino_available, resolve_runtime
+
+    kwargs = trunk_kwargs or {}
+    if kwargs.get("precision", "auto") not in ("auto", "int8"):
+        return f"precision {kwargs['precision']!r} asked for"
+    device = cpu_device_if_known("auto")
+    if device is None:
+        return "the trunk may run on a GPU"
+    if resolve_runtime(kwargs.get("runtime", "auto"), device=device,
+                       openvino=openvino_available()) != "openvino":
+        return "the trunk runs on TensorFlow"
+    if importlib.util.find_spec("nncf") is None:
+        return "NNCF is not installed (pip install 'multihead[openvino]')"
+    return None
+
+
+def ensure_int8(store_dir: Path, prefix: str, *, per_class: int, kinds=tuple(KINDS)) -> bool:
+    """Calibrates an INT8 trunk for `prefix` on the demo's images (written first if missing),
+    unless one exists; returns whether a passing one exists afterwards.
+
+    NOTE: one below a fidelity bound is kept too, marked failing (as `multihead quantize
+    --force` keeps it): `auto` never serves it, and the next `multihead demo` (every
+    `make serve`) does not spend a minute calibrating the same images again.
+    """
+    from backbone.checkpoint import cache_dir_of
+    from backbone.quantize import DEFAULT_SAMPLES, Int8Artifact
+    from service.cli.quantize import calibrate, image_files
+
+    found = Int8Artifact.find(cache_dir_of(prefix), prefix, passing=False)
+    if found is None:
+        folder = store_dir / "demo_images"
+        for kind in kinds:
+            write_demo_images(folder, kind, per_class)
+        log.info("calibrating an INT8 trunk on the demo images (about a minute)")
+        start = time.perf_counter()
+        calibrate(prefix, folder, image_files(folder), samples=DEFAULT_SAMPLES,
+                  store=str(store_dir), force=True)
+        log.info("INT8 calibration took %.0fs", time.perf_counter() - start)
+        found = Int8Artifact.find(cache_dir_of(prefix), prefix, passing=False)
+    passed = bool(found and found.passed)
+    if found is not None and not passed:
+        log.warning("the demo's INT8 trunk is below a fidelity bound (min cosine %.6f < %s): "
+                    "kept but not served by default, the demo serves the float trunk",
+                    found.metadata()["fidelity"]["min_cosine"],
+                    found.metadata()["fidelity"]["min_cosine_bound"])
+    elif found is not None:
+        log.info("INT8 trunk: %s", found.xml_path.name)
+    return passed
+
+
 def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None,
                 kinds=tuple(KINDS), held_out_per_class: int = HELD_OUT_PER_CLASS,
-                progress: bool = True, trunk_kwargs: dict | None = None) -> list[DemoBot]:
+                progress: bool = True, trunk_kwargs: dict | None = None,
+                int8: bool = False) -> list[DemoBot]:
     """Creates the missing demo pieces in `store_dir`; returns the demo bots.
 
     Args:
       trunk: a built Trunk to use (tests); else one is built from the store's trunk.
+      int8: calibrate an INT8 trunk on the demo images first (`ensure_int8`), where the trunk
+        would run it (`int8_wanted`), so that the bots are trained on the trunk `serve` runs.
     """
     from backbone.checkpoint import (
         checkpoint_exists,
@@ -77,6 +139,12 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
         write_random_checkpoint(prefix, seed=0)
     else:
         log.info("trunk: %s", prefix)
+    if int8:
+        why_not = int8_wanted(trunk_kwargs)
+        if why_not is None:
+            ensure_int8(store_dir, prefix, per_class=per_class, kinds=kinds)
+        else:
+            log.info("no INT8 trunk: %s", why_not)
     tag = _source_tag(trunk_digest(prefix))
     bots: list[DemoBot] = []
     own_trunk = trunk is None
@@ -97,10 +165,10 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
             for kind in todo:
                 if trunk is None:
                     from backbone import Trunk
+                    from backbone.checkpoint import cache_dir_of
 
-                    trunk = Trunk.from_checkpoint(
-                        prefix, graph_cache_dir=store_dir / "trunk" / "graph_cache",
-                        **(trunk_kwargs or {}))
+                    trunk = Trunk.from_checkpoint(prefix, graph_cache_dir=cache_dir_of(prefix),
+                                                  **(trunk_kwargs or {}))
                 start = time.perf_counter()
                 folder = write_demo_images(store_dir / "demo_images", kind, per_class)
                 data = extract_features(scan_image_folder(folder), trunk, progress=progress)

@@ -97,10 +97,7 @@ def _registered_heads(location: str) -> dict:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from backbone import quantize as q
     from backbone.checkpoint import resolve_prefix
-    from backbone.device import detect_device
-    from backbone.precision import resolve_precision
 
     if args.samples < 1:
         args._parser.error("--samples must be >= 1")
@@ -111,11 +108,26 @@ def run_quantize(args: argparse.Namespace) -> int:
     if len(files) < MIN_HELD_OUT + 1:
         args._parser.error(f"--images {folder}: {len(files)} images, need at least "
                            f"{MIN_HELD_OUT + 1} ({MIN_HELD_OUT} are held out for the report)")
-    calibration, held_out = split(files, args.samples)
-    data = {path: path.read_bytes() for path in calibration + held_out}
     prefix = resolve_prefix(trunk_prefix(args))
+    return calibrate(prefix, folder, files, samples=args.samples, store=store_dir(args),
+                     force=args.force)
+
+
+def calibrate(prefix: str, folder: Path, files: list[Path], *, samples: int, store: str,
+              force: bool = False) -> int:
+    """Quantizes the trunk of checkpoint `prefix` on `files` (images under `folder`), reports
+    the fidelity and writes the artifact to the checkpoint's cache directory if it passes (or
+    `force`). Prints its report; returns the exit code (0 written or already there, 2 below a
+    bound). `multihead demo` calls it on its own images."""
+    from backbone import quantize as q
+    from backbone.checkpoint import cache_dir_of
+    from backbone.device import detect_device
+    from backbone.precision import float_layers_precision
+
+    calibration, held_out = split(files, samples)
+    data = {path: path.read_bytes() for path in calibration + held_out}
     # The trunk's graph cache, where `serve` keeps it: graph_cache/ next to the checkpoint.
-    directory = Path(prefix).parent / "graph_cache"
+    directory = cache_dir_of(prefix)
     artifact = q.Int8Artifact(directory, prefix=prefix,
                               calibration=q.calibration_digest(data[p] for p in calibration))
     if artifact.complete():
@@ -124,11 +136,11 @@ def run_quantize(args: argparse.Namespace) -> int:
         print(f"already calibrated on these images ({meta['calibration']['date']}): "
               f"{artifact.xml_path}")
         print("\n".join(report.lines()))
-        return 0 if report.passed or args.force else 2
+        return 0 if report.passed or force else 2
 
-    heads = _registered_heads(store_dir(args))
-    # The float layers run as `auto` would serve them: bf16 where the CPU has it.
-    float_precision = resolve_precision("auto", device=detect_device("cpu"))
+    heads = _registered_heads(store)
+    # The float layers run as an int8 trunk serves them: bf16 where the CPU has it.
+    float_precision = float_layers_precision(detect_device("cpu"))
     print(f"trunk {prefix}: {len(calibration)} calibration and {len(held_out)} held-out images "
           f"from {folder}; {len(heads)} registered bot(s)", flush=True)
     held = _preprocessed(held_out, data)
@@ -143,7 +155,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     report = q.fidelity(fp32, int8, heads)
     print(f"quantized in {took:.0f}s; fidelity (float layers in {float_precision}):")
     print("\n".join(report.lines()))
-    if not report.passed and not args.force:
+    if not report.passed and not force:
         print("multihead quantize: not written: below a bound (calibrate on more images like "
               "those you serve, or use --force)", file=sys.stderr)
         return 2

@@ -54,16 +54,19 @@ def require_trunk(settings: Settings) -> str:
     return prefix
 
 
-def check_precision_and_runtime(settings: Settings) -> None:
-    """Refuses at start (one line) a precision or runtime this CPU cannot run, when the trunk
-    will be on the CPU; on a GPU machine the bring-up decides (and /readyz reports it)."""
+def check_precision_and_runtime(settings: Settings, prefix: str) -> None:
+    """Refuses at start (one line) a precision or runtime this CPU cannot run (int8 also
+    without an INT8 trunk for `prefix`), when the trunk will be on the CPU; on a GPU machine
+    the bring-up decides (and /readyz reports it)."""
+    from backbone.checkpoint import cache_dir_of, resolve_prefix
     from backbone.device import cpu_device_if_known
-    from backbone.precision import openvino_available, resolve_precision, resolve_runtime
+    from backbone.trunk import choose
 
     device = cpu_device_if_known(settings.device)
     if device is not None:
-        resolve_precision(settings.precision, device=device)
-        resolve_runtime(settings.runtime, device=device, openvino=openvino_available())
+        prefix = resolve_prefix(prefix)  # a directory holding a checkpoint: the one in it
+        choose(prefix, device=device, precision=settings.precision, runtime=settings.runtime,
+               int8_dir=cache_dir_of(prefix))
 
 
 def require_pinned_bots(settings: Settings) -> None:
@@ -85,8 +88,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not (settings.ray and settings.deployment.ray_address):
         # NOTE: on a Ray cluster the replicas find the trunk on their own machines, and the
         # CPU they run on is theirs: their bring-up reports either failing.
-        require_trunk(settings)
-        check_precision_and_runtime(settings)
+        check_precision_and_runtime(settings, require_trunk(settings))
     require_pinned_bots(settings)
     # Start importing TensorFlow (about 3 s) at once, beside the rest of start-up; the trunk
     # build waits for it through the import lock.

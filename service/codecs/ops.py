@@ -26,6 +26,19 @@ async def metrics(service: Service, request: Request) -> Reply:
 
 # -- API description ---------------------------------------------------------------------------
 
+CALIBRATION_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["digest", "images", "description", "date", "min_cosine", "passed"],
+    "description": "the images `multihead quantize` calibrated the int8 trunk on, when, and "
+                   "the fidelity it measured on held-out images (passed: within the bounds; "
+                   "false: written with --force)",
+    "properties": {"digest": {"type": "string"},
+                   "images": {"type": "integer", "minimum": 1},
+                   "description": {"type": "string"},
+                   "date": {"type": "string", "format": "date-time"},
+                   "min_cosine": {"type": "number"},
+                   "passed": {"type": "boolean"}}}
+
 READINESS_SCHEMA = {
     "title": "Readiness", "type": "object", "additionalProperties": False,
     "required": ["status", "trunk", "timings"],
@@ -33,12 +46,16 @@ READINESS_SCHEMA = {
         "status": {"type": "string", "enum": ["loading", "ready", "failed"]},
         "trunk": {"type": "object", "required": ["weights"],
                   "description": "the trunk's weights (official, demo or custom) and, once "
-                                 "built, its checkpoint, device, runtime and precision",
+                                 "built, its checkpoint, device, runtime and precision; an "
+                                 "int8 trunk also the precision of its float layers and its "
+                                 "calibration set",
                   "properties": {"weights": {"type": "string"},
                                  "checkpoint": {"type": "string"},
                                  "device": {"type": "string"},
                                  "runtime": {"type": "string"},
-                                 "precision": {"type": "string"}}},
+                                 "precision": {"type": "string"},
+                                 "float_precision": {"type": "string"},
+                                 "calibration": CALIBRATION_SCHEMA}},
         "timings": {"type": "object", "additionalProperties": {"type": "number"},
                     "description": "bring-up steps in seconds (import_s, build_s, restore_s, "
                                    "compile_s, warmup_s, preload_s, ready_s)"},

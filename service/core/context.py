@@ -283,7 +283,7 @@ class Service:
         settings, readiness = self.settings, self.readiness
         trunk = self._given_trunk
         if trunk is None:
-            from backbone.checkpoint import default_trunk_checkpoint
+            from backbone.checkpoint import cache_dir_of, default_trunk_checkpoint
 
             start = time.perf_counter()
             await loop.run_in_executor(None, import_tensorflow, settings.device)
@@ -293,19 +293,22 @@ class Service:
             prefix = settings.trunk_checkpoint or default_trunk_checkpoint(settings.store)
             self.trunk_kind = trunk_kind(prefix)
             # Next to the trunk checkpoint: <store>/trunk/graph_cache for the store's own trunk.
-            cache_dir = Path(prefix).parent / "graph_cache" if settings.graph_cache else None
+            # The INT8 trunks `multihead quantize` writes there are found without the cache.
+            cache_dir = cache_dir_of(prefix) if settings.graph_cache else None
             trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
                 prefix, device=settings.device, warmup_batch_sizes=(),
                 graph_cache_dir=cache_dir, precision=settings.precision,
-                runtime=settings.runtime))
+                runtime=settings.runtime, int8_dir=cache_dir_of(prefix)))
             readiness.timings.update(build_s=trunk.timings.build_s,
                                      restore_s=trunk.timings.restore_s,
                                      compile_s=trunk.timings.compile_s)
         self.trunk = trunk
         self.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
+        calibration = getattr(trunk, "calibration", None)
         self.metrics.set_trunk(device=trunk.device,
                                runtime=getattr(trunk, "runtime", "tf"),
-                               precision=getattr(trunk, "precision", "fp32"))
+                               precision=getattr(trunk, "precision", "fp32"),
+                               calibration=calibration)
         start = time.perf_counter()
         if settings.warmup:
             for size in warmup_batch_sizes(settings.max_batch_size, trunk.device):
@@ -337,11 +340,17 @@ class Service:
             raise NotReady(self.readiness.error or "the trunk is still loading; retry shortly")
 
     def trunk_info(self) -> dict[str, Any]:
+        """The trunk for /readyz and the page: weights, checkpoint, device, runtime,
+        precision; an INT8 trunk also its float layers' precision and calibration set."""
         info: dict[str, Any] = {"weights": self.trunk_kind}
         if self.trunk is not None:
             info.update(checkpoint=self.trunk.checkpoint_prefix, device=self.trunk.device,
                         runtime=getattr(self.trunk, "runtime", "tf"),
                         precision=getattr(self.trunk, "precision", "fp32"))
+            calibration = getattr(self.trunk, "calibration", None)
+            if calibration is not None:
+                info.update(float_precision=self.trunk.float_precision,
+                            calibration=calibration.to_json())
         return info
 
     def readiness_report(self) -> dict[str, Any]:

@@ -152,8 +152,10 @@ class Metrics:
             "queue_depth", "rows waiting in the batcher queue", namespace=ns, registry=r,
         )
         self.trunk_info = Gauge(
-            "trunk_info", "the trunk in use (value 1): device, runtime and precision",
-            ["device", "runtime", "precision"], namespace=ns, registry=r,
+            "trunk_info", "the trunk in use (value 1): device, runtime and precision; an int8 "
+            "trunk's calibration set (digest prefix, image count) and date (empty otherwise)",
+            ["device", "runtime", "precision", "calibration", "calibration_images",
+             "calibration_date"], namespace=ns, registry=r,
         )
         self.inflight_bytes = Gauge(
             "inflight_bytes", "request bytes admitted and not yet answered (the admission "
@@ -252,9 +254,16 @@ class Metrics:
     def set_preloaded_heads(self, count: int) -> None:
         self.preloaded_heads.set(count)
 
-    def set_trunk(self, *, device: str, runtime: str, precision: str) -> None:
-        """What the trunk runs on, as `multihead_trunk_info{device,runtime,precision} 1`."""
-        self.trunk_info.labels(device=device, runtime=runtime, precision=precision).set(1)
+    def set_trunk(self, *, device: str, runtime: str, precision: str,
+                  calibration=None) -> None:
+        """What the trunk runs on, as `multihead_trunk_info{device,runtime,precision,...} 1`;
+        `calibration` (a `backbone.runners.Calibration`, int8 only) fills the calibration
+        labels: the first 16 hex digits of its digest, its image count and its date."""
+        self.trunk_info.labels(
+            device=device, runtime=runtime, precision=precision,
+            calibration=calibration.digest[:16] if calibration else "",
+            calibration_images=str(calibration.images) if calibration else "",
+            calibration_date=calibration.date if calibration else "").set(1)
 
     def bind_inflight_bytes(self, read: Callable[[], float]) -> None:
         """Read the admission budget in use at scrape time."""

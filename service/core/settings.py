@@ -202,12 +202,15 @@ class Settings:
     device: str = setting("auto", "where the trunk runs: auto, cpu, gpu or gpu:N", check=_device)
     precision: str = setting(
         "auto",
-        "trunk precision: fp32; bf16 (CPUs with avx512_bf16 or AMX); fp16 (GPU); auto = "
-        "fp16 on a GPU, bf16 on a CPU that has it, else fp32. Refused where the hardware "
-        "lacks it, never emulated; heads stay fp32",
+        "trunk precision: fp32; bf16 (CPUs with avx512_bf16 or AMX); fp16 (GPU); int8 "
+        "(runtime openvino, from the INT8 trunk `multihead quantize` calibrated for the "
+        "checkpoint; its float layers in bf16 where the CPU has it, else fp32); auto = fp16 "
+        "on a GPU, int8 where OpenVINO runs and a passing INT8 trunk exists, else bf16 on a "
+        "CPU that has it, else fp32. Refused where the hardware, the runtime or the INT8 "
+        "trunk lacks it, never emulated; heads stay fp32",
         choices=(*PRECISIONS, "auto"))
     runtime: str = setting(
-        "tf",
+        "auto",
         "trunk runtime: tf; openvino (CPU, compiled in-process from the same restored "
         "tf-slim graph, cached in graph_cache/ next to the trunk checkpoint; needs the "
         "openvino extra); "

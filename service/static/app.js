@@ -84,8 +84,17 @@ async function showTrunk() {
   node.dataset.state = body.status;
   if (body.status === "ready") {
     const runs = body.trunk.runtime ? ` · ${body.trunk.runtime} ${body.trunk.precision}` : "";
-    node.textContent = `Trunk weights: ${weights}${runs}`;
-    node.title = body.trunk.checkpoint ? `checkpoint ${body.trunk.checkpoint} on ${body.trunk.device}` : "";
+    // An int8 trunk: the images it was calibrated on, and when (the day; the rest in the title).
+    const cal = body.trunk.calibration;
+    const calibrated = cal
+      ? ` · calibrated on ${cal.images} images, ${cal.date.slice(0, 10)}${cal.passed ? "" : " (below its fidelity bound)"}`
+      : "";
+    node.textContent = `Trunk weights: ${weights}${runs}${calibrated}`;
+    const where = body.trunk.checkpoint ? `checkpoint ${body.trunk.checkpoint} on ${body.trunk.device}` : "";
+    node.title = cal
+      ? `${where}\ncalibration: ${cal.description} (sha256 ${cal.digest.slice(0, 16)}…) at ${cal.date}; ` +
+        `float layers ${body.trunk.float_precision}; min cosine vs fp32 ${cal.min_cosine.toFixed(4)}`
+      : where;
   } else if (body.status === "failed") {
     node.textContent = `Trunk failed: ${body.error || "unknown error"}`;
   } else {

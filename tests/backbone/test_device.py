@@ -7,9 +7,23 @@ import sys
 
 import pytest
 
-from backbone import Device, PrecisionUnsupported, RuntimeUnavailable, detect_device
+from backbone import (
+    Device,
+    Int8ArtifactMissing,
+    PrecisionUnsupported,
+    RuntimeUnavailable,
+    detect_device,
+)
 from backbone.device import cpu_device_if_known, cpu_flags, maybe_has_gpu
-from backbone.precision import RUNTIMES, resolve_precision, resolve_runtime
+from backbone.precision import (
+    INT8_FAILING,
+    INT8_NONE,
+    INT8_PASSING,
+    RUNTIMES,
+    float_layers_precision,
+    resolve_precision,
+    resolve_runtime,
+)
 from backbone.runners import RUNNERS, OpenVinoRunner, TfRunner, runner_class
 
 ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"
@@ -116,9 +130,49 @@ def test_unsupported_precision_is_refused_not_emulated(requested, device, match)
     assert "\n" not in str(err.value)
 
 
+# (requested, device, runtime, INT8 trunks for the checkpoint) -> precision: the rules of int8
+# and of `auto` with the CPU's flags injected (Zen 3: AVX2 only; Zen 4 and Sapphire Rapids:
+# bf16), with and without a calibrated INT8 trunk.
+@pytest.mark.parametrize("requested, device, runtime, int8, want", [
+    ("auto", cpu(ZEN3), "openvino", INT8_PASSING, "int8"),
+    ("auto", cpu(SAPPHIRE_RAPIDS), "openvino", INT8_PASSING, "int8"),  # int8 before bf16
+    ("auto", cpu(ZEN4), "openvino", INT8_FAILING, "bf16"),  # a forced one: never by auto
+    ("auto", cpu(ZEN3), "openvino", INT8_FAILING, "fp32"),
+    ("auto", cpu(ZEN4), "openvino", INT8_NONE, "bf16"),
+    ("auto", cpu(ZEN3), "openvino", INT8_NONE, "fp32"),
+    ("auto", cpu(ZEN3), "tf", INT8_PASSING, "fp32"),  # TF runs no int8
+    ("auto", cpu(SAPPHIRE_RAPIDS), "tf", INT8_PASSING, "bf16"),
+    ("auto", gpu(ZEN4), "tf", INT8_PASSING, "fp16"),
+    ("int8", cpu(ZEN3), "openvino", INT8_PASSING, "int8"),
+    ("INT8", cpu(ZEN4), "openvino", INT8_FAILING, "int8"),  # asked for: a forced one runs
+    ("fp32", cpu(ZEN3), "openvino", INT8_PASSING, "fp32"),
+    ("bf16", cpu(ZEN4), "openvino", INT8_PASSING, "bf16"),
+])
+def test_int8_and_auto_by_runtime_and_int8_trunk(requested, device, runtime, int8, want):
+    assert resolve_precision(requested, device=device, runtime=runtime, int8=int8) == want
+
+
+@pytest.mark.parametrize("device, runtime, int8, error, match", [
+    (cpu(ZEN3), "openvino", INT8_NONE, Int8ArtifactMissing,
+     r"none: make one with `multihead quantize --images DIR`"),
+    (cpu(ZEN3), "tf", INT8_PASSING, PrecisionUnsupported, "'int8' runs on OpenVINO"),
+    (gpu(ZEN4), "tf", INT8_PASSING, PrecisionUnsupported, "OpenVINO's CPU plugin"),
+])
+def test_int8_refusals_are_one_line(device, runtime, int8, error, match):
+    with pytest.raises(error, match=match) as err:
+        resolve_precision("int8", device=device, runtime=runtime, int8=int8)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("cpuinfo, want", [(ZEN3, "fp32"), (ZEN4, "bf16"),
+                                           (SAPPHIRE_RAPIDS, "bf16")])
+def test_the_float_layers_of_an_int8_trunk_are_bf16_where_the_cpu_has_it(cpuinfo, want):
+    assert float_layers_precision(cpu(cpuinfo)) == want
+
+
 def test_unknown_precision_and_runtime_names():
     with pytest.raises(ValueError, match="precision must be one of"):
-        resolve_precision("int8", device=cpu(ZEN3))
+        resolve_precision("int4", device=cpu(ZEN3))
     with pytest.raises(ValueError, match="runtime must be one of"):
         resolve_runtime("onnx", device=cpu(ZEN3), openvino=True)
 

@@ -1,15 +1,14 @@
 """The INT8 trunk: NNCF quantization of the real trunk, its fidelity bounds, the artifact's key,
 the refusal below a bound, --force, and the atomic write.
 
-ONE real calibration (the session's seeded trunk, real NNCF, 16 generated demo images, 8 held
-out) runs through `multihead quantize`; the other command runs reuse its fp32 and int8 models
-(both real) instead of building and quantizing again, which costs minutes on 2 shared cores:
-what they test is the command's decision, not NNCF.
+ONE real calibration per session (tests/support/int8.py: the session's seeded trunk, real NNCF,
+16 generated demo images, 8 held out) runs through `multihead quantize`; the other command runs
+reuse its fp32 and int8 models (both real) instead of building and quantizing again, which
+costs minutes on 2 shared cores: what they test is the command's decision, not NNCF. The
+INT8 trunk loaded from it is tested in test_int8.py.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 from pathlib import Path
@@ -19,59 +18,26 @@ import pytest
 
 from backbone import quantize as q
 from service.cli.main import main
+from tests.support.int8 import SAMPLES, link_checkpoint
 
 pytest.importorskip("nncf")
-
-SAMPLES = 16
-
-
-def _link_checkpoint(prefix: str, directory: Path) -> str:
-    """The checkpoint `prefix` seen from `directory` (symlinks): its own graph_cache/ there."""
-    directory.mkdir(parents=True)
-    for path in Path(prefix).parent.glob(Path(prefix).name + ".*"):
-        (directory / path.name).symlink_to(path)
-    return str(directory / Path(prefix).name)
 
 
 def _int8_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.glob(f"*{q.PREFIX}*")) if directory.exists() else []
 
 
-@pytest.fixture(scope="module")
-def demo_images(tmp_path_factory) -> Path:
-    from service.cli.demo_images import write_demo_images
-
-    root = tmp_path_factory.mktemp("demo_images")
-    write_demo_images(root, "colors", per_class=3)  # 15 images
-    write_demo_images(root, "light", per_class=3)  # 9 images
-    return root
+@pytest.fixture
+def calibrated(int8_calibrated):
+    """The session's one real `multihead quantize` run (tests/support/int8.py): (exit code,
+    stdout, prefix, store, fp32 and int8 models it made)."""
+    c = int8_calibrated
+    return c.code, c.out, c.prefix, c.store, c.made
 
 
-@pytest.fixture(scope="module")
-def calibrated(trunk_checkpoint, demo_images, tmp_path_factory):
-    """One real `multihead quantize` run: (exit code, stdout, prefix, store, fp32 and int8
-    models it made)."""
-    from heads import HeadStore
-
-    base = tmp_path_factory.mktemp("int8")
-    prefix = _link_checkpoint(trunk_checkpoint, base / "trunk")
-    store = base / "store"
-    rng = np.random.default_rng(0)
-    with HeadStore(store) as heads:
-        heads.register("colors", rng.normal(0, 0.05, (1536, 5)), np.zeros(5),
-                       ["red", "green", "blue", "yellow", "purple"], source="test")
-    made = {}
-    real_float_model, real_quantize = q.float_model, q.quantize
-    with pytest.MonkeyPatch.context() as mp:  # record the real models for the later tests
-        mp.setattr(q, "float_model", lambda *a, **k: made.setdefault("fp32", real_float_model(
-            *a, **k)))
-        mp.setattr(q, "quantize", lambda *a, **k: made.setdefault("int8", real_quantize(
-            *a, **k)))
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            code = main(["quantize", "--images", str(demo_images), "--samples", str(SAMPLES),
-                         "--trunk-checkpoint", prefix, "--store", str(store)])
-    return code, out.getvalue(), prefix, store, made
+@pytest.fixture
+def demo_images(int8_images):
+    return int8_images
 
 
 def test_int8_fidelity_on_the_demo_images_is_within_the_bounds(calibrated):
@@ -141,7 +107,7 @@ def replayed(calibrated, trunk_checkpoint, tmp_path, monkeypatch):
     _, _, _, store, made = calibrated
     monkeypatch.setattr(q, "float_model", lambda *a, **k: made["fp32"])
     monkeypatch.setattr(q, "quantize", lambda *a, **k: made["int8"])
-    return _link_checkpoint(trunk_checkpoint, tmp_path / "trunk"), store
+    return link_checkpoint(trunk_checkpoint, tmp_path / "trunk"), store
 
 
 def test_below_a_bound_it_exits_2_and_writes_nothing_unless_forced(replayed, demo_images,

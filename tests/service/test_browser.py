@@ -196,6 +196,14 @@ def read_bots_page(driver, url):
     return rows, _css(driver, "#trunk")[0].text
 
 
+def read_trunk_status(driver, url):
+    """The page's trunk line once ready: (its text, its tooltip)."""
+    driver.get(url)
+    node = _wait_for(driver, "#trunk[data-state='ready']", "the trunk status")[0]
+    _screenshot(driver, "trunk")
+    return node.text, node.get_attribute("title")
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 def _api_predictions(body):
@@ -289,6 +297,18 @@ async def test_bots_page_lists_every_bot_with_version_and_classes(browser, make_
                                 "labels": info["labels"]}
         assert info["labels"] == list(store.get(bot_id).labels)
     assert await _weights(client) in trunk_text
+
+
+async def test_the_page_shows_the_int8_trunks_calibration_set_and_date(browser, make_client,
+                                                                       int8_trunk):
+    client = await make_client(trunk_obj=int8_trunk)
+    text, title = await asyncio.to_thread(read_trunk_status, browser,
+                                          str(client.make_url("/")))
+    calibration = int8_trunk.calibration
+    assert "openvino int8" in text, text
+    assert f"calibrated on {calibration.images} images, {calibration.date[:10]}" in text, text
+    assert calibration.description in title and calibration.digest[:16] in title, title
+    assert calibration.date in title and f"float layers {int8_trunk.float_precision}" in title
 
 
 async def test_the_page_and_its_assets_are_served(shared_client):

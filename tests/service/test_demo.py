@@ -100,3 +100,50 @@ async def test_demo_setup_and_tour(trunk, trunk_checkpoint, tmp_path, aiohttp_cl
     assert resp.status == 200, body
     assert body["results"]["colors"]["results"][0]["predictions"][0]["label"] == "red"
     assert len(body["results"]["imagenet"]["results"][0]["predictions"]) == 3
+
+
+# -- the demo's INT8 trunk: when it calibrates one (the calibration itself is the session's one
+# real run, tests/support/int8.py; here `calibrate` is recorded, not run) ----------------------
+
+@pytest.mark.parametrize("kwargs, why_not", [
+    ({"precision": "fp32", "runtime": "auto"}, "precision 'fp32' asked for"),
+    ({"precision": "bf16"}, "precision 'bf16' asked for"),
+    ({"precision": "auto", "runtime": "tf"}, "the trunk runs on TensorFlow"),
+])
+def test_the_demo_calibrates_no_int8_trunk_that_would_not_run(kwargs, why_not):
+    from service.cli.demo_setup import int8_wanted
+
+    assert int8_wanted(kwargs) == why_not
+
+
+def test_the_demo_calibrates_an_int8_trunk_by_default_on_openvino():
+    from backbone.device import maybe_has_gpu
+    from backbone.precision import openvino_available
+    from service.cli.demo_setup import int8_wanted
+
+    if maybe_has_gpu() or not openvino_available():
+        pytest.skip("the trunk would not run on OpenVINO's CPU plugin here")
+    pytest.importorskip("nncf")
+    assert int8_wanted({"precision": "auto", "runtime": "auto"}) is None
+    assert int8_wanted(None) is None
+
+
+def test_the_demo_calibrates_once_on_its_own_images(int8_calibrated, trunk_checkpoint,
+                                                    tmp_path, monkeypatch):
+    import service.cli.quantize
+    from service.cli.demo_setup import ensure_int8
+    from tests.support.int8 import link_checkpoint
+
+    calls = []
+    monkeypatch.setattr(service.cli.quantize, "calibrate",
+                        lambda *args, **kwargs: calls.append((args, kwargs)) or 0)
+    # A passing INT8 trunk exists: nothing to do.
+    assert ensure_int8(tmp_path, int8_calibrated.prefix, per_class=1, kinds=("light",))
+    assert calls == []
+    # None yet: the demo images are written, then calibrated on, kept even below a bound.
+    prefix = link_checkpoint(trunk_checkpoint, tmp_path / "trunk")
+    assert not ensure_int8(tmp_path, prefix, per_class=1, kinds=("light",))
+    ((args, kwargs),) = calls
+    assert args[:2] == (prefix, tmp_path / "demo_images")
+    assert sorted(p.parent.name for p in args[2]) == sorted(KINDS["light"])
+    assert kwargs["force"] is True and kwargs["store"] == str(tmp_path)

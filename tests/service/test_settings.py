@@ -60,6 +60,9 @@ def test_defaults_are_valid_and_safe():
     assert s.max_body_bytes == 20 * 1024 * 1024
     assert s.admin_token is None and not s.admin_enabled
     assert s.batch_policy == "mixed" and s.warmup is True
+    # The trunk: the fastest this machine has (OpenVINO on a CPU when installed; int8 where a
+    # passing INT8 trunk exists, else bf16 where the CPU has it, else fp32).
+    assert (s.runtime, s.precision) == ("auto", "auto")
 
 
 def test_grpc_and_autoscaling_are_off_unless_set():
@@ -310,7 +313,7 @@ def test_resolve_takes_the_flag_else_the_variable_else_the_default():
     assert Settings.resolve("max_replicas", None, {}) is None
     with pytest.raises(InvalidSettings) as info:
         Settings.resolve("precision", None, {"MULTIHEAD_PRECISION": "fp64"})
-    assert str(info.value) == "precision must be one of fp32, bf16, fp16, auto, got 'fp64'"
+    assert str(info.value) == "precision must be one of fp32, bf16, fp16, int8, auto, got 'fp64'"
     with pytest.raises(InvalidSettings) as info:
         Settings.resolve("port", "9000", {})
     assert str(info.value) == "port must be int, got '9000'"
@@ -331,7 +334,7 @@ def test_the_other_commands_resolve_store_trunk_and_features_as_serve_does():
     assert trunk_prefix(argparse.Namespace(store="/s"), {"MULTIHEAD_TRUNK_CHECKPOINT": " "}) \
         .startswith("/s/trunk/")  # a blank variable is unset: the store's own trunk
     assert trunk_kwargs(flags, env) == {"precision": "fp32", "runtime": "openvino"}
-    assert trunk_kwargs(argparse.Namespace(), {}) == {"precision": "auto", "runtime": "tf"}
+    assert trunk_kwargs(argparse.Namespace(), {}) == {"precision": "auto", "runtime": "auto"}
     with pytest.raises(InvalidSettings) as info:
         trunk_kwargs(argparse.Namespace(), {"MULTIHEAD_RUNTIME": "onnx"})
     assert str(info.value) == "runtime must be one of tf, openvino, auto, got 'onnx'"
@@ -564,7 +567,7 @@ def test_nan_is_refused_from_the_environment(name, message):
     ({"trunk_checkpoint": ""}, "trunk_checkpoint must not be empty (leave it unset for the "
                                "default)"),
     ({"batch_policy": "per_bot"}, "batch_policy must be one of mixed, per_group, got 'per_bot'"),
-    ({"precision": "fp64"}, "precision must be one of fp32, bf16, fp16, auto, got 'fp64'"),
+    ({"precision": "fp64"}, "precision must be one of fp32, bf16, fp16, int8, auto, got 'fp64'"),
     ({"runtime": "onnx"}, "runtime must be one of tf, openvino, auto, got 'onnx'"),
 ])
 def test_empty_names_and_unknown_choices_are_refused(overrides, message):
@@ -575,7 +578,7 @@ def test_a_trunk_checkpoint_and_every_choice_are_accepted():
     assert Settings(trunk_checkpoint="/ckpt/x.ckpt").trunk_checkpoint == "/ckpt/x.ckpt"
     for policy in ("mixed", "per_group"):
         assert Settings(batch_policy=policy).batch_policy == policy
-    for precision in ("fp32", "bf16", "fp16", "auto"):
+    for precision in ("fp32", "bf16", "fp16", "int8", "auto"):
         assert Settings(precision=precision).precision == precision
     for runtime in ("tf", "openvino", "auto"):
         assert Settings(runtime=runtime).runtime == runtime

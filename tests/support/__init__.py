@@ -5,5 +5,7 @@
 - `builders`: test data (`random_head`).
 - `servers`: real servers on loopback for end-to-end tests (the `store`, `jpegs`,
   `make_client` fixtures) and reading their /metrics.
+- `int8`: ONE real INT8 calibration of the session's trunk and the INT8 trunk loaded from it
+  (`int8_calibrated`, `int8_trunk`).
 - `polling`: waiting until a condition holds (`wait_until`, and `until` on the event loop).
 """

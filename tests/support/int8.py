@@ -1,0 +1,99 @@
+"""ONE real INT8 trunk per test session: NNCF quantization of the session's seeded trunk, run
+through `multihead quantize` on generated demo images (about 30-70 s on 2 shared cores).
+
+Fixtures (tests/conftest.py imports them by name):
+- `int8_images`: the 24 generated demo images the calibration reads (16 calibrate, 8 held out).
+- `int8_calibrated`: that one command run: its exit code, its report, the checkpoint it
+  calibrated (the session's, linked into a directory of its own so that only this one has an
+  INT8 trunk next to it), the store of its registered bot, and the real fp32 and int8 models it
+  made (later tests reuse them instead of building or quantizing again).
+- `int8_trunk`: the INT8 trunk `Trunk.from_checkpoint(..., precision="int8")` loads from it.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SAMPLES = 16  # calibration images; the other 8 of `int8_images` are held out
+
+
+@dataclass
+class Calibrated:
+    """The session's `multihead quantize` run (see the module docstring)."""
+
+    code: int
+    out: str
+    prefix: str
+    store: Path
+    made: dict = field(default_factory=dict)  # "fp32", "int8": the real openvino.Models
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.prefix).parent / "graph_cache"
+
+
+def link_checkpoint(prefix: str, directory: Path) -> str:
+    """The checkpoint `prefix` seen from `directory` (symlinks): its own graph_cache/ there."""
+    directory.mkdir(parents=True)
+    for path in Path(prefix).parent.glob(Path(prefix).name + ".*"):
+        (directory / path.name).symlink_to(path)
+    return str(directory / Path(prefix).name)
+
+
+@pytest.fixture(scope="session")
+def int8_images(tmp_path_factory) -> Path:
+    from service.cli.demo_images import write_demo_images
+
+    root = tmp_path_factory.mktemp("demo_images")
+    write_demo_images(root, "colors", per_class=3)  # 15 images
+    write_demo_images(root, "light", per_class=3)  # 9 images
+    return root
+
+
+@pytest.fixture(scope="session")
+def int8_calibrated(trunk_checkpoint, int8_images, tmp_path_factory) -> Calibrated:
+    """The session's one real `multihead quantize` run (16 calibration images, 8 held out,
+    one registered bot), recording the real models it made."""
+    pytest.importorskip("nncf")
+    from backbone import quantize as q
+    from heads import HeadStore
+    from service.cli.main import main
+
+    base = tmp_path_factory.mktemp("int8")
+    prefix = link_checkpoint(trunk_checkpoint, base / "trunk")
+    store = base / "store"
+    rng = np.random.default_rng(0)
+    with HeadStore(store) as heads:
+        heads.register("colors", rng.normal(0, 0.05, (1536, 5)), np.zeros(5),
+                       ["red", "green", "blue", "yellow", "purple"], source="test")
+    made: dict = {}
+    real_float_model, real_quantize = q.float_model, q.quantize
+    with pytest.MonkeyPatch.context() as mp:  # record the real models for the later tests
+        mp.setattr(q, "float_model", lambda *a, **k: made.setdefault("fp32", real_float_model(
+            *a, **k)))
+        mp.setattr(q, "quantize", lambda *a, **k: made.setdefault("int8", real_quantize(
+            *a, **k)))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["quantize", "--images", str(int8_images), "--samples", str(SAMPLES),
+                         "--trunk-checkpoint", prefix, "--store", str(store)])
+    return Calibrated(code, out.getvalue(), prefix, store, made)
+
+
+@pytest.fixture(scope="session")
+def int8_trunk(int8_calibrated):
+    """The INT8 trunk of the session's calibration, loaded as `serve` loads it (its compiled
+    model is then cached next to the checkpoint: later loads import it)."""
+    from backbone import Trunk
+
+    assert int8_calibrated.code == 0, int8_calibrated.out
+    trunk = Trunk.from_checkpoint(int8_calibrated.prefix, device="cpu", runtime="openvino",
+                                  precision="int8", warmup_batch_sizes=(),
+                                  graph_cache_dir=int8_calibrated.cache_dir)
+    yield trunk
+    trunk.close()
