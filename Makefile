@@ -15,10 +15,15 @@ PORT   ?= 8080
 
 venv: $(STAMP)
 
+# The packages are installed by uv (pinned below; itself installed with the venv's pip): the
+# same versions pip resolves, in about 20 s instead of about 2 min on 2 cores.
+UV_VERSION := 0.13.9
+UV := $(BIN)/uv pip install --python $(BIN)/python -q
+
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench,openvino,postgres,ray,grpc]'
+	test -x $(BIN)/uv || $(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(UV) -e '.[test,bench,openvino,postgres,ray,grpc]'
 	touch $@
 
 # Debian's chromium and the chromedriver of the same build, for tests/service/test_browser.py
@@ -58,7 +63,7 @@ serve: demo
 # cores, not part of `make test` or CI). Fresh run each time, then a score per module (>= 85%).
 MUTATION_CHILDREN ?= 2
 mutation: $(STAMP)
-	test -x $(BIN)/mutmut || $(BIN)/python -m pip install -q -e '.[test,mutation]'
+	test -x $(BIN)/mutmut || $(UV) -e '.[test,mutation]'
 	rm -rf mutants
 	@start=$$(date +%s); \
 	$(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) > mutmut-run.log 2>&1 \

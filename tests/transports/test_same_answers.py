@@ -109,8 +109,6 @@ class Case:
 
 JSON_TYPE = {"Content-Type": "application/json"}
 PNG_TYPE = {"Content-Type": "image/png"}
-RAY_REFUSES = ("refused by the ingress before any replica sees it: the replicas hold the "
-               "metrics, and a refusal stays cheap")
 GRPC_REFUSES = ("gRPC refuses a message over max_receive_message_length (`max_body_bytes`) "
                 "before any handler runs: nothing counts it, and no trailing metadata is sent")
 
@@ -141,8 +139,7 @@ CASES = [
     Case("malformed body", "POST", "/classify/alpha", 400, "classify", "invalid_image",
          body=b"not an image", headers=PNG_TYPE),
     Case("body over the size limit", "POST", "/classify/alpha", 413, "classify",
-         "payload_too_large", body=b"x" * (MAX_BODY_BYTES + 1), headers=PNG_TYPE,
-         uncounted_on={"ray": RAY_REFUSES}),
+         "payload_too_large", body=b"x" * (MAX_BODY_BYTES + 1), headers=PNG_TYPE),
     Case("OIP server live", "GET", "/v2/health/live", 200, "oip_server_live"),
     Case("OIP server ready", "GET", "/v2/health/ready", 200, "oip_server_ready"),
     Case("OIP server metadata", "GET", "/v2", 200, "oip_server_metadata"),
@@ -163,7 +160,7 @@ CASES = [
          "bad_request", body=b"{not json", headers=JSON_TYPE),
     Case("OIP infer, body over the size limit", "POST", "/v2/models/charlie/infer", 413,
          "oip_infer", "payload_too_large", body=oip_infer(b"x" * (MAX_BODY_BYTES + 1)),
-         headers=JSON_TYPE, uncounted_on={"ray": RAY_REFUSES, "grpc": GRPC_REFUSES},
+         headers=JSON_TYPE, uncounted_on={"grpc": GRPC_REFUSES},
          bare_on={"grpc": GRPC_REFUSES}),
     Case("OIP model metadata", "GET", "/v2/models/charlie", 200, "oip_model_metadata"),
     Case("OIP model metadata, another version", "GET", "/v2/models/charlie/versions/2", 404,

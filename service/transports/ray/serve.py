@@ -215,10 +215,10 @@ class Ingress:
             if endpoint is None:  # a replica answers it (and counts it); its body is not read
                 body: bytes | bytearray = b""
             else:
-                read_body = admit_body(chunks(http.stream(), ClientDisconnect),
-                                       content_length(http.headers),
-                                       self.settings.max_body_bytes, held)
                 try:
+                    read_body = admit_body(chunks(http.stream(), ClientDisconnect),
+                                           content_length(http.headers),
+                                           self.settings.max_body_bytes, held)
                     body = await read_body()
                 except ServiceError as exc:  # refused here: a replica counts the answer
                     return await self._call(Call(name, request, refused=error_reply(exc)))
