@@ -49,8 +49,13 @@ postgres-deps:
 
 system-deps: browser-deps postgres-deps
 
+# Two worker processes (pytest-xdist), each test file in one of them (its module fixtures are
+# built once): the tests wait on subprocesses, servers and sockets about half of the time, so
+# two workers use the 2 cores of a CI machine where one leaves one idle. TEST_WORKERS=0 runs
+# them in this process, one after another.
+TEST_WORKERS ?= 2
 test: lint system-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # First run: demo trunk, generated images and demo bots (about 1-2 min); later runs reuse them.
 demo: $(STAMP)
