@@ -44,6 +44,8 @@ setup(
             "pytest>=8.4",
             "pytest-aiohttp>=1.0",
             "pytest-timeout>=2.3",
+            # `make test` runs the tests in 2 worker processes (`-n 2 --dist loadfile`).
+            "pytest-xdist==3.8.0",
             # Drives Debian's chromium through Debian's chromedriver (`make browser-deps`);
             # 4.52.0 needs a newer certifi than the package index here has.
             "selenium==4.51.0",

@@ -87,6 +87,16 @@ def choose(prefix: str, *, device: Device, precision: str = "auto", runtime: str
     return TrunkChoice(runtime, precision, float_layers_precision(device), artifact)
 
 
+def warm_up(features, batch_sizes) -> float:
+    """The one warm-up: `features` of one zero batch of each size (first-run costs: arenas,
+    kernels per shape); returns the seconds it took. `features` is a trunk's (or a stand-in's)
+    `features` method."""
+    start = time.perf_counter()
+    for size in batch_sizes:
+        features(np.zeros((size, IMAGE_SIZE, IMAGE_SIZE, 3), np.float32))
+    return time.perf_counter() - start
+
+
 class Trunk:
     """Inception-V4 up to `PreLogitsFlatten`, restored from a slim checkpoint.
 
@@ -180,13 +190,10 @@ class Trunk:
         return trunk
 
     def warm_up(self, batch_sizes) -> None:
-        """Runs one zero batch of each size (first-run costs: arenas, kernels per shape) and
-        records the time in `timings.warmup_s`."""
-        start = time.perf_counter()
-        for size in batch_sizes:
-            self.features(np.zeros((size, IMAGE_SIZE, IMAGE_SIZE, 3), np.float32))
-        self.timings = replace(self.timings,
-                               warmup_s=self.timings.warmup_s + time.perf_counter() - start)
+        """Runs one zero batch of each size (`warm_up`) and adds the time to
+        `timings.warmup_s`."""
+        took = warm_up(self.features, batch_sizes)
+        self.timings = replace(self.timings, warmup_s=self.timings.warmup_s + took)
 
     # -- what runs, and what was restored ------------------------------------------------------
 
@@ -291,4 +298,5 @@ class Trunk:
                 f"precision={self.precision!r}, checkpoint={self.checkpoint_prefix!r})")
 
 
-__all__ = ["Trunk", "TrunkChoice", "TrunkTimings", "choose", "FEATURE_DIM", "LOGITS_SCOPE"]
+__all__ = ["Trunk", "TrunkChoice", "TrunkTimings", "choose", "warm_up", "FEATURE_DIM",
+           "LOGITS_SCOPE"]

@@ -4,9 +4,11 @@
 registered, the resident LRU cache, change detection, `BotInfo` and the rollback-target rules.
 A backend only keeps rows and tensors:
 
-    heads.disk.DiskBackend   a directory: SQLite registry + immutable version directories
-    heads.pg.PgBackend       PostgreSQL: registry, tensors and labels in one database,
-                             LISTEN/NOTIFY for changes (psycopg is imported only there)
+    heads.directory.DirectoryBackend   a directory: SQLite registry + immutable version
+                                       directories
+    heads.pg.PgBackend                 PostgreSQL: registry, tensors and labels in one
+                                       database, LISTEN/NOTIFY for changes (psycopg is
+                                       imported only there)
 
 Store locations (`parse_location`): a path (str or PathLike) is a directory store;
 `postgresql://` and `postgres://` URLs are PostgreSQL stores; any other `scheme:/...` is

@@ -8,7 +8,7 @@ validation of what is registered (a refusal touches nothing), the resident LRU c
 with pinned bots, change detection, `BotInfo` and the rollback-target rules. A backend keeps
 rows and tensors:
 
-- a directory (`heads.disk`, the default): `<root>/registry.sqlite` (WAL) maps bot ids to
+- a directory (`heads.directory`, the default): `<root>/registry.sqlite` (WAL) maps bot ids to
   versions, `<root>/registry.lock` serialises writers, and `<root>/heads/<bot_id>/v<N>/` holds
   one immutable version (TF checkpoint, labels, manifest with sha256s; see `heads.files`);
   `<root>/trunk/` is the trunk's, not ours. Other processes' changes are seen through
@@ -35,7 +35,7 @@ import numpy as np
 from heads import files
 from heads.backend import POSTGRESQL, StoreBackend, VersionRow, parse_location, redact_url
 from heads.cache import HeadCache
-from heads.disk import DiskBackend
+from heads.directory.backend import DirectoryBackend
 from heads.errors import (
     HeadLoadError,
     InvalidHead,
@@ -91,7 +91,7 @@ def _open_backend(location: str | os.PathLike) -> StoreBackend:
         from heads.pg import PgBackend  # psycopg is imported only for a PostgreSQL store
 
         return PgBackend(where)
-    return DiskBackend(where)
+    return DirectoryBackend(where)
 
 
 def open_store(location: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
@@ -144,7 +144,7 @@ class HeadStore:
         self._backend = _open_backend(location)
         self.location = os.fspath(location)
         self.kind = self._backend.kind
-        disk = self._backend if isinstance(self._backend, DiskBackend) else None
+        disk = self._backend if isinstance(self._backend, DirectoryBackend) else None
         self.root: Path | None = disk.root if disk is not None else None
         self.heads_dir: Path | None = disk.heads_dir if disk is not None else None
         self._cache = HeadCache(int(heads_memory_mb * 2**20), pinned)

@@ -3,7 +3,7 @@
 For replicas on many machines: `open_store("postgresql://user@host:5432/dbname")` needs no
 shared filesystem. Everything lives in the schema `multihead` of that database, created by the
 first registration (a reader of a database without it sees an empty store). Built like the
-directory backend (`heads.disk` over `heads.registry` and `heads.files`):
+directory backend (`heads.directory`, with `heads.files`):
 
     backend.py    PgBackend: the rows of each read and write transaction
     pool.py       pooled connections, and what a lost connection means for a read or a write

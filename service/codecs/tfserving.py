@@ -224,10 +224,15 @@ async def tf_metadata(service: Service, request: Request) -> Reply:
     })
 
 
-async def tf_call(service: Service, request: Request) -> Reply:
-    verb = request.params["verb"]
+def check_verb(verb: str) -> None:
+    """Only `predict` is served: `classify`, `regress` (the REST verbs and the RPCs of the same
+    names) and anything else are NotFound, before any other check."""
     if verb != "predict":
         raise NotFound(f"':{verb[:32]}' is not served: use ':predict'")
+
+
+async def tf_call(service: Service, request: Request) -> Reply:
+    check_verb(request.params["verb"])
     head = await model_head(service, model_of(request))
     top_k = parse_top_k(request.query, service.settings.top_k_default)
     body = await request.body()

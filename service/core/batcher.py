@@ -19,6 +19,11 @@ an exception in `run_batch`, futures whose client went away, a per-row failure.
     result = await batcher.submit(payload, group="acme-7", deadline=time.monotonic() + 30)
     ...
     await batcher.close()    # stop accepting, finish queued rows, stop the worker thread
+
+Queue room is checked in ONE place, `book(n)`: a caller that prepares its rows before queueing
+them (decoding images) books their room first (admission before work) and hands the `Booking`
+to `submit_many`, which queues the booked rows without checking again; `submit` and a
+`submit_many` without a booking book and queue at once.
 """
 from __future__ import annotations
 
@@ -66,6 +71,45 @@ class Row:
     enqueued_s: float
 
 
+class Booking:
+    """Room for `rows` rows in the queue bound, held from `Batcher.book` until the rows are
+    queued (`Batcher.submit_many(..., booking=)`) or the booking is released (leaving its
+    `with` block, or `release()`). Released twice or after use: nothing happens."""
+
+    __slots__ = ("rows", "_batcher")
+
+    def __init__(self, batcher: Batcher, rows: int) -> None:
+        self.rows = rows
+        self._batcher: Batcher | None = batcher
+
+    @property
+    def held(self) -> bool:
+        return self._batcher is not None
+
+    def release(self) -> None:
+        """Gives the room back (the rows will not come) and lets a waiting batch re-evaluate."""
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            batcher._unbook(self.rows)
+            batcher.poke()
+
+    def _use(self, batcher: Batcher, rows: int) -> None:
+        """The booked rows are being queued now: the room passes from the booking to the
+        queue (no await between this and the rows entering the queue)."""
+        if self._batcher is not batcher:
+            raise RuntimeError("this booking was released, used, or is another batcher's")
+        if rows > self.rows:
+            raise RuntimeError(f"{rows} rows queued on a booking of {self.rows}")
+        self._batcher = None
+        batcher._unbook(self.rows)
+
+    def __enter__(self) -> Booking:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class _Entry:
     """A row and its future. Identity equality (no dataclass `__eq__`), for `deque.remove`."""
 
@@ -87,8 +131,8 @@ class Batcher:
         max_batch_size: most rows per batch (>= 1).
         max_wait_ms: longest the first row of a batch waits for more rows (>= 0).
         max_queue_rows: most rows waiting (not counting the running batch), with the rows
-            announced as `incoming`; a submission that would exceed it raises `Overloaded` at
-            once (see `check_room`).
+            booked (`book`); a submission or booking that would exceed it raises `Overloaded`
+            at once.
         executor: the executor `run_batch` runs in. It must have ONE worker (one batch at a
             time is the contract). Default: a single-thread executor owned by the batcher and
             shut down by `close()`; a passed executor is left running.
@@ -96,10 +140,10 @@ class Batcher:
             one group only, like per-model servers; kept for the benchmark's comparison).
         on_batch: stats hook `on_batch(size, groups, queue_wait_s, run_s)` called on the event
             loop after each batch; `queue_wait_s` has one entry per row. Errors in it are logged.
-        incoming: optional hint, how many rows callers are preparing right now (e.g. images
-            being decoded) that will be submitted soon. While it is 0 a waiting batch runs at
-            once: max_wait_ms is only worth waiting when more rows are known to be coming.
-            Call `poke()` when it drops to 0 without a submit.
+        wait_for_booked_only: when True, a waiting batch waits out max_wait_ms only while
+            some rows are booked (being prepared by their callers: they will come); with none
+            booked it runs at once, as waiting would only add latency. When False (default)
+            it always waits up to max_wait_ms for more rows.
         clock: the monotonic clock of arrivals, waits, deadlines and batch times (tests pass
             a controlled one; a change of time is noticed on the next submit or `poke()`).
 
@@ -117,7 +161,7 @@ class Batcher:
         executor: concurrent.futures.Executor | None = None,
         policy: str = "mixed",
         on_batch: OnBatch | None = None,
-        incoming: Callable[[], int] | None = None,
+        wait_for_booked_only: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not callable(run_batch):
@@ -136,7 +180,8 @@ class Batcher:
         self._max_queue_rows = max_queue_rows
         self._policy = policy
         self._on_batch = on_batch
-        self._incoming = incoming
+        self._wait_for_booked_only = wait_for_booked_only
+        self._booked = 0  # rows of the bookings held (`book`)
         self._clock = clock
         self._own_executor = executor is None
         self._executor: concurrent.futures.Executor = executor or _single_thread_executor()
@@ -203,10 +248,10 @@ class Batcher:
 
     # -- submitting -----------------------------------------------------------------------------
 
-    def check_room(self, n: int) -> None:
-        """Whether `n` more rows fit: the queue bound, counting the rows queued and the rows
-        callers announced as `incoming`. A caller that prepares rows before submitting them
-        checks here first (admission before work), and counts them as incoming until it submits.
+    def book(self, n: int) -> Booking:
+        """Holds room for `n` rows in the queue bound (the one room check): counting the rows
+        queued and the rows booked. A caller that prepares rows before submitting them books
+        first (admission before work) and passes the booking to `submit_many`.
 
         Raises:
             ShuttingDown: `close()` was called.
@@ -220,13 +265,17 @@ class Batcher:
                 f"{n} images in one request exceed the queue bound "
                 f"max_queue_rows={self._max_queue_rows}"
             )
-        incoming = self._incoming() if self._incoming is not None else 0
-        if len(self._queue) + incoming + n > self._max_queue_rows:
+        if len(self._queue) + self._booked + n > self._max_queue_rows:
             raise Overloaded(retry_after_s=self.retry_after_s())
+        self._booked += n
+        return Booking(self, n)
+
+    def _unbook(self, n: int) -> None:
+        self._booked -= n
 
     def poke(self) -> None:
-        """Re-evaluate the waiting batch now (e.g. the `incoming` count dropped without a
-        submit). Safe to call from the event loop at any time."""
+        """Re-evaluate the waiting batch now (e.g. a clock moved, or rows booked will not
+        come). Safe to call from the event loop at any time."""
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -255,7 +304,7 @@ class Batcher:
         group: str,
         deadline: float | None = None,
         return_exceptions: bool = False,
-        admitted: bool = False,
+        booking: Booking | None = None,
     ) -> list[Any]:
         """Queue several rows atomically (all or none: the queue bound never splits them).
 
@@ -263,11 +312,10 @@ class Batcher:
         its exception is raised and the request's rows not yet run are withdrawn; with True,
         failed rows' exceptions are returned in their place (like `asyncio.gather`).
         Raises `BadRequest` if there are more rows than `max_queue_rows` (they could never fit),
-        `Overloaded` if they do not fit now (`check_room`), unless `admitted`: the caller checked
-        their room with `check_room` before preparing them and has counted them as `incoming`
-        since, so they fit (the check is made once per request).
+        `Overloaded` if they do not fit now (see `book`), unless `booking` holds their room:
+        the caller booked it before preparing them, so they fit (one check per request).
         """
-        entries = self._enqueue(tuple(payloads), group, deadline, admitted)
+        entries = self._enqueue(tuple(payloads), group, deadline, booking)
         if not entries:
             return []
         futures = [e.future for e in entries]
@@ -309,17 +357,23 @@ class Batcher:
             self._task.add_done_callback(self._on_task_done)
 
     def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None,
-                 admitted: bool = False) -> list[_Entry]:
+                 booking: Booking | None = None) -> list[_Entry]:
         self._ensure_started()
-        if self._closing:  # also for admitted rows: close() may have begun since their check
+        if self._closing:  # also for booked rows: close() may have begun since their booking
+            if booking is not None:
+                booking.release()
             raise ShuttingDown("the service is shutting down and accepts no new requests")
         n = len(payloads)
+        if booking is None:
+            if n == 0:
+                return []
+            booking = self.book(n)
+        booking._use(self, n)
         if n == 0:
             return []
-        if not admitted:
-            self.check_room(n)
         now = self._clock()
         if deadline is not None and deadline <= now:
+            self.poke()  # the booked rows will not come
             raise DeadlineExceeded("the request's deadline passed before it was queued")
         assert self._loop is not None and self._wakeup is not None
         was_empty = not self._queue
@@ -329,8 +383,10 @@ class Batcher:
         self._queue.extend(entries)
         self._group_rows[group] += n
         # Wake the batching task only when it may have something to do: the queue just became
-        # non-empty (it may be idle), or a batch may now be full. Its timer covers the rest.
-        if was_empty or len(self._queue) >= self._max_batch_size:
+        # non-empty (it may be idle), a batch may now be full, or the last booked rows came
+        # (nothing more to wait for). Its timer covers the rest.
+        if (was_empty or len(self._queue) >= self._max_batch_size
+                or (self._wait_for_booked_only and not self._booked)):
             self._wakeup.set()
         return entries
 
@@ -366,7 +422,7 @@ class Batcher:
         """Is a batch ready? Returns (ready, group or None for mixed, seconds until it will be)."""
         oldest = self._queue[0].row
         due_in = oldest.enqueued_s + self._max_wait_s - now
-        if self._incoming is not None and self._incoming() == 0:
+        if self._wait_for_booked_only and self._booked == 0:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":

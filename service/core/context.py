@@ -23,10 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from backbone.spec import FEATURE_DIM, INPUT
+from backbone.spec import FEATURE_DIM
 from backbone.tfimport import import_tensorflow
+from backbone.trunk import warm_up
 from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
 from service.core.admission import ByteBudget
 from service.core.engine import Engine, Images, Prediction
@@ -309,12 +308,9 @@ class Service:
                                runtime=getattr(trunk, "runtime", "tf"),
                                precision=getattr(trunk, "precision", "fp32"),
                                calibration=calibration)
-        start = time.perf_counter()
-        if settings.warmup:
-            for size in warmup_batch_sizes(settings.max_batch_size, trunk.device):
-                batch = np.zeros((size, *INPUT.shape), np.float32)
-                await loop.run_in_executor(None, trunk.features, batch)
-        readiness.timings["warmup_s"] = time.perf_counter() - start
+        sizes = warmup_batch_sizes(settings.max_batch_size, trunk.device) if settings.warmup else ()
+        readiness.timings["warmup_s"] = await loop.run_in_executor(
+            None, warm_up, trunk.features, sizes)
         self.engine = Engine(trunk, settings, self.metrics)
         await self.engine.batcher.start()
 

@@ -173,9 +173,8 @@ class Engine:
                                max_wait_ms=settings.max_wait_ms,
                                max_queue_rows=settings.max_queue_rows,
                                policy=settings.batch_policy, on_batch=metrics.observe_batch,
-                               incoming=lambda: self._incoming)
-        # Rows being decoded right now: the batcher waits max_wait_ms only while some are.
-        self._incoming = 0
+                               # Rows booked are being decoded: only then is waiting worth it.
+                               wait_for_booked_only=True)
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
 
     # -- the worker thread ------------------------------------------------------------------
@@ -246,9 +245,7 @@ class Engine:
           Overloaded, DeadlineExceeded, ShuttingDown, or a head's error.
         """
         check_image_count(len(images), self.settings.max_images_per_request)
-        heads = tuple(heads)
-        items = await self._prepare_all(self._prepare, images, heads, top_k)
-        return await self._score_items(items, heads, deadline)
+        return await self._run(self._prepare, images, tuple(heads), top_k, deadline)
 
     async def classify_arrays(self, images: np.ndarray, heads: Sequence[Head], *,
                               top_k: int, deadline: float | None = None
@@ -268,48 +265,35 @@ class Engine:
                              f"{', '.join(map(str, INPUT.shape))}], got {list(images.shape)}")
         check_image_count(images.shape[0], self.settings.max_images_per_request)
         images = np.ascontiguousarray(images, dtype=np.float32)
-        heads = tuple(heads)
-        items = await self._prepare_all(self._prepare_array, images, heads, top_k)
-        return await self._score_items(items, heads, deadline)
+        return await self._run(self._prepare_array, images, tuple(heads), top_k, deadline)
 
-    async def _prepare_all(self, prepare, inputs, heads: tuple[Head, ...],
-                           top_k: int) -> list[Item]:
-        """`prepare` of every input in the decode pool, counted as incoming rows meanwhile.
+    async def _run(self, prepare, inputs, heads: tuple[Head, ...], top_k: int,
+                   deadline: float | None) -> list[list[Prediction]]:
+        """`prepare` of every input in the decode pool, then the heads (and the trunk for the
+        images not cached); raises the first failed row's error.
 
-        Admission before work, the request's one queue-room check: the batcher counts the rows
-        being prepared (its `incoming` hint) with the rows queued, so a full queue refuses a
-        request (Overloaded) before it is decoded, and its rows always fit when submitted
-        (`admitted`, not checked again).
+        Admission before work, the request's one queue-room check: the rows' room is booked in
+        the batcher (`Batcher.book`) before they are decoded, so a full queue refuses a request
+        (Overloaded) before any work, and the rows are queued on that booking without another
+        check. While rows are booked the batcher knows more are coming and waits for them (up to
+        max_wait_ms); the booking is released when the rows are queued or will not be.
         """
-        self.batcher.check_room(len(inputs))
         loop = asyncio.get_running_loop()
-        self._incoming += len(inputs)
-        try:
-            return await asyncio.gather(*(
+        with self.batcher.book(len(inputs)) as booking:
+            items = await asyncio.gather(*(
                 loop.run_in_executor(self.decode_pool, prepare, x, heads, top_k) for x in inputs))
-        finally:
-            # NOTE: no await between here and the caller's submit: the batcher wakes up after
-            # these rows are queued (or, if preparing failed, stops waiting for them).
-            self._incoming -= len(inputs)
-            self.batcher.poke()
-
-    async def _score_items(self, items: Sequence[Item], heads: tuple[Head, ...],
-                           deadline: float | None) -> list[list[Prediction]]:
-        """Heads only when every item's features were cached, else the batcher; raises the first
-        failed row's error."""
-        group = ",".join(sorted({h.bot_id for h in heads}))
-        for head in heads:
-            self.metrics.observe_bot(head.bot_id, len(items))
-        if all(item.features is not None for item in items):
-            # Every image seen before: no trunk, no queue; the heads' numpy still runs off the
-            # event loop (a 1001-class head on 32 rows is milliseconds).
-            features = np.stack([item.features for item in items])
-            results = await asyncio.get_running_loop().run_in_executor(
-                self.decode_pool, score, features, items)
-        else:
-            # Their room was checked before decoding (`_prepare_all`): not again.
-            results = await self.batcher.submit_many(list(items), group=group, deadline=deadline,
-                                                     admitted=True)
+            group = ",".join(sorted({h.bot_id for h in heads}))
+            for head in heads:
+                self.metrics.observe_bot(head.bot_id, len(items))
+            if all(item.features is not None for item in items):
+                booking.release()
+                # Every image seen before: no trunk, no queue; the heads' numpy still runs off
+                # the event loop (a 1001-class head on 32 rows is milliseconds).
+                features = np.stack([item.features for item in items])
+                results = await loop.run_in_executor(self.decode_pool, score, features, items)
+            else:
+                results = await self.batcher.submit_many(list(items), group=group,
+                                                         deadline=deadline, booking=booking)
         for result in results:
             if isinstance(result, Exception):
                 raise result

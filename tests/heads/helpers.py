@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from backbone.spec import FEATURE_DIM
 from tests.support.builders import random_head  # noqa: F401 - the heads tests import it here
+from tests.support.polling import wait_until
 
 
 def features(n: int = 3, seed: int = 9) -> np.ndarray:
@@ -28,21 +27,11 @@ def version_of(store, bot_id: str) -> int | None:
         return None
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float) -> float | None:
-    """Seconds until predicate() was true (polled every 5 ms), or None after timeout_s."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.005)
-    return None
-
-
 def listening(store) -> None:
     """PostgreSQL: start the store's listener (any lookup does), wait until it has connected,
     and let the store catch up with it: from here on, only a new change makes it re-read."""
     store.exists("anything")
-    assert wait_for(lambda: store._backend._changes.generation >= 1, 10) is not None
+    wait_until(lambda: store._backend._changes.generation >= 1, 10)
     store._refresh(force=True)
     assert store._data_version == store._backend.data_version()
 

@@ -19,9 +19,9 @@ from tests.heads.helpers import (
     save_checkpoint,
     store_digest,
     version_of,
-    wait_for,
     write_labels,
 )
+from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,25 +59,25 @@ def test_reader_sees_another_process_change_within_one_second(tmp_path):
         proc = _cli(root, "register", "acme", "--weights-checkpoint", prefix, "--labels",
                     labels_file)
         assert proc.returncode == 0, proc.stderr
-        elapsed = wait_for(version_is(1), 10)
-        assert elapsed is not None and elapsed < POLLED_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(1), 10)
+        assert elapsed < POLLED_WITHIN_S, elapsed
         np.testing.assert_array_equal(reader.get("acme").weights, weights)
 
         with open_store(root) as writer:  # another connection, as the admin HTTP API would be
             writer.register("acme", *random_head(3, seed=2))
-        elapsed = wait_for(version_is(2), 10)
-        assert elapsed is not None and elapsed < POLLED_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(2), 10)
+        assert elapsed < POLLED_WITHIN_S, elapsed
 
         proc = _cli(root, "bots", "rollback", "acme")
         assert proc.returncode == 0, proc.stderr
-        elapsed = wait_for(version_is(1), 10)
-        assert elapsed is not None and elapsed < POLLED_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(1), 10)
+        assert elapsed < POLLED_WITHIN_S, elapsed
         np.testing.assert_array_equal(reader.get("acme").weights, weights)
 
         proc = _cli(root, "bots", "remove", "acme")
         assert proc.returncode == 0, proc.stderr
-        elapsed = wait_for(version_is(None), 10)
-        assert elapsed is not None and elapsed < POLLED_WITHIN_S, elapsed
+        elapsed = wait_until(version_is(None), 10)
+        assert elapsed < POLLED_WITHIN_S, elapsed
         assert reader.cache_stats()["resident_heads"] == 0
 
 
@@ -122,9 +122,9 @@ def test_another_process_change_is_seen_within_one_second(pg_url):
             for command, expected in [("register 1", 1), ("register 2", 2), ("rollback", 1),
                                       ("remove", None)]:
                 tell(command)
-                elapsed = wait_for(lambda e=expected: version_of(reader, "acme") == e,
+                elapsed = wait_until(lambda e=expected: version_of(reader, "acme") == e,
                                    NOTIFIED_WITHIN_S + 5)
-                assert elapsed is not None and elapsed < NOTIFIED_WITHIN_S, (command, elapsed)
+                assert elapsed < NOTIFIED_WITHIN_S, (command, elapsed)
                 if expected is not None:
                     np.testing.assert_array_equal(reader.get("acme").weights,
                                                   random_head(3, seed=expected)[0])
@@ -145,5 +145,5 @@ def test_a_change_without_notification_is_seen_by_the_fallback_poll(pg_url):
         # A writer that forgot to NOTIFY (an old version, a hand-made fix in psql).
         pg_execute(pg_url, "UPDATE multihead.bots SET active_version = 1; "
                            "UPDATE multihead.state SET change_seq = change_seq + 1")
-        elapsed = wait_for(lambda: reader.get("acme").version == 1, 10)
-        assert elapsed is not None and elapsed < 0.2 + 0.25 + 2.0, elapsed
+        elapsed = wait_until(lambda: reader.get("acme").version == 1, 10)
+        assert elapsed < 0.2 + 0.25 + 2.0, elapsed

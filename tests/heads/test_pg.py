@@ -20,8 +20,8 @@ from tests.heads.helpers import (
     pg_rows,
     random_head,
     version_of,
-    wait_for,
 )
+from tests.support.polling import wait_until
 
 # The contract is 1 s from commit to every other store knowing; on a loaded 2-core machine we
 # allow 2 s of stated slack on top.
@@ -105,7 +105,7 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
         with caplog.at_level(logging.WARNING, logger="heads"):
             getattr(pg_server, how)()  # a clean shutdown, or a crash (SIGKILL)
             try:
-                assert wait_for(lambda: reader._backend._pool.down, 10) is not None
+                wait_until(lambda: reader._backend._pool.down, 10)
                 for _ in range(100):
                     assert reader.get("acme") is head  # still served, from memory
                 assert reader.exists("acme") and reader.exists("beta")  # last known bots
@@ -123,15 +123,14 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
             with open_store(pg_url) as late:
                 assert late.register("gamma", *random_head(2, seed=3)) == 1
             # Reconnect backoff (at most 2 s) + notification: seen without any help.
-            elapsed = wait_for(lambda: reader.exists("gamma"), 30)
-            assert elapsed is not None, caplog.text
+            wait_until(lambda: reader.exists("gamma"), 30, what=lambda: caplog.text)
             assert "reachable again" in caplog.text
         np.testing.assert_array_equal(reader.get("gamma").weights, random_head(2, seed=3)[0])
         assert reader.get("beta").version == 1  # loads again
         assert reader.get("acme") is head
         # The old writer, whose pooled connection died with the server, writes again.
         assert writer.register("acme", *random_head(3, seed=4)) == 2
-        assert wait_for(lambda: version_of(reader, "acme") == 2, SEEN_WITHIN_S) is not None
+        wait_until(lambda: version_of(reader, "acme") == 2, SEEN_WITHIN_S)
     finally:
         reader.close()
         writer.close()
@@ -158,6 +157,6 @@ def test_close_stops_the_listener_and_closes_every_connection(pg_url):
     assert time.monotonic() - start < 1.0  # the listener is woken, not waited out
     s.close()  # idempotent
     assert not thread.is_alive()
-    assert wait_for(lambda: _connections(pg_url) == 0, 5) is not None
+    wait_until(lambda: _connections(pg_url) == 0, 5)
     with pytest.raises(RuntimeError, match="closed"):
         s.get("acme")

@@ -468,27 +468,61 @@ def test_invalid_arguments_are_refused_at_construction(kwargs, message):
         Batcher(lambda rows: rows, **args)
 
 
-async def test_incoming_hint_skips_the_wait_when_nobody_else_is_coming():
-    """With nothing on the way, a lone row runs at once; while rows are being prepared it
-    waits for them (up to max_wait_ms) and they share its batch."""
-    incoming = [0]
+async def test_with_wait_for_booked_only_a_batch_waits_only_for_rows_booked():
+    """With nothing booked, a lone row runs at once; while rows are booked (being prepared)
+    it waits for them (up to max_wait_ms) and they share its batch; releasing an unused
+    booking lets the waiting batch go."""
     fake = FakeRunBatch()
     batcher = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=16,
-                      incoming=lambda: incoming[0])
+                      wait_for_booked_only=True)
     try:
         alone = await asyncio.wait_for(batcher.submit("a", group="g"), timeout=10)
         assert alone == ("ok", "a") and len(fake.calls) == 1
 
-        incoming[0] = 1  # another row is being decoded
+        coming = batcher.book(1)  # another row is being decoded
         first = asyncio.ensure_future(batcher.submit("b", group="g"))
         await asyncio.sleep(0.05)
-        assert not first.done() and len(fake.calls) == 1  # it waits for the coming row
-        incoming[0] = 0
-        second = asyncio.ensure_future(batcher.submit("c", group="h"))
-        batcher.poke()
+        assert not first.done() and len(fake.calls) == 1  # it waits for the booked row
+        second = asyncio.ensure_future(batcher.submit_many(["c"], group="h", booking=coming))
         assert await asyncio.wait_for(asyncio.gather(first, second), timeout=10) == [
-            ("ok", "b"), ("ok", "c")]
+            ("ok", "b"), [("ok", "c")]]
         assert [len(call) for call in fake.calls] == [1, 2]
+
+        never = batcher.book(2)
+        third = asyncio.ensure_future(batcher.submit("d", group="g"))
+        await asyncio.sleep(0.05)
+        assert not third.done()
+        never.release()  # the booked rows will not come (their decoding failed, say)
+        assert await asyncio.wait_for(third, timeout=10) == ("ok", "d")
+    finally:
+        await batcher.close()
+
+
+async def test_booked_room_counts_against_the_queue_bound_until_used_or_released():
+    fake = FakeRunBatch()
+    batcher = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=4)
+    try:
+        held = batcher.book(3)
+        with pytest.raises(Overloaded):
+            batcher.book(2)  # 3 booked + 2 > 4
+        with pytest.raises(Overloaded):
+            await batcher.submit_many(["x", "y"], group="g")  # unbooked rows check too
+        with batcher.book(1):
+            with pytest.raises(Overloaded):
+                batcher.book(1)
+        batcher.book(1).release()  # released: room again
+        queued = asyncio.ensure_future(batcher.submit_many(["a", "b", "c"], group="g",
+                                                           booking=held))
+        await asyncio.sleep(0)
+        assert batcher.queue_depth == 3 and not held.held
+        with pytest.raises(RuntimeError, match="released, used"):
+            await batcher.submit_many(["again"], group="g", booking=held)  # used already
+        with pytest.raises(Overloaded):
+            batcher.book(2)  # the rows queued on the booking hold the room now
+        with pytest.raises(RuntimeError, match="2 rows queued on a booking of 1"):
+            await batcher.submit_many(["p", "q"], group="g", booking=batcher.book(1))
+        await batcher.close()
+        assert await queued == [("ok", "a"), ("ok", "b"), ("ok", "c")]
     finally:
         await batcher.close()
 

@@ -1,6 +1,6 @@
 """Every transport answers the same request the same way: status, JSON body or error code,
 `Allow`, Server-Timing, and the metrics label it is counted under (the endpoint's name;
-`unmatched` for 404/405).
+`unmatched` for 404/405), as far as the transport can carry each of them (`CARRIES`).
 
 ONE table of requests (`CASES`, plain data: add a row for a new route or error) goes through
 each transport of the `transports` fixture; each row also says what the answer must be, so two transports
@@ -14,11 +14,27 @@ that are wrong alike still fail.
   same trunk and store. Not a Ray cluster: starting one costs 20-40 s and a trunk per replica
   on 2 cores, and what could differ between transports is this glue, not Ray's actor
   plumbing, which tests/scaleout/test_ray.py covers with real replicas.
-- gRPC has no URL routes: a column for it maps an RPC onto the row's endpoint (the lead adds
-  it: a function from `Case` to `Answer` in `transports`, for the rows an RPC can express).
+- `grpc`: a real grpc.aio server on loopback, the gRPC listener of the `aiohttp` column's
+  server (one process, one `Service`, as `multihead serve --grpc-port` runs them), called with
+  Triton's and TF Serving's generated stubs on a grpc.aio channel. gRPC has no URL routes: the
+  row is routed as REST routes it, and an endpoint with an RPC twin becomes that RPC with the
+  same model, version and content (`grpc_column`: OIP JSON inputs as typed contents, TF Serving
+  `instances` as a DT_STRING tensor, `?top_k=` as `top_k` metadata); rows with no message form
+  (unknown paths, 405s, HEAD, the native and admin routes, /metrics, a body that is not JSON)
+  have no gRPC column. Its answer: the status is the HTTP status the error table gives the
+  domain code of the trailing metadata (`multihead-code`; OK: 200), the labels are the same
+  metrics diff on the server's `Service`, and the body is the REST body the response stands
+  for (`grpc_column.Rpc.as_rest`: tensors decoded as REST's JSON `data`, an error as its
+  message and code), so that `same_body` rows compare their whole content (the ranked outputs,
+  the metadata, the error message) with the HTTP columns. The gRPC status code is checked
+  against the error table's gRPC column for the row's code. gRPC carries no HTTP headers
+  (Server-Timing, `Allow`, content type): those checks skip it, by name (`CARRIES`).
+  `test_every_rpc_with_a_rest_twin_has_a_row` keeps every RPC the product maps to an endpoint in
+  the table.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import pickle
@@ -26,6 +42,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import grpc
 import pytest
 from PIL import Image
 from starlette.requests import Request as HttpRequest
@@ -33,10 +50,15 @@ from starlette.requests import Request as HttpRequest
 from service.core.context import Service
 from service.core.metrics import Metrics
 from service.transports.common.exchange import UNMATCHED
-from service.transports.http.app import SERVICE
+from service.transports.grpc import kserve as grpc_kserve
+from service.transports.grpc import tfserving as grpc_tfserving
+from service.transports.grpc.common import CODE_KEY
+from service.transports.http.app import LISTENERS, SERVICE
 from service.transports.ray.serve import Call, Ingress, answer
 from tests.backbone.helpers import encode
+from tests.docs.reference import error_codes
 from tests.support.servers import make_settings
+from tests.transports import grpc_column
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,6 +89,9 @@ class Case:
         same_body: the whole JSON body must be equal across transports (False for bodies that
             hold timings: only the status, code and label are compared).
         uncounted_on: transports that answer this request without counting it, and why.
+        bare_on: transports that refuse this request themselves, before the service sees it,
+            with their own status and no domain code (gRPC: the status code the error table
+            gives `code`, e.g. RESOURCE_EXHAUSTED for an oversized message), and why.
     """
 
     name: str
@@ -79,10 +104,21 @@ class Case:
     headers: dict[str, str] = field(default_factory=dict)
     same_body: bool = True
     uncounted_on: dict[str, str] = field(default_factory=dict)
+    bare_on: dict[str, str] = field(default_factory=dict)
 
 
 JSON_TYPE = {"Content-Type": "application/json"}
 PNG_TYPE = {"Content-Type": "image/png"}
+GRPC_REFUSES = ("gRPC refuses a message over max_receive_message_length (`max_body_bytes`) "
+                "before any handler runs: nothing counts it, and no trailing metadata is sent")
+
+
+def oip_infer(*images: bytes, **fields) -> bytes:
+    """An OIP v2 JSON inference request: the images as the BYTES input `image_bytes`."""
+    return js({**fields, "inputs": [{
+        "name": "image_bytes", "datatype": "BYTES", "shape": [len(images)],
+        "data": [base64.b64encode(i).decode() for i in images]}]})
+
 
 CASES = [
     Case("known route", "GET", "/healthz", 200, "healthz"),
@@ -103,23 +139,45 @@ CASES = [
     Case("malformed body", "POST", "/classify/alpha", 400, "classify", "invalid_image",
          body=b"not an image", headers=PNG_TYPE),
     Case("body over the size limit", "POST", "/classify/alpha", 413, "classify",
-         "payload_too_large", body=b"x" * (MAX_BODY_BYTES + 1), headers=PNG_TYPE,
-         uncounted_on={"ray": "refused by the ingress before any replica sees it: the "
-                              "replicas hold the metrics, and a refusal stays cheap"}),
-    Case("OIP infer", "POST", "/v2/models/charlie/infer", 200, "oip_infer", body=js(
-        {"id": "7", "inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1],
-                                "data": [PNG_B64]}]}), headers=JSON_TYPE),
-    Case("OIP infer, unknown bot", "POST", "/v2/models/nobody/infer", 404, "oip_infer",
-         "unknown_bot", body=js({"inputs": [{"name": "image_bytes", "datatype": "BYTES",
-                                             "shape": [1], "data": [PNG_B64]}]}),
+         "payload_too_large", body=b"x" * (MAX_BODY_BYTES + 1), headers=PNG_TYPE),
+    Case("OIP server live", "GET", "/v2/health/live", 200, "oip_server_live"),
+    Case("OIP server ready", "GET", "/v2/health/ready", 200, "oip_server_ready"),
+    Case("OIP server metadata", "GET", "/v2", 200, "oip_server_metadata"),
+    Case("OIP model ready", "GET", "/v2/models/charlie/ready", 200, "oip_model_ready"),
+    Case("OIP model ready, unknown bot", "GET", "/v2/models/nobody/ready", 404,
+         "oip_model_ready", "unknown_bot"),
+    Case("OIP infer", "POST", "/v2/models/charlie/infer", 200, "oip_infer",
+         body=oip_infer(PNG, id="7"), headers=JSON_TYPE),
+    Case("OIP infer, classification", "POST", "/v2/models/charlie/versions/1/infer", 200,
+         "oip_infer_version", body=oip_infer(PNG, outputs=[
+             {"name": "probabilities", "parameters": {"classification": 2}}]),
          headers=JSON_TYPE),
+    Case("OIP infer, unknown bot", "POST", "/v2/models/nobody/infer", 404, "oip_infer",
+         "unknown_bot", body=oip_infer(PNG), headers=JSON_TYPE),
+    Case("OIP infer, not an image", "POST", "/v2/models/charlie/infer", 400, "oip_infer",
+         "invalid_image", body=oip_infer(b"not an image"), headers=JSON_TYPE),
     Case("OIP infer, malformed JSON", "POST", "/v2/models/charlie/infer", 400, "oip_infer",
          "bad_request", body=b"{not json", headers=JSON_TYPE),
+    Case("OIP infer, body over the size limit", "POST", "/v2/models/charlie/infer", 413,
+         "oip_infer", "payload_too_large", body=oip_infer(b"x" * (MAX_BODY_BYTES + 1)),
+         headers=JSON_TYPE, uncounted_on={"grpc": GRPC_REFUSES},
+         bare_on={"grpc": GRPC_REFUSES}),
     Case("OIP model metadata", "GET", "/v2/models/charlie", 200, "oip_model_metadata"),
+    Case("OIP model metadata, another version", "GET", "/v2/models/charlie/versions/2", 404,
+         "oip_model_metadata_version", "unknown_version"),
     Case("TF Serving predict", "POST", "/v1/models/delta:predict", 200, "tfs_predict",
          body=js({"instances": [{"b64": PNG_B64}]}), headers=JSON_TYPE),
+    Case("TF Serving predict, unknown bot", "POST", "/v1/models/nobody:predict", 404,
+         "tfs_predict", "unknown_bot", body=js({"instances": [{"b64": PNG_B64}]}),
+         headers=JSON_TYPE),
+    Case("TF Serving classify", "POST", "/v1/models/delta:classify", 404, "tfs_predict",
+         "not_found", body=js({"examples": [{}]}), headers=JSON_TYPE),
+    Case("TF Serving regress, a version", "POST", "/v1/models/delta/versions/1:regress", 404,
+         "tfs_predict_version", "not_found", body=js({"examples": [{}]}), headers=JSON_TYPE),
     Case("TF Serving, unknown verb", "POST", "/v1/models/delta:explain", 404, "tfs_predict",
-         body=js({"instances": [{"b64": PNG_B64}]}), headers=JSON_TYPE, same_body=True),
+         "not_found", body=js({"instances": [{"b64": PNG_B64}]}), headers=JSON_TYPE),
+    Case("TF Serving model status", "GET", "/v1/models/delta", 200, "tfs_status"),
+    Case("TF Serving metadata", "GET", "/v1/models/delta/metadata", 200, "tfs_metadata"),
     Case("admin without token", "PUT", "/bots/alpha", 401, "put_bot", body=b"{}",
          headers=JSON_TYPE),
     Case("admin with a wrong token", "DELETE", "/bots/alpha", 403, "delete_bot",
@@ -130,9 +188,16 @@ CASES = [
 
 @dataclass(frozen=True)
 class Answer:
-    """What a transport answered, and the labels its metrics counted the request under."""
+    """What a transport answered, and the labels its metrics counted the request under.
 
-    status: int
+    Attributes:
+        status: the HTTP status, or the one the same outcome has on HTTP; None for an answer
+            with no such status (a gRPC status without a domain code).
+        headers: HTTP headers, or gRPC's status (`grpc-status`) and trailing metadata.
+        body: the body, or the REST body a gRPC answer stands for.
+    """
+
+    status: int | None
     headers: dict[str, str]  # names lower-cased
     body: bytes
     labels: list[str]
@@ -157,8 +222,17 @@ Transport = Callable[[Case], Awaitable["Answer | None"]]
 
 
 @pytest.fixture
-async def through_aiohttp(make_client) -> Transport:
-    client = await make_client(**SETTINGS)
+async def served(make_client):
+    """The real app on loopback, with its gRPC listener: (aiohttp test client, gRPC address)."""
+    client = await make_client(grpc_port=0, **SETTINGS)
+    listener = client.app[LISTENERS][0]
+    await asyncio.wait_for(listener.wait_started(), 60)
+    return client, f"127.0.0.1:{listener.port}"
+
+
+@pytest.fixture
+async def through_aiohttp(served) -> Transport:
+    client, _ = served
     metrics = client.server.app[SERVICE].metrics
 
     async def send(case: Case) -> Answer:
@@ -225,40 +299,98 @@ async def through_ray(trunk, store, tmp_path) -> Transport:
     await service.close()
 
 
+# code -> (HTTP status, gRPC status code name), from the one error table.
+ERROR_TABLE = {e.code: (e.http, e.grpc) for e in error_codes()}
+
+
 @pytest.fixture
-def transports(through_aiohttp, through_ray) -> dict[str, Transport]:
-    return {"aiohttp": through_aiohttp, "ray": through_ray}
+async def through_grpc(served) -> Transport:
+    client, address = served
+    metrics = client.server.app[SERVICE].metrics
+    channel = grpc.aio.insecure_channel(address)
+    stub_of = grpc_column.stubs(channel)
+
+    async def send(case: Case) -> Answer | None:
+        rpc = grpc_column.rpc_of(case.method, case.target, case.body)
+        if rpc is None:
+            return None
+        before = requests_counted(metrics)
+        got = await grpc_column.call(stub_of, rpc, CODE_KEY)
+        if got.code == grpc.StatusCode.OK.name:
+            status = 200
+        else:
+            known = ERROR_TABLE.get(got.body.get("code"))
+            status = known[0] if known else None
+        return Answer(status, {"grpc-status": got.code, **got.trailing},
+                      json.dumps(got.body).encode(), moved(before, requests_counted(metrics)))
+
+    yield send
+    await channel.close()
+
+
+@pytest.fixture
+def transports(through_aiohttp, through_ray, through_grpc) -> dict[str, Transport]:
+    return {"aiohttp": through_aiohttp, "ray": through_ray, "grpc": through_grpc}
+
+
+HTTP_HEADERS = frozenset({"server-timing", "allow", "content-type"})
+# What each transport's answers carry besides a status, a body and metrics: the checks and the
+# comparison of anything else skip that transport.
+CARRIES = {"aiohttp": HTTP_HEADERS, "ray": HTTP_HEADERS, "grpc": frozenset({"grpc-status"})}
 
 
 def problems(case: Case, name: str, got: Answer) -> list[str]:
     """How `got` differs from what `case` says every transport answers."""
     want_labels = [] if name in case.uncounted_on else [case.label]
+    bare = name in case.bare_on
+    want_status, want_code = (None, None) if bare else (case.status, case.code)
+    carries = CARRIES[name]
+    want_grpc = "OK" if case.status < 400 else ERROR_TABLE.get(case.code, (0, None))[1]
     found = [
-        (got.status == case.status, f"status {got.status}, not {case.status}"),
+        (got.status == want_status, f"status {got.status}, not {want_status}"),
         (got.labels == want_labels, f"counted under {got.labels}, not {want_labels}"),
-        (not want_labels or got.headers.get("server-timing", "").startswith("app;dur="),
-         "no Server-Timing"),
-        (case.status != 405 or got.headers.get("allow"), "no Allow"),
-        (case.code is None or (got.json() or {}).get("code") == case.code,
-         f"code is not {case.code}"),
+        ("server-timing" not in carries or not want_labels
+         or got.headers.get("server-timing", "").startswith("app;dur="), "no Server-Timing"),
+        ("allow" not in carries or case.status != 405 or got.headers.get("allow"), "no Allow"),
+        ((case.code is None and not bare) or (got.json() or {}).get("code") == want_code,
+         f"code is not {want_code}"),
+        ("grpc-status" not in carries or got.headers.get("grpc-status") == want_grpc,
+         f"gRPC status {got.headers.get('grpc-status')}, not {want_grpc}"),
     ]
     return [f"{case.name} via {name}: {what}: {got.body[:200]!r}" for ok, what in found if not ok]
+
+
+def compared(case: Case, name: str, got: Answer) -> dict[str, object]:
+    """What of `got` must be the same across transports: what `name` carries of it."""
+    fields = {"status": got.status, "allow": got.headers.get("allow"),
+              "content-type": got.headers.get("content-type"),
+              "body": got.json() if case.same_body else None}
+    if name in case.bare_on:  # its own refusal: `problems` checked it
+        del fields["status"], fields["body"]
+    return {key: value for key, value in fields.items()
+            if key in ("status", "body") or key in CARRIES[name]}
 
 
 async def test_every_transport_gives_each_request_the_same_answer(transports):
     wrong = []
     for case in CASES:  # in table order: each transport sees the same history
-        answers = {}
+        seen = {}
         for name, send in transports.items():
             got = await send(case)
             if got is None:  # a request this transport cannot express (no URL routes in gRPC)
                 continue
-            answers[name] = got
             wrong += problems(case, name, got)
-        seen = {name: (got.status, got.headers.get("allow"), got.headers.get("content-type"),
-                       got.json() if case.same_body else None)
-                for name, got in answers.items()}
-        first, *others = seen.values()
-        if any(other != first for other in others):
-            wrong.append(f"{case.name}: the transports differ: {seen}")
+            seen[name] = compared(case, name, got)
+        for key in ("status", "allow", "content-type", "body"):
+            values = {name: fields[key] for name, fields in seen.items() if key in fields}
+            first, *others = values.values() or [None]
+            if any(other != first for other in others):
+                wrong.append(f"{case.name}: the transports differ in {key}: {values}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_rpc_with_a_rest_twin_has_a_row():
+    """Each RPC the product maps to a REST endpoint (metrics label) is driven by some row."""
+    mapped = set(grpc_kserve.ENDPOINT_NAMES) | set(grpc_tfserving.ENDPOINT_NAMES)
+    rpcs = [grpc_column.rpc_of(case.method, case.target, case.body) for case in CASES]
+    assert mapped <= {rpc.name for rpc in rpcs if rpc is not None}

@@ -12,7 +12,9 @@ values: `tfserving.images_of`), and the codec's output columns become tensors:
 `probabilities` DT_FLOAT [N, n], `classes` DT_STRING [N, k], `scores` DT_FLOAT [N, k]
 (`output_filter` picks some). k is the server's `top_k_default`, or the call's `top_k` metadata
 (REST: `?top_k=`). GetModelMetadata (`signature_def`) and GetModelStatus are built from the
-codec's typed results (`tfserving.Signature`, `tfserving.VersionStatus`).
+codec's typed results (`tfserving.Signature`, `tfserving.VersionStatus`). Classify and Regress
+answer as their REST verbs `:classify` and `:regress` do (`tfserving.check_verb`): UNIMPLEMENTED
+with the code `not_found`, counted under `tfs_predict`.
 
 The generated messages and servicer bases come from the `tensorflow-serving-api` package
 (`tensorflow_serving.apis.*_pb2(_grpc)`): nothing is copied or generated here. They import
@@ -179,7 +181,9 @@ def status_response(status: tfserving.VersionStatus
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    """Predict and GetModelMetadata; Classify, Regress and MultiInference are UNIMPLEMENTED."""
+    """Predict and GetModelMetadata. Classify and Regress answer as their REST verbs do
+    (`tfserving.check_verb`: UNIMPLEMENTED, code `not_found`, counted under `tfs_predict`);
+    MultiInference, which has no REST twin, is UNIMPLEMENTED."""
 
     def __init__(self, rpcs: Rpcs) -> None:
         self.rpcs = rpcs
@@ -195,6 +199,19 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             images = await service.run_blocking(predict_images, request)
             predictions = await tfserving.predict_call(service, head, images, top_k)
             return predict_response(head, predictions, request.output_filter)
+
+        return await self.rpcs.run(_name("Predict", request.model_spec), request, context,
+                                   handle)
+
+    async def Classify(self, request, context):  # noqa: N802
+        return await self._not_served("classify", request, context)
+
+    async def Regress(self, request, context):  # noqa: N802
+        return await self._not_served("regress", request, context)
+
+    async def _not_served(self, verb: str, request, context):
+        async def handle() -> None:
+            tfserving.check_verb(verb)
 
         return await self.rpcs.run(_name("Predict", request.model_spec), request, context,
                                    handle)

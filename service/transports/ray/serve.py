@@ -12,10 +12,13 @@ Two deployments form the application:
   replica through a deployment handle (Ray balances the replicas). A request no endpoint
   matches goes to a replica too (without its body), which answers 404/405 and counts it: the
   replicas hold the metrics (`/metrics` is the answering replica's), by endpoint name as on
-  every transport (`service.transports.common.exchange`). When a model replica dies
-  with requests in flight, a request that is safe to repeat (everything but the admin writes)
-  is retried once on another replica, and the rest get 503 `replica_lost` + Retry-After, never
-  a bare 500.
+  every transport (`service.transports.common.exchange`). So does a request the ingress
+  refuses itself (a body over `max_body_bytes`, the byte budget full, a lost replica): its
+  error answer goes to a replica (without the body) to be counted and returned; only with no
+  replica answering within PROBE_TIMEOUT_S does the ingress answer it uncounted. When a model
+  replica dies with requests in flight, a request that is safe to repeat (everything but the
+  admin writes) is retried once on another replica, and the rest get 503 `replica_lost` +
+  Retry-After (counted by another replica), never a bare 500.
 
 What only aiohttp does (the WebSocket route, the web page) is not served here; unlike the
 aiohttp server, the body is read before the bot is looked up.
@@ -58,7 +61,13 @@ from service.codecs.routes import ENDPOINTS
 from service.core import memory
 from service.core.admission import ByteBudget, Reservation
 from service.core.context import Service
-from service.core.errors import DeadlineExceeded, NotReady, Overloaded, ReplicaLost
+from service.core.errors import (
+    DeadlineExceeded,
+    NotReady,
+    Overloaded,
+    ReplicaLost,
+    ServiceError,
+)
 from service.core.settings import Settings
 from service.transports.common.exchange import (
     SERVER_TIMING,
@@ -90,13 +99,22 @@ class Call:
 
     `endpoint` is the matched endpoint's name, or None when no endpoint matched: the replica
     then answers 404, or 405 with `allowed`, and counts it like any request (the ingress has no
-    metrics of its own: `/metrics` is a replica's).
+    metrics of its own: `/metrics` is a replica's). `refused`: the ingress's own error answer
+    to the request (its body over the limit, ...), which the replica counts and returns as is.
     """
 
     endpoint: str | None
     request: Request  # without its body reader: the body travels as bytes
     body: bytes = b""
     allowed: tuple[str, ...] = ()
+    refused: Reply | None = None
+
+    def local_answer(self) -> Reply | None:
+        """What the ingress answers itself, uncounted, when no replica takes this call in
+        time: a no-route or refused call's answer; None for a routed call (it needs one)."""
+        if self.refused is not None:
+            return self.refused
+        return no_route(self.allowed) if self.endpoint is None else None
 
 
 ENDPOINTS_BY_NAME = {endpoint.name: endpoint for endpoint in ENDPOINTS}
@@ -109,7 +127,9 @@ async def answer(service: Service, call: Call) -> Reply:
     without Ray too (tests/transports/test_same_answers.py)."""
     start = time.perf_counter()
     endpoint = ENDPOINTS_BY_NAME[call.endpoint] if call.endpoint is not None else None
-    if endpoint is None:
+    if call.refused is not None:
+        reply = call.refused
+    elif endpoint is None:
         reply = no_route(call.allowed)
     else:
         # NOTE: the body is already in this process: held against this replica's budget too,
@@ -189,17 +209,20 @@ class Ingress:
     async def _forward(self, http: HttpRequest, match: Match) -> Reply:
         endpoint = match.endpoint
         query, headers = http.query_params.multi_items(), http.headers.items()
+        request = build_request(http.method, http.url.path, match.params, query, headers)
+        name = None if endpoint is None else endpoint.name
         with Reservation(self.inflight) as held:
             if endpoint is None:  # a replica answers it (and counts it); its body is not read
                 body: bytes | bytearray = b""
             else:
-                read_body = admit_body(chunks(http.stream(), ClientDisconnect),
-                                       content_length(http.headers),
-                                       self.settings.max_body_bytes, held)
-                body = await read_body()
-            call = Call(None if endpoint is None else endpoint.name,
-                        build_request(http.method, http.url.path, match.params, query, headers),
-                        bytes(body), match.allowed)
+                try:
+                    read_body = admit_body(chunks(http.stream(), ClientDisconnect),
+                                           content_length(http.headers),
+                                           self.settings.max_body_bytes, held)
+                    body = await read_body()
+                except ServiceError as exc:  # refused here: a replica counts the answer
+                    return await self._call(Call(name, request, refused=error_reply(exc)))
+            call = Call(name, request, bytes(body), match.allowed)
             del body
             # Admin writes are not repeated behind a client; everything else is safe to repeat.
             tries = 1 if endpoint is not None and endpoint.admin else 2
@@ -209,21 +232,25 @@ class Ingress:
                 except RayActorError:
                     log.warning("a replica died serving %s %s (try %d of %d)",
                                 call.request.method, call.request.path, attempt, tries)
-            raise ReplicaLost(
-                "the replica serving this request stopped; retry (another replica answers)")
+        lost = ReplicaLost(
+            "the replica serving this request stopped; retry (another replica answers)")
+        return await self._call(Call(call.endpoint, call.request, refused=error_reply(lost)))
 
     async def _call(self, call: Call) -> Reply:
         # NOTE: with no model replica ready, Ray queues the call until one is: a readiness
         # probe must not wait for that, it must say "not ready", and a request no endpoint
-        # matches is still answered at once (uncounted: no replica to count it).
-        unmatched = call.endpoint is None
-        probe = unmatched or call.endpoint in READINESS_PROBES
+        # matches or the ingress refused is still answered at once (uncounted: no replica to
+        # count it).
+        local = call.local_answer()
+        probe = local is not None or call.endpoint in READINESS_PROBES
         timeout = PROBE_TIMEOUT_S if probe else self.settings.request_timeout_s + 5.0
         try:
             return await asyncio.wait_for(self.model.handle.remote(call), timeout)
-        except TimeoutError:
-            if unmatched:
-                return no_route(call.allowed)
+        except (TimeoutError, RayActorError) as exc:
+            if local is not None:
+                return local
+            if isinstance(exc, RayActorError):
+                raise
             if probe:
                 raise NotReady("no replica is ready") from None
             raise DeadlineExceeded(f"no replica answered within {timeout:.0f} s") from None

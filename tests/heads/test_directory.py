@@ -1,6 +1,6 @@
-"""The directory backend: the version directories (checkpoint, labels, manifest with sha256s),
-its SQLite registry (`heads.registry`) read directly, a registry that cannot be read or has no
-tables yet, crash leftovers, and the refusals of `heads.disk`. Fast (no trunk, no server):
+"""The directory backend: the version directories (checkpoint, labels, manifest with
+sha256s), its SQLite registry (`heads.directory.registry`) read directly, a registry that
+cannot be read or has no tables yet, crash leftovers, and the refusals of `heads.directory`. Fast (no trunk, no server):
 `make mutation` runs it."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from heads import HeadLoadError, HeadStore, UnknownBot
-from heads.disk import DiskBackend
-from heads.registry import Registry
+from heads.directory.backend import DirectoryBackend
+from heads.directory.registry import Registry
 from tests.heads.helpers import random_head
 
 # -- the files of a version -------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_a_registry_file_without_its_schema_reads_as_empty(tmp_path):
 
 
 def test_the_directory_backend_names_the_unknown_bot_and_its_root(tmp_path):
-    backend = DiskBackend(tmp_path / "store")
+    backend = DirectoryBackend(tmp_path / "store")
     try:
         assert backend.describe() == str(tmp_path / "store")
         for act in (lambda: backend.remove("ghost"), lambda: backend.rollback("ghost", max)):

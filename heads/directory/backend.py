@@ -27,9 +27,9 @@ import numpy as np
 
 from heads import files
 from heads.backend import SQLITE, Step, StoreBackend, VersionRow, utc_now
+from heads.directory.registry import Registry
 from heads.errors import UnknownBot
 from heads.head import Head
-from heads.registry import Registry
 
 REGISTRY_NAME = "registry.sqlite"
 LOCK_NAME = "registry.lock"
@@ -38,7 +38,7 @@ _VERSION_DIR_RE = re.compile(r"v([1-9][0-9]*)")
 _TMP_PREFIX = ".tmp-"
 
 
-class DiskBackend(StoreBackend):
+class DirectoryBackend(StoreBackend):
     """A store directory: `registry.sqlite` plus `heads/<bot_id>/v<N>/` version directories."""
 
     kind = SQLITE
