@@ -55,7 +55,7 @@ system-deps: browser-deps postgres-deps
 # them in this process, one after another.
 TEST_WORKERS ?= 2
 test: lint system-deps
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 # First run: demo trunk, generated images, INT8 trunk and demo bots (about 3-7 min); later runs
 # reuse them.
