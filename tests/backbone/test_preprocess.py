@@ -128,3 +128,61 @@ def test_a_bytearray_or_view_upload_decodes_like_bytes(fmt):
         np.testing.assert_array_equal(preprocess(given), want)
     with pytest.raises(InvalidImage):
         preprocess(bytearray(b"not an image at all"))
+
+
+# -- the fast route of `preprocess` (Pillow's affine transform on uint8) -------------------------
+
+
+def _photos() -> list[Image.Image]:
+    """Real photos that ship with the installed stack: scikit-learn's two sample photos (a
+    dependency of NNCF) and matplotlib's portrait of Grace Hopper (the bench extra)."""
+    import matplotlib.cbook
+    from sklearn.datasets import load_sample_images
+
+    photos = [Image.fromarray(array) for array in load_sample_images().images]
+    with Image.open(matplotlib.cbook.get_sample_data("grace_hopper.jpg")) as hopper:
+        photos.append(hopper.convert("RGB"))
+    return photos
+
+
+# Upload sizes: phone and camera photos, small web images, portrait and landscape; all crop to
+# at least 299 on each side (the fast route), the largest through JPEG draft mode first.
+PHOTO_SIZES = [(640, 480), (480, 640), (1024, 768), (343, 343), (2000, 1500), (4032, 3024)]
+
+
+def _jpegs() -> list[bytes]:
+    return [encode(photo.resize(size), "JPEG", quality=90)
+            for photo in _photos() for size in PHOTO_SIZES]
+
+
+@pytest.mark.parametrize("shape", [(342, 342), (375, 500), (1000, 700), (481, 641)])
+def test_fast_route_is_within_half_a_step_of_the_exact_path(shape):
+    rng = np.random.default_rng(sum(shape))
+    pixels = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    data = encode(Image.fromarray(pixels))  # PNG: lossless, so both routes see these pixels
+    fast, exact = preprocess(data), preprocess(data, exact=True)
+    np.testing.assert_array_equal(exact, preprocess_array(pixels))
+    diff = fast - exact
+    step = 2.0 / 255  # one uint8 step in [-1, 1]
+    # Half a step, plus Pillow's own float rounding of the lerp (measured: 0.5017 of a step).
+    assert np.abs(diff).max() <= 0.51 * step
+    assert abs(diff.mean()) < step / 20  # unbiased: Pillow's truncation is compensated
+    assert not np.array_equal(fast, exact)  # it did take the fast route
+
+
+def test_small_deep_or_exact_images_take_the_exact_path():
+    small = encode(pattern(4, size=(300, 200)))  # crop 262 x 175: an upscale
+    np.testing.assert_array_equal(preprocess(small), preprocess(small, exact=True))
+    deep = encode(Image.fromarray(np.full((400, 400), 30000, np.uint16)))
+    np.testing.assert_array_equal(preprocess(deep), preprocess(deep, exact=True))
+
+
+def test_fast_route_features_stay_within_cosine_0_9999_of_the_exact_path(trunk):
+    """The request path's fast route against the exact one, through the real trunk, on real
+    photos at the sizes users upload (issue 20's bound for a preprocessing change)."""
+    jpegs = _jpegs()
+    fast = trunk.features(np.stack([preprocess(j) for j in jpegs]))
+    exact = trunk.features(np.stack([preprocess(j, exact=True) for j in jpegs]))
+    cosine = (fast * exact).sum(1) / (np.linalg.norm(fast, axis=1) * np.linalg.norm(exact, axis=1))
+    assert cosine.min() >= 0.9999, cosine.min()
+    assert not np.array_equal(fast, exact)
