@@ -17,9 +17,9 @@ image whose crop is at least 299 pixels on each side (a downscale): Pillow's aff
 samples the SAME legacy grid (offset by the crop, in C, releasing the GIL) with bilinear
 weights, on the uint8 pixels; Pillow truncates each result to an integer, so half a step is
 added back before scaling. Every value is then within about half a uint8 step (1/255 in
-[-1, 1]) of the exact path, unbiased, for about a third of its time; features stay within cosine 0.9999 of
-the exact path's on real photos (tests/backbone/test_preprocess.py). Smaller images (an
-upscale), 16-bit and float images, and `exact=True` take the exact path.
+[-1, 1]) of the exact path, unbiased, for about a third of its time; features stay within
+cosine 0.9999 of the exact path's on real photos (tests/backbone/test_preprocess.py). Smaller
+images (an upscale), 16-bit and float images, and `exact=True` take the exact path.
 
 Decoding differs from TF only where it is a deliberate choice:
   - EXIF orientation is applied (TF's decode_jpeg ignores it; phones rely on it);
