@@ -50,12 +50,13 @@ postgres-deps:
 system-deps: browser-deps postgres-deps
 
 # Two worker processes (pytest-xdist), each test file in one of them (its module fixtures are
-# built once): the tests wait on subprocesses, servers and sockets about half of the time, so
+# built once; the files using the session's INT8 calibration share a worker: tests/conftest.py):
+# the tests wait on subprocesses, servers and sockets about half of the time, so
 # two workers use the 2 cores of a CI machine where one leaves one idle. TEST_WORKERS=0 runs
 # them in this process, one after another.
 TEST_WORKERS ?= 2
 test: lint system-deps
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # First run: demo trunk, generated images, INT8 trunk and demo bots (about 3-7 min); later runs
 # reuse them.

@@ -220,9 +220,11 @@ def _downscale_8bit(image: Image.Image) -> np.ndarray:
         (IMAGE_SIZE, IMAGE_SIZE), Image.Transform.AFFINE,
         (scale_x, 0.0, left + 0.5 - scale_x / 2, 0.0, scale_y, top + 0.5 - scale_y / 2),
         Image.Resampling.BILINEAR)
-    # Pillow truncates to an integer: + half a step makes the error unbiased.
+    # Pillow truncates to an integer: + half a step makes the error unbiased; 255 would then
+    # map above 1, the top of the trunk's input range.
     pixels = np.asarray(resized, dtype=np.float32)
-    return pixels * np.float32(2.0 / 255.0) + np.float32(1.0 / 255.0 - 1.0)
+    out = pixels * np.float32(2.0 / 255.0) + np.float32(1.0 / 255.0 - 1.0)
+    return np.minimum(out, np.float32(1.0), out=out)
 
 
 def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,

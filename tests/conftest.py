@@ -20,6 +20,19 @@ from tests.support.int8 import (  # noqa: F401 - fixtures, used by name
 )
 from tests.support.postgres import pg_server  # noqa: F401 - a fixture, used by name
 
+INT8_FIXTURES = frozenset({"int8_calibrated", "int8_trunk", "int8_images"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Where each test runs under pytest-xdist (`make test`: `--dist loadgroup`): a test file
+    runs whole in one worker (its module fixtures are built once), and every file that uses the
+    session's INT8 calibration runs in the same worker, so it is made once, not per worker."""
+    int8_files = {item.path for item in items
+                  if INT8_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    for item in items:
+        group = "int8" if item.path in int8_files else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(scope="session")
 def trunk_checkpoint(tmp_path_factory) -> str:

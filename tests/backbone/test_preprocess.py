@@ -168,6 +168,7 @@ def test_fast_route_is_within_half_a_step_of_the_exact_path(shape):
     assert np.abs(diff).max() <= 0.51 * step
     assert abs(diff.mean()) < step / 20  # unbiased: Pillow's truncation is compensated
     assert not np.array_equal(fast, exact)  # it did take the fast route
+    assert fast.min() >= -1 and fast.max() <= 1  # the trunk's input range (values 0 and 255)
 
 
 def test_small_deep_or_exact_images_take_the_exact_path():
