@@ -350,7 +350,8 @@ def int8_targets(trunk: TrunkResult) -> list[Target]:
         skip_if(Target.of(
             "int8_min_cosine", "INT8 trunk's min cosine vs fp32 on held-out images", needs,
             fid.get("min_cosine"), MIN_COSINE, ">=", "",
-            note("{:.0f} held-out images", fid.get("images"))), cannot),
+            note("{:.6f} on {:.0f} held-out images", fid.get("min_cosine"),
+                 fid.get("images"))), cannot),
         skip_if(Target.of(
             "int8_top1_agreement", "INT8 trunk's top-1 agreement with fp32, lowest bot",
             needs, lowest, MIN_TOP1_AGREEMENT, ">=", "",
