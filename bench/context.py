@@ -69,6 +69,7 @@ class Context:
         results: the results of the sections run so far, by section name.
         errors: the sections (or parts) that failed, with the error's first line.
         server_starts: every server start of the run (name, seconds to /healthz and /readyz).
+        int8: the run's INT8 trunk once `bench.int8.ensure_int8` has looked (None: not yet).
     """
 
     plan: Plan
@@ -79,6 +80,7 @@ class Context:
     results: dict[str, Result] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     server_starts: list[dict] = field(default_factory=list)
+    int8: dict | None = None
     _service_bots: list[str] | None = field(default=None, init=False, repr=False)
 
     def bar(self, total: int, desc: str) -> Bar:

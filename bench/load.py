@@ -76,13 +76,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def serve_command() -> list[str]:
-    """`multihead serve` of this interpreter's environment: the console script when installed,
-    else `python -m service.cli serve` (the same entry point)."""
+def multihead_command(subcommand: str) -> list[str]:
+    """`multihead <subcommand>` of this interpreter's environment: the console script when
+    installed, else `python -m service.cli <subcommand>` (the same entry point)."""
     script = Path(sys.executable).with_name("multihead")
     if script.exists():
-        return [str(script), "serve"]
-    return [sys.executable, "-m", "service.cli", "serve"]
+        return [str(script), subcommand]
+    return [sys.executable, "-m", "service.cli", subcommand]
+
+
+def serve_command() -> list[str]:
+    """`multihead serve` of this interpreter's environment (`multihead_command`)."""
+    return multihead_command("serve")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the `multihead` processes the benchmark starts: this one without
+    MULTIHEAD_* settings (the flags say everything), TF's info logs off, unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MULTIHEAD_")}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 _LIVE: set[ServerProcess] = set()
@@ -159,9 +173,7 @@ class ServerProcess:
         self.port = free_port()
         self.healthz_s = self.ready_s = None
         self._timings, self._trunk = {}, {}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MULTIHEAD_")}
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env["PYTHONUNBUFFERED"] = "1"
+        env = child_env()
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self._log.write(f"$ {' '.join(self.command())}\n".encode())

@@ -33,6 +33,8 @@ class Plan:
     full_models_requests: int = 64
     full_models_concurrency: int = 16
     images: int = 64
+    int8_samples: int = 64  # images the run's INT8 trunk is calibrated on (bench.int8)
+    int8_held_out: int = 100  # and held out for its fidelity report
     overload_uploads: int = 300
     soak_s: float = 300.0
     soak_clients: int = 8
@@ -47,7 +49,8 @@ class Plan:
                       closed_requests_per_client=4, poisson_requests=24, trunk_runs=5,
                       matmul_runs=5, scale_levels=(10, 100, 1000), cold_samples=20,
                       fanout_requests=8, rebuild_reps=2, full_models_requests=24, images=48,
-                      overload_uploads=100, soak_s=60.0)
+                      overload_uploads=100, soak_s=60.0,
+                      int8_samples=32, int8_held_out=32)
         values.update(overrides)
         return cls(**values)
 

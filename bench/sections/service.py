@@ -1,11 +1,15 @@
 """Section `service`: a real `multihead serve` process on loopback, B bots (Zipf popularity),
 real 640x480 JPEG uploads, closed-loop concurrency 1/4/16/32 and a Poisson open loop; then the
-same load against a second server with `--batch-policy per_group`.
+same load against a second server with `--batch-policy per_group`. Both run the serving choice:
+`serve`'s defaults (runtime and precision auto), with the run's INT8 trunk where `serve` looks
+for it (`bench.int8`), so the choice is int8 when that trunk passes its fidelity bounds. Then a
+third server on TF fp32 (`--runtime tf --precision fp32`, cross-bot batching, the closed loops
+only), unless TF fp32 is the serving choice.
 
-Its throughput and latency are compared with the raw trunk of the SAME runtime x precision the
-server runs (as its /readyz reports it), at the server's max batch size and at batch 1: taken
-from the trunk section's table when it measured that runtime, else measured here, in this
-process, once the servers are stopped.
+Each choice's throughput and latency are compared with the raw trunk of the SAME runtime x
+precision that server runs (as its /readyz reports it), at the server's max batch size and at
+batch 1: taken from the trunk section's table when it measured that runtime, else measured
+here, in this process, once the servers are stopped.
 """
 from __future__ import annotations
 
@@ -17,15 +21,24 @@ from dataclasses import dataclass, field
 from bench.context import Context, say
 from bench.markdown import fmt, load_label, table
 from bench.result import Result
-from bench.sections.base import Results, Section, Target, note
+from bench.sections.base import SKIP, Results, Section, Target, note
 from bench.stats import num, ratio
 
 POLICY_NAMES = {"mixed": "mixed (cross-bot)", "per_group": "per-bot"}
+TF_FP32 = "tf-fp32"
 
 # Target: the request path costs at most 15 % of the raw trunk's throughput at full batches.
 THROUGHPUT_SHARE = 0.85
 # Target: at 1 client, the request path adds at most this to one batch-1 forward.
-P50_OVER_FORWARD_MS = 25.0
+P50_OVER_FORWARD_MS = 10.0
+
+
+def closed_point(points: Sequence[Mapping], concurrency: int) -> Mapping:
+    """The closed-loop point at `concurrency` clients among `points` ({} when not measured)."""
+    for p in points:
+        if p.get("mode") == "closed" and p.get("concurrency") == concurrency:
+            return p
+    return {}
 
 
 @dataclass
@@ -40,13 +53,14 @@ class ServiceResult(Result):
     # The raw trunk of the servers' runtime x precision: {name, batch_size, images_per_s,
     # batch1_forward_ms, source}.
     raw_trunk: dict | None = None
+    # The same bots on a TF fp32 server (mixed policy, closed loops): {"server", "points",
+    # "raw_trunk"} like a policy's entry plus its own raw trunk; {"same_as_serving_choice":
+    # True} when the serving choice is TF fp32; {} when not measured.
+    tf_fp32: dict = field(default_factory=dict)
 
     def point(self, policy: str, concurrency: int) -> Mapping:
         """The closed-loop point of `policy` at `concurrency` clients ({} when not measured)."""
-        for p in (self.policies.get(policy) or {}).get("points", []):
-            if p.get("mode") == "closed" and p.get("concurrency") == concurrency:
-                return p
-        return {}
+        return closed_point((self.policies.get(policy) or {}).get("points", []), concurrency)
 
 
 Measure = Callable[[str, tuple[int, ...]], list[dict]]
@@ -109,24 +123,29 @@ def _poisson_rate(context: Context, result: ServiceResult, data: dict) -> float:
 
 
 async def measure_points(context: Context, url: str, bots: Sequence[str], policy: str,
-                         data: dict, result: ServiceResult) -> None:
-    """The closed-loop points and the open loop of one server, appended to `data["points"]`
-    with the server's own batch and timing histograms over each point."""
+                         data: dict, result: ServiceResult, *, open_loop_too: bool = True,
+                         label: str | None = None) -> None:
+    """The closed-loop points (`plan.concurrency`) and the open loop (unless not
+    `open_loop_too`) of one server, appended to `data["points"]` with the server's own batch
+    and timing histograms over each point. `label` names the server in the progress lines
+    (default: the policy)."""
     from bench.load import Workload, closed_loop, open_loop, scrape_metrics
 
     plan = context.plan
+    label = label or policy
     loads: list[tuple[str, int]] = [("closed", c) for c in plan.concurrency]
-    loads.append(("open", 0))
+    if open_loop_too:
+        loads.append(("open", 0))
     for index, (mode, level) in enumerate(loads):
         workload = Workload(context.jpegs, bots, plan.zipf_s, seed=plan.seed + index)
         before, before_counts = await scrape_metrics(url)
         if mode == "closed":
             n = plan.closed_requests(level)
-            with context.bar(n + level, f"{policy} {level} client(s)") as bar:
+            with context.bar(n + level, f"{label} {level} client(s)") as bar:
                 point = await closed_loop(url, workload, level, n, bar.update)
         else:
             rate = _poisson_rate(context, result, data)
-            with context.bar(plan.poisson_requests, f"{policy} Poisson {rate:.1f}/s") as bar:
+            with context.bar(plan.poisson_requests, f"{label} Poisson {rate:.1f}/s") as bar:
                 point = await open_loop(url, workload, rate, plan.poisson_requests,
                                         seed=plan.seed, progress=bar.update)
         after, after_counts = await scrape_metrics(url)
@@ -159,28 +178,47 @@ async def measure_points(context: Context, url: str, bots: Sequence[str], policy
             },
         )
         data["points"].append(point)
-        say(f"{policy} {load_label(point)}: {point['throughput_images_per_s']:.2f} images/s, "
+        say(f"{label} {load_label(point)}: {point['throughput_images_per_s']:.2f} images/s, "
             f"p50 {point['p50_ms']:.0f} ms, p99 {point['p99_ms']:.0f} ms, mean batch "
             f"{point['mean_batch_size']:.2f} ({point['mean_batch_bots']:.2f} bots), "
             f"errors {point['errors']}")
 
 
+def add_ratios(points: Sequence[dict], raw: dict) -> None:
+    """Every load point's throughput as a share of the raw trunk `raw` (`ratio_to_trunk`)."""
+    for point in points:
+        point["ratio_to_trunk"] = ratio(point.get("throughput_images_per_s"),
+                                        raw["images_per_s"])
+
+
 def compare_with_raw_trunk(result: ServiceResult, raw: dict) -> None:
-    """Records the raw trunk and every load point's throughput as a share of it."""
+    """Records the serving choice's raw trunk and every load point of its servers as a share
+    of it."""
     result.raw_trunk = raw
     for data in result.policies.values():
-        for point in data.get("points", []):
-            point["ratio_to_trunk"] = ratio(point.get("throughput_images_per_s"),
-                                            raw["images_per_s"])
+        add_ratios(data.get("points", []), raw)
+
+
+def compare_tf_fp32_with_raw_trunk(result: ServiceResult, raw: dict) -> None:
+    """Records the TF fp32 server's raw trunk (TF fp32) and its load points as shares of it."""
+    result.tf_fp32["raw_trunk"] = raw
+    add_ratios(result.tf_fp32.get("points", []), raw)
+
+
+def _server_facts(server) -> dict:
+    return {"ready_s": server.ready_s, "rss_bytes": server.rss_bytes(), "pid": server.pid,
+            "runtime": server.runtime()}
 
 
 def run(context: Context) -> ServiceResult:
+    from bench.int8 import ensure_int8
     from service.core.settings import BATCH_POLICIES
 
     plan = context.plan
     store, bots = context.service_store()
     result = ServiceResult(bots=plan.bots, classes=plan.classes, zipf_s=plan.zipf_s,
                            image=context.image_summary())
+    ensure_int8(context)  # where `serve` finds it: the serving choice is int8 when it passes
     runtime = None
     # Mixed first: the open-loop rate both policies face is taken from its throughput.
     for policy in sorted(BATCH_POLICIES, key=lambda p: p != "mixed"):
@@ -188,8 +226,7 @@ def run(context: Context) -> ServiceResult:
             "batch-policy": policy, "feature-cache-size": 0}))
         try:
             runtime = runtime or server.runtime()
-            data = {"server": {"ready_s": server.ready_s, "rss_bytes": server.rss_bytes(),
-                               "pid": server.pid, "runtime": server.runtime()}, "points": []}
+            data = {"server": _server_facts(server), "points": []}
             result.policies[policy] = data
             asyncio.run(warm_up(context, server.url, bots))
             try:
@@ -199,14 +236,63 @@ def run(context: Context) -> ServiceResult:
             data["server"]["rss_bytes_end"] = server.rss_bytes()
         finally:
             server.stop()
+    if runtime == TF_FP32:
+        result.tf_fp32 = {"same_as_serving_choice": True}
+    elif runtime is not None:
+        _run_tf_fp32(context, store, bots, result)
     # The servers are stopped: a raw trunk measured now has the machine to itself.
+    trunk, measure = context.results.get("trunk"), _measure_in_process(context)
     try:
-        compare_with_raw_trunk(result, raw_trunk(runtime, plan.max_batch_size,
-                                                 context.results.get("trunk"),
-                                                 _measure_in_process(context)))
+        compare_with_raw_trunk(result, raw_trunk(runtime, plan.max_batch_size, trunk, measure))
     except Exception as exc:  # noqa: BLE001 - keep the load points; the targets say "not measured"
         context.record_error("service-raw-trunk", exc)
+    if result.tf_fp32.get("points"):
+        try:
+            compare_tf_fp32_with_raw_trunk(
+                result, raw_trunk(TF_FP32, plan.max_batch_size, trunk, measure))
+        except Exception as exc:  # noqa: BLE001 - as above
+            context.record_error("service-tf-fp32-raw-trunk", exc)
     return result
+
+
+def _run_tf_fp32(context: Context, store, bots: Sequence[str], result: ServiceResult) -> None:
+    """The same bots and closed loops on a TF fp32 server (mixed policy, no open loop)."""
+    server = context.start(context.server("service-tf-fp32", store, **{
+        "batch-policy": "mixed", "feature-cache-size": 0, "runtime": "tf",
+        "precision": "fp32"}))
+    try:
+        result.tf_fp32 = {"server": _server_facts(server), "points": []}
+        asyncio.run(warm_up(context, server.url, bots))
+        try:
+            asyncio.run(measure_points(context, server.url, bots, "mixed", result.tf_fp32,
+                                       result, open_loop_too=False, label=TF_FP32))
+        except Exception as exc:  # noqa: BLE001 - the serving choice's points stand
+            context.record_error("service-tf-fp32", exc)
+        result.tf_fp32["server"]["rss_bytes_end"] = server.rss_bytes()
+    finally:
+        server.stop()
+
+
+def _runs(service: ServiceResult) -> list[tuple[str, str, dict]]:
+    """(server's runtime-precision, policy, data) of every server of the section, the serving
+    choice's first."""
+    runs = [((data.get("server") or {}).get("runtime", "?"), policy, data)
+            for policy, data in service.policies.items()]
+    if service.tf_fp32.get("points") is not None:
+        runs.append((TF_FP32, "mixed", service.tf_fp32))
+    return runs
+
+
+def _choices(service: ServiceResult) -> list[tuple[str, dict, dict]]:
+    """(label, points, raw trunk) of each serving choice measured: `serve`'s defaults, then TF
+    fp32."""
+    raw = service.raw_trunk or {}
+    out = [(f"serve's defaults ({raw.get('name', '?')})",
+            (service.policies.get("mixed") or {}).get("points", []), raw)]
+    if service.tf_fp32.get("points") is not None:
+        out.append((f"--runtime tf --precision fp32 ({TF_FP32})", service.tf_fp32["points"],
+                    service.tf_fp32.get("raw_trunk") or {}))
+    return out
 
 
 def render(service: ServiceResult, results: Results) -> str:
@@ -214,33 +300,48 @@ def render(service: ServiceResult, results: Results) -> str:
     out = [f"## Service over HTTP ({service.bots} bots, Zipf s={fmt(service.zipf_s)}, "
            f"{service.image}, feature cache off)", ""]
     rows = []
-    for policy, data in service.policies.items():
+    for server, policy, data in _runs(service):
         for p in data.get("points", []):
-            rows.append([POLICY_NAMES.get(policy, policy), load_label(p), p.get("requests"),
-                         p.get("throughput_images_per_s"), p.get("ratio_to_trunk"),
-                         p.get("p50_ms"), p.get("p95_ms"), p.get("p99_ms"),
-                         p.get("mean_batch_size"), p.get("mean_batch_bots"), p.get("errors")])
-    out += table(["policy", "load", "requests", "images/s", "× raw trunk", "p50 ms", "p95 ms",
-                  "p99 ms", "mean batch", "bots/batch", "errors"], rows)
+            rows.append([server, POLICY_NAMES.get(policy, policy), load_label(p),
+                         p.get("requests"), p.get("throughput_images_per_s"),
+                         p.get("ratio_to_trunk"), p.get("p50_ms"), p.get("p95_ms"),
+                         p.get("p99_ms"), p.get("mean_batch_size"), p.get("mean_batch_bots"),
+                         p.get("errors")])
+    out += table(["server", "policy", "load", "requests", "images/s", "× raw trunk", "p50 ms",
+                  "p95 ms", "p99 ms", "mean batch", "bots/batch", "errors"], rows)
     if raw:
-        out += ["", f"The servers run the {raw.get('name')} trunk; × raw trunk: images/s over "
-                    f"that raw trunk's {fmt(raw.get('images_per_s'))} images/s at batch "
-                    f"{raw.get('batch_size')} (batch-1 forward "
-                    f"{fmt(raw.get('batch1_forward_ms'))} ms; {raw.get('source')})."]
+        out += ["", "× raw trunk: images/s over the raw trunk of the runtime × precision that "
+                    "server runs, at its max batch size."]
+    rows = []
+    for label, points, choice_raw in _choices(service):
+        c16, c1 = closed_point(points, 16), closed_point(points, 1)
+        rows.append([label, choice_raw.get("images_per_s"), c16.get("throughput_images_per_s"),
+                     c16.get("ratio_to_trunk"), choice_raw.get("batch1_forward_ms"),
+                     c1.get("p50_ms"), choice_raw.get("source")])
+    if service.policies:
+        out += ["", "Each serving choice against its own raw trunk (mixed policy; targets: "
+                f"≥ {THROUGHPUT_SHARE:.2f} × raw at 16 clients, p50 at 1 client ≤ raw batch-1 "
+                f"forward + {P50_OVER_FORWARD_MS:.0f} ms):", ""]
+        out += table(["serving choice", f"raw images/s at batch {raw.get('batch_size', 16)}",
+                      "16 clients images/s", "× raw", "raw batch-1 forward ms",
+                      "1 client p50 ms", "raw trunk from"], rows)
+    if service.tf_fp32.get("same_as_serving_choice"):
+        out += ["", "The serving choice is TF fp32: no second server."]
     parts = [("request", "request (server)"), ("decode", "decode per image"),
              ("queue_wait", "queue wait per image"), ("trunk_per_batch", "trunk per batch"),
              ("heads_per_batch", "heads per batch")]
     rows = []
-    for policy, data in service.policies.items():
+    for server, policy, data in _runs(service):
         for p in data.get("points", []):
             server_ms = p.get("server_ms") or {}
             if server_ms:
-                rows.append([POLICY_NAMES.get(policy, policy), load_label(p), p.get("p50_ms"),
-                             p.get("mean_ms")] + [server_ms.get(k) for k, _ in parts])
+                rows.append([server, POLICY_NAMES.get(policy, policy), load_label(p),
+                             p.get("p50_ms"), p.get("mean_ms")]
+                            + [server_ms.get(k) for k, _ in parts])
     if rows:
         out += ["", "Where the time goes: client-side latency against the server's own "
                 "histograms (means over the load point, ms):", ""]
-        out += table(["policy", "load", "client p50", "client mean"]
+        out += table(["server", "policy", "load", "client p50", "client mean"]
                      + [label for _, label in parts], rows)
     dist_rows, keys = [], []
     for policy in service.policies:
@@ -252,32 +353,51 @@ def render(service: ServiceResult, results: Results) -> str:
         out += ["", "Batches by size at 16 clients (from the server's "
                 "`multihead_batch_size` histogram):", ""]
         out += table(["policy"] + [f"{k} rows" for k in keys], dist_rows)
-    starts = [f"{POLICY_NAMES.get(k, k)} {fmt(v.get('server', {}).get('ready_s'))} s"
-              for k, v in service.policies.items()]
+    starts = [f"{server} {POLICY_NAMES.get(policy, policy)} "
+              f"{fmt((data.get('server') or {}).get('ready_s'))} s"
+              for server, policy, data in _runs(service)]
     out += ["", "Server start to ready: " + ", ".join(starts) + " (the servers of a run "
             "share one saved trunk graph, so only the first builds it; cold starts are "
             "measured on their own below).", ""]
     return "\n".join(out)
 
 
-def targets(service: ServiceResult, results: Results) -> list[Target]:
-    raw = service.raw_trunk or {}
+def choice_targets(key: str, who: str, points: Sequence[Mapping], raw: Mapping,
+                   skip: str = "") -> list[Target]:
+    """The two targets of one serving choice against its own raw trunk `raw`: images/s at 16
+    clients and p50 at 1 client (`key` prefixes their keys; SKIP with `skip` as the note)."""
+    from dataclasses import replace
+
     name, batch = raw.get("name", "?"), raw.get("batch_size", 16)
     raw_rate, forward_ms = num(raw.get("images_per_s")), num(raw.get("batch1_forward_ms"))
-    c16, c1 = service.point("mixed", 16), service.point("mixed", 1)
-    mixed_batch = num(c16.get("mean_batch_size"))
-    pg_batch = num(service.point("per_group", 16).get("mean_batch_size"))
-    return [
-        Target.of("service_throughput_c16",
-                  f"service images/s at 16 clients >= {THROUGHPUT_SHARE:.2f} x its raw trunk "
+    c16, c1 = closed_point(points, 16), closed_point(points, 1)
+    out = [
+        Target.of(f"{key}_throughput_c16",
+                  f"{who} images/s at 16 clients >= {THROUGHPUT_SHARE:.2f} x its raw trunk "
                   f"at batch {batch}", ("service",), c16.get("throughput_images_per_s"),
                   THROUGHPUT_SHARE * raw_rate, ">=", "images/s",
                   note(f"raw {name} trunk {{:.2f}} images/s", raw_rate)),
-        Target.of("service_p50_c1",
-                  f"service p50 at 1 client <= its raw batch-1 forward + "
+        Target.of(f"{key}_p50_c1",
+                  f"{who} p50 at 1 client <= its raw batch-1 forward + "
                   f"{P50_OVER_FORWARD_MS:.0f} ms", ("service",), c1.get("p50_ms"),
                   forward_ms + P50_OVER_FORWARD_MS, "<=", "ms",
                   note(f"raw {name} batch-1 forward {{:.1f}} ms", forward_ms)),
+    ]
+    return [replace(t, status=SKIP, note=skip) for t in out] if skip else out
+
+
+def targets(service: ServiceResult, results: Results) -> list[Target]:
+    mixed_batch = num(service.point("mixed", 16).get("mean_batch_size"))
+    pg_batch = num(service.point("per_group", 16).get("mean_batch_size"))
+    tf = service.tf_fp32 or {}
+    return [
+        *choice_targets("service", "service (serve's defaults)",
+                        (service.policies.get("mixed") or {}).get("points", []),
+                        service.raw_trunk or {}),
+        *choice_targets("service_tf_fp32", "service on TF fp32", tf.get("points", []),
+                        tf.get("raw_trunk") or {},
+                        "the serving choice is TF fp32 (the targets above)"
+                        if tf.get("same_as_serving_choice") else ""),
         Target.of("batch_mixing", "mean batch at 16 clients, 100 Zipf bots >= 3 x per-bot "
                   "policy's", ("service",), ratio(mixed_batch, pg_batch), 3.0, ">=", "x",
                   note("mixed {:.2f} vs per-bot {:.2f} rows/batch", mixed_batch, pg_batch)),

@@ -1,9 +1,10 @@
 """Section `trunk`: the raw trunk in this process.
 
 images/s at batch 1..16 on TF fp32, then on every other runtime x precision this machine can
-run (bf16 needs avx512_bf16/AMX; OpenVINO its package) with the min cosine of its features
-against TF fp32; float32 matmul GFLOP/s through TensorFlow -> the machine's ceiling in images/s,
-and the trunk's efficiency against it.
+run (bf16 needs avx512_bf16/AMX; OpenVINO its package; int8 OpenVINO and NNCF: the run's INT8
+trunk, calibrated by `multihead quantize` on generated images, `bench.int8`) with the min cosine
+of its features against TF fp32; float32 matmul GFLOP/s through TensorFlow -> the machine's
+ceiling in images/s, and the trunk's efficiency against it.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from bench.context import Context, say
 from bench.markdown import fmt, table
 from bench.result import Result
-from bench.sections.base import SKIP, Results, Section, Target
+from bench.sections.base import SKIP, Results, Section, Target, note
 from bench.stats import ratio, rss_bytes
 
 # Cost of one 299x299 image through Inception-V4 up to PreLogitsFlatten (the trunk), in FLOPs
@@ -26,6 +27,11 @@ from bench.stats import ratio, rss_bytes
 # tests/data/inception_v4_contract.json, because the benchmark is installed without the tests'
 # data; tests/bench checks that the two agree.
 FLOPS_PER_IMAGE = 24_549_983_040
+
+# Targets of issue 20: the INT8 trunk against the float ones of the same runtime at batch 8.
+INT8_OVER_FP32 = 1.5  # any x86 CPU
+INT8_OVER_BF16 = 1.4  # where the CPU has bf16
+NO_BF16 = "this CPU has no avx512_bf16/amx_bf16"
 
 
 @dataclass
@@ -46,6 +52,10 @@ class TrunkResult(Result):
     # "<runtime>-<precision>" -> {batches, min_cosine, best_images_per_s, images_per_s_b1,
     # images_per_s_b8} (or {error}); "tf-fp32" first.
     runtimes: dict[str, dict] = field(default_factory=dict)
+    # The run's INT8 trunk (`bench.int8.ensure_int8`): {artifact, key, passed, reused,
+    # quantize_s, samples, held_out, calibration, fidelity, float_precision}, or {skipped} /
+    # {error}; {} when the section did not run.
+    int8: dict = field(default_factory=dict)
 
 
 def bf16_cpu() -> bool:
@@ -94,12 +104,15 @@ def preprocessed(context: Context, count: int) -> np.ndarray:
 def measure_runtime(context: Context, runtime: str, precision: str, images: np.ndarray,
                     sizes: Sequence[int]) -> tuple[list[dict], np.ndarray]:
     """(batch table, features of the first 8 images) of the run's trunk on `runtime` x
-    `precision`, built in this process (its graph cached in the run's temp dir)."""
+    `precision`, built in this process (its graph cached in the run's temp dir; int8: the INT8
+    trunk where `serve` finds it, next to the checkpoint, `bench.int8`)."""
     from backbone import Trunk
+    from backbone.checkpoint import cache_dir_of
 
     trunk = Trunk.from_checkpoint(context.prefix, warmup_batch_sizes=(1,), runtime=runtime,
                                   precision=precision,
-                                  graph_cache_dir=context.tmp / "runtime-cache")
+                                  graph_cache_dir=context.tmp / "runtime-cache",
+                                  int8_dir=cache_dir_of(context.prefix))
     try:
         features = trunk.features(images[:8])  # [8, 1536]
         return time_batches(trunk, images, sizes, context.plan.trunk_runs), features
@@ -133,14 +146,17 @@ def measure_matmul(n: int, runs: int) -> dict:
 
 
 def _other_runtimes(context: Context, images: np.ndarray, sizes: Sequence[int],
-                    reference: np.ndarray) -> dict:
-    """Every other runtime x precision this machine can run, against TF fp32's features."""
+                    reference: np.ndarray, int8: dict) -> dict:
+    """Every other runtime x precision this machine can run, against TF fp32's features
+    (int8 when the run has an INT8 trunk, `int8`)."""
     from backbone.precision import openvino_available
 
     bf16 = bf16_cpu()
     combos = [("tf", "bf16")] if bf16 else []
     if openvino_available():
         combos += [("openvino", "fp32")] + ([("openvino", "bf16")] if bf16 else [])
+        if int8.get("artifact"):
+            combos.append(("openvino", "int8"))
     out = {}
     for runtime, precision in combos:
         name = f"{runtime}-{precision}"
@@ -175,7 +191,10 @@ def run(context: Context) -> TrunkResult:
         reference = trunk.features(images[:8])  # [8, 1536]: what other runtimes must match
     finally:
         trunk.close()
-    runtimes = _other_runtimes(context, images, sizes, reference)
+    from bench.int8 import ensure_int8
+
+    int8 = ensure_int8(context)  # a child process: the TF trunk above is closed
+    runtimes = _other_runtimes(context, images, sizes, reference, int8)
     matmul_after = measure_matmul(plan.matmul_n, plan.matmul_runs)
     # The ceiling is a peak: the better of the two measurements (before and after the trunk).
     matmul = max(matmul_before, matmul_after, key=lambda m: m["gflops_best"])
@@ -194,7 +213,8 @@ def run(context: Context) -> TrunkResult:
         efficiency_pct=100.0 * best["images_per_s"] / ceiling, build_s=timings.build_s,
         restore_s=timings.restore_s, rss_after_load_bytes=rss_loaded, bf16_cpu=bf16_cpu(),
         runtimes={"tf-fp32": {"batches": batches, "min_cosine": 1.0, **rates(batches)},
-                  **runtimes})
+                  **runtimes},
+        int8=dict(int8))
 
 
 def render(trunk: TrunkResult, results: Results) -> str:
@@ -224,32 +244,119 @@ def render(trunk: TrunkResult, results: Results) -> str:
         rows = []
         for name, r in trunk.runtimes.items():
             by_size = {b["batch_size"]: b["images_per_s"] for b in r.get("batches", [])}
-            rows.append([name, *[by_size.get(size) for size in sizes], r.get("min_cosine"),
-                         r.get("error", "")])
+            cosine = r.get("min_cosine")
+            rows.append([name, *[by_size.get(size) for size in sizes],
+                         None if cosine is None else f"{cosine:.6f}", r.get("error", "")])
         out += table(["runtime-precision", *[f"batch {s}" for s in sizes], "min cosine",
                       "error"], rows)
         out += [""]
+    if trunk.int8:
+        out += [int8_text(trunk.int8), ""]
     return "\n".join(out)
 
 
+def lowest_agreement(fidelity: dict) -> tuple[str | None, float | None]:
+    """(head, agreement) of the head whose top-1 class agrees least often ((None, None): no
+    head was compared)."""
+    agreement = fidelity.get("agreement") or {}
+    if not agreement:
+        return None, None
+    name = min(agreement, key=lambda k: (agreement[k], k))
+    return name, agreement[name]
+
+
+def int8_text(int8: dict) -> str:
+    """The INT8 trunk of the run in words: how it was made and its fidelity report."""
+    if int8.get("skipped"):
+        return f"No INT8 trunk: {int8['skipped']}."
+    if int8.get("error"):
+        return f"No INT8 trunk: its calibration failed ({int8['error']})."
+    fid = int8.get("fidelity") or {}
+    calibration = int8.get("calibration") or {}
+    head, lowest = lowest_agreement(fid)
+    agreement = ("no registered head to compare" if head is None else
+                 f"top-1 agreement of the {len(fid.get('agreement') or {})} bots: lowest "
+                 f"{fmt(100 * lowest)} % ({head}; bound >= "
+                 f"{fmt(100 * (fid.get('min_agreement_bound') or 0))} %)")
+    made = (f"reused from the output's {int8.get('artifact')} ({calibration.get('date')})"
+            if int8.get("reused") else f"calibrated in {fmt(int8.get('quantize_s'))} s")
+    verdict = ("within the bounds: `serve` picks it by default" if int8.get("passed") else
+               "below a bound: kept marked failing, so `serve`'s auto does not pick it "
+               "(`--precision int8` would)")
+    return (f"INT8 trunk (openvino-int8 above): `multihead quantize --force` on "
+            f"{calibration.get('images')} generated 640×480 JPEGs (not the uploads), "
+            f"{made}; float layers in {int8.get('float_precision')}. Fidelity on "
+            f"{fid.get('images')} held-out images: min cosine vs OpenVINO fp32 "
+            f"{fid.get('min_cosine', float('nan')):.6f} (bound >= "
+            f"{fid.get('min_cosine_bound')}), {agreement}; {verdict}.")
+
+
 def targets(trunk: TrunkResult, results: Results) -> list[Target]:
-    """Trunk speed by runtime and precision: SKIP on a CPU without bf16."""
+    """Trunk speed by runtime and precision (SKIP on a CPU without bf16), then the INT8
+    trunk's."""
     runtimes: dict[str, Any] = trunk.runtimes or {}
     fp32 = runtimes.get("tf-fp32") or {}
-    no_bf16 = "this CPU has no avx512_bf16/amx_bf16" if trunk.bf16_cpu is False else ""
+    no_bf16 = NO_BF16 if trunk.bf16_cpu is False else ""
     needs = ("trunk",)
     out = []
     for size in (1, 8):
         key = f"images_per_s_b{size}"
-        best = max((float(r[key]) for r in runtimes.values() if r.get(key)), default=None)
+        # NOTE: float precisions only: int8 has targets of its own (`int8_targets`), and
+        # counting it here would let int8 pass what bf16 must.
+        best = max((float(r[key]) for name, r in runtimes.items()
+                    if r.get(key) and not name.endswith("-int8")), default=None)
         out.append(Target.of(
-            f"best_trunk_b{size}", f"best runtime x precision >= 1.8 x TF fp32 at batch {size}",
+            f"best_trunk_b{size}",
+            f"best float runtime x precision >= 1.8 x TF fp32 at batch {size}",
             needs, ratio(best, fp32.get(key)), 1.8, ">=", "x", no_bf16))
     out.append(Target.of(
         "tf_bf16_b8", "TF bf16 >= 1.5 x TF fp32 at batch 8", needs,
         ratio((runtimes.get("tf-bf16") or {}).get("images_per_s_b8"),
               fp32.get("images_per_s_b8")), 1.5, ">=", "x", no_bf16))
-    return [replace(t, status=SKIP) for t in out] if trunk.bf16_cpu is False else out
+    out = [replace(t, status=SKIP) for t in out] if trunk.bf16_cpu is False else out
+    return out + int8_targets(trunk)
+
+
+def int8_targets(trunk: TrunkResult) -> list[Target]:
+    """The INT8 trunk against OpenVINO fp32 (any x86 CPU) and bf16 (where the CPU has it) at
+    batch 8, and its fidelity within the bounds of `multihead quantize`. SKIP (saying why)
+    where the run could not make an INT8 trunk or the CPU has no bf16."""
+    from backbone.quantize import MIN_COSINE, MIN_TOP1_AGREEMENT
+
+    runtimes: dict[str, Any] = trunk.runtimes or {}
+    int8 = trunk.int8 or {}
+    rate = (runtimes.get("openvino-int8") or {}).get("images_per_s_b8")
+    fid = int8.get("fidelity") or {}
+    head, lowest = lowest_agreement(fid)
+    needs = ("trunk",)
+    cannot = int8.get("skipped", "")
+
+    def skip_if(target: Target, why: str) -> Target:
+        return replace(target, status=SKIP, note=why) if why else target
+
+    fp32 = (runtimes.get("openvino-fp32") or {}).get("images_per_s_b8")
+    bf16 = (runtimes.get("openvino-bf16") or {}).get("images_per_s_b8")
+    return [
+        skip_if(Target.of(
+            "int8_vs_fp32_b8", f"OpenVINO int8 >= {INT8_OVER_FP32} x OpenVINO fp32 at batch 8",
+            needs, ratio(rate, fp32), INT8_OVER_FP32, ">=", "x",
+            note("{:.1f} vs {:.1f} images/s", rate, fp32)), cannot),
+        skip_if(Target.of(
+            "int8_vs_bf16_b8", f"OpenVINO int8 >= {INT8_OVER_BF16} x OpenVINO bf16 at batch 8",
+            needs, ratio(rate, bf16), INT8_OVER_BF16, ">=", "x",
+            note("{:.1f} vs {:.1f} images/s", rate, bf16)),
+            cannot or (f"{NO_BF16}: no OpenVINO bf16 to compare with"
+                       if trunk.bf16_cpu is False else "")),
+        skip_if(Target.of(
+            "int8_min_cosine", "INT8 trunk's min cosine vs fp32 on held-out images", needs,
+            fid.get("min_cosine"), MIN_COSINE, ">=", "",
+            note("{:.6f} on {:.0f} held-out images", fid.get("min_cosine"),
+                 fid.get("images"))), cannot),
+        skip_if(Target.of(
+            "int8_top1_agreement", "INT8 trunk's top-1 agreement with fp32, lowest bot",
+            needs, lowest, MIN_TOP1_AGREEMENT, ">=", "",
+            f"{head}, {len(fid.get('agreement') or {})} bots" if head else ""), cannot),
+    ]
 
 
 SECTION = Section("trunk", TrunkResult, run, render, targets)

@@ -27,7 +27,8 @@ def _point(policy: str, mode: str, concurrency, throughput: float, p50: float,
 
 def passing_results() -> dict:
     """Results in which every target passes, with distinctive numbers. The service's servers
-    ran the TF fp32 trunk, whose batch-16 rate is the raw trunk it is compared with."""
+    ran `serve`'s default, the OpenVINO int8 trunk, whose batch-16 rate is the raw trunk it is
+    compared with; its TF fp32 server is compared with TF fp32's."""
     return copy.deepcopy({
         "meta": {"date": "2026-01-02 03:04 UTC", "command": "multihead bench --quick --check",
                  "quick": True, "sections": list(NAMES), "duration_s": 271.0,
@@ -51,12 +52,28 @@ def passing_results() -> dict:
                                   "images_per_s_b8": 10.0, "best_images_per_s": 10.25},
                       "tf-bf16": {"min_cosine": 0.99999, "images_per_s_b1": 12.0,
                                   "images_per_s_b8": 16.0, "best_images_per_s": 16.5},
+                      "openvino-fp32": {"min_cosine": 0.999999, "images_per_s_b1": 11.0,
+                                        "images_per_s_b8": 11.5, "best_images_per_s": 11.6},
                       "openvino-bf16": {"min_cosine": 0.99999, "images_per_s_b1": 18.0,
-                                        "images_per_s_b8": 19.0, "best_images_per_s": 19.5}}},
+                                        "images_per_s_b8": 19.0, "best_images_per_s": 19.5},
+                      "openvino-int8": {"min_cosine": 0.99962, "images_per_s_b1": 30.5,
+                                        "images_per_s_b8": 40.25, "best_images_per_s": 41.0}},
+                  "int8": {"artifact": "inception_v4-int8-0123456789abcdef.xml",
+                           "key": "0123456789abcdef", "passed": True, "reused": False,
+                           "quantize_s": 61.5, "samples": 64, "held_out": 100,
+                           "calibration": {"digest": "ab" * 32, "images": 64,
+                                           "description": "64 images from /tmp/int8-images",
+                                           "date": "2026-01-02T03:00:00Z"},
+                           "fidelity": {"images": 100, "min_cosine": 0.999312,
+                                        "agreement": {"bot-00000": 1.0, "bot-00007": 0.99},
+                                        "min_cosine_bound": 0.999, "min_agreement_bound": 0.99,
+                                        "passed": True},
+                           "float_precision": "bf16"}},
         "service": {"bots": 100, "classes": 100, "zipf_s": 1.0, "image": "640×480 JPEG",
                     "poisson_rate_per_s": 6.5,
-                    "raw_trunk": {"name": "tf-fp32", "batch_size": 16, "images_per_s": 10.25,
-                                  "batch1_forward_ms": 97.5, "source": "trunk section"},
+                    "raw_trunk": {"name": "openvino-int8", "batch_size": 16,
+                                  "images_per_s": 10.25, "batch1_forward_ms": 110.0,
+                                  "source": "trunk section"},
                     "policies": {
                         "mixed": {"server": {"ready_s": 11.0}, "points": [
                             _point("mixed", "closed", 1, 8.1, 118.5, 1.0),
@@ -65,7 +82,13 @@ def passing_results() -> dict:
                         "per_group": {"server": {"ready_s": 11.5}, "points": [
                             _point("per_group", "closed", 1, 8.0, 120.0, 1.0),
                             _point("per_group", "closed", 16, 9.5, 1600.0, 1.5),
-                            _point("per_group", "open", None, 6.3, 320.0, 1.1)]}}},
+                            _point("per_group", "open", None, 6.3, 320.0, 1.1)]}},
+                    "tf_fp32": {"server": {"ready_s": 9.5, "runtime": "tf-fp32"}, "points": [
+                        _point("mixed", "closed", 1, 7.9, 104.5, 1.0),
+                        _point("mixed", "closed", 16, 8.85, 1700.0, 7.25)],
+                        "raw_trunk": {"name": "tf-fp32", "batch_size": 16,
+                                      "images_per_s": 10.25, "batch1_forward_ms": 97.5,
+                                      "source": "trunk section"}}},
         "fanout": {"n_bots": 10, "single": _latency(130.0), "fanout": _latency(135.0),
                    "ratio_p50": 135.0 / 130.0},
         "baselines": {"rebuild": {"latency": _latency(6543.0, 2),

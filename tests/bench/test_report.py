@@ -32,7 +32,7 @@ def _by_key(targets):
 
 def test_every_target_passes_on_good_results():
     targets = evaluate_targets(passing_results())
-    assert len(targets) == 16
+    assert len(targets) == 22
     assert [t.key for t in targets if t.status != PASS] == []
     assert not targets_failed(targets)
 
@@ -41,9 +41,21 @@ def test_targets_carry_the_measured_values_and_limits():
     t = _by_key(evaluate_targets(passing_results()))
     assert t["service_throughput_c16"].measured == pytest.approx(9.75)
     assert t["service_throughput_c16"].limit == pytest.approx(0.85 * 10.25)  # its raw trunk
-    assert "raw tf-fp32 trunk 10.25 images/s" in t["service_throughput_c16"].note
+    assert "raw openvino-int8 trunk 10.25 images/s" in t["service_throughput_c16"].note
     assert t["service_p50_c1"].measured == pytest.approx(118.5)
-    assert t["service_p50_c1"].limit == pytest.approx(97.5 + 25)
+    assert t["service_p50_c1"].limit == pytest.approx(110.0 + 10)
+    # The TF fp32 server against TF fp32's raw trunk, not the serving choice's.
+    assert t["service_tf_fp32_throughput_c16"].measured == pytest.approx(8.85)
+    assert t["service_tf_fp32_throughput_c16"].limit == pytest.approx(0.85 * 10.25)
+    assert "raw tf-fp32 trunk" in t["service_tf_fp32_throughput_c16"].note
+    assert t["service_tf_fp32_p50_c1"].limit == pytest.approx(97.5 + 10)
+    assert t["int8_vs_fp32_b8"].measured == pytest.approx(40.25 / 11.5)
+    assert t["int8_vs_bf16_b8"].measured == pytest.approx(40.25 / 19.0)
+    assert t["int8_min_cosine"].measured == pytest.approx(0.999312)
+    assert t["int8_min_cosine"].limit == pytest.approx(0.999)
+    assert t["int8_min_cosine"].note == "0.999312 on 100 held-out images"  # fmt would say 1
+    assert t["int8_top1_agreement"].measured == pytest.approx(0.99)
+    assert "bot-00007" in t["int8_top1_agreement"].note
     assert t["rebuild_vs_service"].measured == pytest.approx(6543.0 / 118.5)
     assert t["rss_per_bot"].measured == pytest.approx(655_000 / 614_800)
     assert t["registration_p50"].measured == pytest.approx(8.4)
@@ -63,7 +75,10 @@ def _set(results, path, value):
 
 @pytest.mark.parametrize("key, path, value", [
     ("service_throughput_c16", "service.policies.mixed.points.1.throughput_images_per_s", 8.7),
-    ("service_p50_c1", "service.policies.mixed.points.0.p50_ms", 123.0),
+    ("service_p50_c1", "service.policies.mixed.points.0.p50_ms", 120.5),
+    ("service_tf_fp32_throughput_c16", "service.tf_fp32.points.1.throughput_images_per_s",
+     8.7),
+    ("service_tf_fp32_p50_c1", "service.tf_fp32.points.0.p50_ms", 107.6),
     ("rebuild_vs_service", "baselines.rebuild.latency.p50_ms", 2000.0),
     ("rss_per_bot", "scale.rss_growth_per_bot_bytes", 1_000_000),
     ("registration_p50", "scale.registration_p50_ms", 20.5),
@@ -74,6 +89,10 @@ def _set(results, path, value):
     ("best_trunk_b1", "trunk.runtimes.openvino-bf16.images_per_s_b1", 17.0),
     ("best_trunk_b8", "trunk.runtimes.openvino-bf16.images_per_s_b8", 17.9),
     ("tf_bf16_b8", "trunk.runtimes.tf-bf16.images_per_s_b8", 14.9),
+    ("int8_vs_fp32_b8", "trunk.runtimes.openvino-fp32.images_per_s_b8", 26.9),
+    ("int8_vs_bf16_b8", "trunk.runtimes.openvino-bf16.images_per_s_b8", 28.8),
+    ("int8_min_cosine", "trunk.int8.fidelity.min_cosine", 0.99881),
+    ("int8_top1_agreement", "trunk.int8.fidelity.agreement.bot-00007", 0.98),
     ("overload_peak", "overload.rss_peak_bytes", 1_010_000_000 + 1.25 * 268_435_456 + 1),
     ("overload_after", "overload.rss_after_bytes", 1.11 * 1_010_000_000),
     ("overload_wrong", "overload.wrong_answers", 1),
@@ -116,12 +135,12 @@ def test_reports_hold_the_numbers(tmp_path):
     data = json.loads(written["json"].read_text())
     assert data["trunk"]["best_images_per_s"] == 10.25
     assert data["service"]["policies"]["per_group"]["points"][1]["mean_batch_size"] == 1.5
-    assert [t["status"] for t in data["targets"]] == [PASS] * 16
+    assert [t["status"] for t in data["targets"]] == [PASS] * 22
     md = written["md"].read_text()
     assert "2026-01-02 03:04 UTC" in md and "Test CPU 9000" in md and "TensorFlow 2.21.0" in md
     for number in ("10.2", "302", "9.75", "1,500", "6,543", "8.4", "4.25", "265.0 MB", "83.5"):
         assert number in md, number
-    assert md.count("| PASS |") == 16
+    assert md.count("| PASS |") == 22
     png = written["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -204,3 +223,85 @@ def test_bf16_speed_targets_do_not_claim_a_cpu_without_bf16_when_the_trunk_did_n
         assert t[key].status == SKIP and t[key].note == ""
     t = _by_key(evaluate_targets(results, {"trunk"}))  # selected, but it failed
     assert t["tf_bf16_b8"].status == FAIL
+
+
+def test_without_bf16_the_int8_trunk_is_held_to_openvino_fp32_only():
+    results = passing_results()
+    results["trunk"]["bf16_cpu"] = False
+    results["trunk"]["runtimes"] = {k: v for k, v in results["trunk"]["runtimes"].items()
+                                    if "bf16" not in k}
+    t = _by_key(evaluate_targets(results))
+    assert t["int8_vs_bf16_b8"].status == SKIP
+    assert "no avx512_bf16/amx_bf16: no OpenVINO bf16 to compare with" in t["int8_vs_bf16_b8"].note
+    assert t["int8_vs_fp32_b8"].status == PASS
+    results["trunk"]["runtimes"]["openvino-int8"]["images_per_s_b8"] = 17.2  # 1.496 x 11.5
+    t = _by_key(evaluate_targets(results))
+    assert t["int8_vs_fp32_b8"].status == FAIL and t["int8_vs_bf16_b8"].status == SKIP
+
+
+def test_int8_targets_skip_saying_why_when_the_run_could_not_make_one():
+    results = passing_results()
+    results["trunk"]["int8"] = {"skipped": "NNCF is not installed (the openvino extra)"}
+    del results["trunk"]["runtimes"]["openvino-int8"]
+    t = _by_key(evaluate_targets(results))
+    for key in ("int8_vs_fp32_b8", "int8_vs_bf16_b8", "int8_min_cosine", "int8_top1_agreement"):
+        assert t[key].status == SKIP and t[key].note == "NNCF is not installed (the openvino extra)"
+    assert "No INT8 trunk: NNCF is not installed" in render_markdown(results)
+
+
+def test_a_failed_int8_calibration_fails_its_targets():
+    results = passing_results()
+    results["trunk"]["int8"] = {"error": "RuntimeError: multihead quantize exited with 1"}
+    del results["trunk"]["runtimes"]["openvino-int8"]
+    t = _by_key(evaluate_targets(results))
+    for key in ("int8_vs_fp32_b8", "int8_vs_bf16_b8", "int8_min_cosine", "int8_top1_agreement"):
+        assert t[key].status == FAIL and t[key].measured is None
+    assert "its calibration failed (RuntimeError: multihead quantize exited with 1)" in \
+        render_markdown(results)
+
+
+def test_an_int8_trunk_without_heads_to_compare_fails_the_agreement_target():
+    results = passing_results()
+    results["trunk"]["int8"]["fidelity"]["agreement"] = {}
+    t = _by_key(evaluate_targets(results))
+    assert t["int8_top1_agreement"].status == FAIL and t["int8_top1_agreement"].measured is None
+
+
+def test_the_int8_row_and_its_fidelity_report_are_rendered():
+    results = passing_results()
+    md = render_markdown(results, evaluate_targets(results))
+    row = next(line for line in md.splitlines() if line.startswith("| openvino-int8 |"))
+    assert "0.999620" in row  # min cosine vs TF fp32, six decimals
+    for text in ("`multihead quantize --force` on 64 generated 640×480 JPEGs",
+                 "calibrated in 61.5 s", "float layers in bf16", "100 held-out images",
+                 "min cosine vs OpenVINO fp32 0.999312 (bound >= 0.999)",
+                 "top-1 agreement of the 2 bots: lowest 99 % (bot-00007; bound >= 99 %)",
+                 "`serve` picks it by default"):
+        assert text in md, text
+    results["trunk"]["int8"].update(passed=False, reused=True)
+    results["trunk"]["int8"]["fidelity"]["min_cosine"] = 0.99881
+    md = render_markdown(results)
+    assert "reused from the output's inception_v4-int8-0123456789abcdef.xml" in md
+    assert "below a bound: kept marked failing, so `serve`'s auto does not pick it" in md
+
+
+def test_both_serving_choices_are_rendered_against_their_own_raw_trunk():
+    md = render_markdown(passing_results())
+    rows = [line for line in md.splitlines() if line.startswith("| serve's defaults")
+            or line.startswith("| --runtime tf --precision fp32")]
+    assert len(rows) == 2
+    assert rows[0].startswith("| serve's defaults (openvino-int8) | 10.2 | 9.75 |")
+    assert rows[1].startswith("| --runtime tf --precision fp32 (tf-fp32) | 10.2 | 8.85 |")
+    assert "| tf-fp32 | mixed (cross-bot) | 16 clients |" in md
+
+
+def test_a_tf_fp32_serving_choice_has_no_second_run_to_check():
+    results = passing_results()
+    results["service"]["tf_fp32"] = {"same_as_serving_choice": True}
+    t = _by_key(evaluate_targets(results))
+    for key in ("service_tf_fp32_throughput_c16", "service_tf_fp32_p50_c1"):
+        assert t[key].status == SKIP and "the serving choice is TF fp32" in t[key].note
+    assert "The serving choice is TF fp32: no second server." in render_markdown(results)
+    del results["service"]["tf_fp32"]  # not measured (the run stopped before it): a miss
+    t = _by_key(evaluate_targets(results))
+    assert t["service_tf_fp32_throughput_c16"].status == FAIL

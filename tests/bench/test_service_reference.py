@@ -11,7 +11,12 @@ import pytest
 
 from bench.report import evaluate_targets
 from bench.sections.base import FAIL, PASS
-from bench.sections.service import ServiceResult, compare_with_raw_trunk, raw_trunk
+from bench.sections.service import (
+    ServiceResult,
+    compare_tf_fp32_with_raw_trunk,
+    compare_with_raw_trunk,
+    raw_trunk,
+)
 from bench.sections.trunk import TrunkResult
 from tests.bench.helpers import passing_results
 
@@ -24,6 +29,7 @@ def _table(rates: dict[int, float]) -> list[dict]:
 TRUNK = TrunkResult(runtimes={
     "tf-fp32": {"batches": _table({1: 8.0, 8: 10.8, 16: 10.5})},
     "openvino-bf16": {"batches": _table({1: 40.0, 8: 62.0, 16: 63.0})},
+    "openvino-int8": {"batches": _table({1: 70.0, 8: 115.0, 16: 120.0})},
 })
 
 
@@ -36,6 +42,8 @@ def test_the_reference_is_the_servers_runtime_at_its_batch_size():
     assert raw == {"name": "openvino-bf16", "batch_size": 16, "images_per_s": 63.0,
                    "batch1_forward_ms": pytest.approx(25.0), "source": "trunk section"}
     assert raw_trunk("tf-fp32", 8, TRUNK, _no_measure)["images_per_s"] == 10.8
+    int8 = raw_trunk("openvino-int8", 16, TRUNK, _no_measure)  # an int8 server: the int8 row
+    assert int8["images_per_s"] == 120.0 and int8["batch1_forward_ms"] == pytest.approx(1000 / 70)
 
 
 @pytest.mark.parametrize("trunk", [None, TRUNK], ids=["no trunk section", "runtime not in it"])
@@ -73,7 +81,7 @@ def test_a_bf16_server_is_held_to_its_own_raw_trunk_not_to_tf_fp32():
     assert throughput.limit == pytest.approx(0.85 * 63.0)
     assert throughput.status == FAIL and "raw openvino-bf16 trunk 63.00" in throughput.note
     p50 = targets["service_p50_c1"]
-    assert p50.limit == pytest.approx(25.0 + 25.0) and p50.status == FAIL  # 118.5 ms
+    assert p50.limit == pytest.approx(25.0 + 10.0) and p50.status == FAIL  # 118.5 ms
     assert results["service"]["policies"]["mixed"]["points"][1]["ratio_to_trunk"] == \
         pytest.approx(9.75 / 63.0)
 
@@ -91,3 +99,23 @@ def test_without_a_raw_trunk_the_service_targets_are_not_measured():
     targets = {t.key: t for t in evaluate_targets(results)}
     assert targets["service_throughput_c16"].status == FAIL
     assert targets["service_throughput_c16"].limit is None
+
+
+def test_the_tf_fp32_server_is_held_to_tf_fp32_and_the_default_to_its_own_int8():
+    """The two serving choices of one run: an int8 default and TF fp32, each against its own
+    raw trunk; the TF fp32 server's 9.0 images/s pass against TF fp32 (10.5 at batch 16) and
+    would be nowhere near int8's 120."""
+    results = passing_results()
+    service = ServiceResult.from_json(results["service"])
+    compare_with_raw_trunk(service, raw_trunk("openvino-int8", 16, TRUNK, _no_measure))
+    service.tf_fp32["points"][1]["throughput_images_per_s"] = 9.0
+    compare_tf_fp32_with_raw_trunk(service, raw_trunk("tf-fp32", 16, TRUNK, _no_measure))
+    assert service.tf_fp32["points"][1]["ratio_to_trunk"] == pytest.approx(9.0 / 10.5)
+    assert service.policies["mixed"]["points"][1]["ratio_to_trunk"] == pytest.approx(9.75 / 120)
+    results["service"] = service.to_json()
+    targets = {t.key: t for t in evaluate_targets(results)}
+    assert targets["service_throughput_c16"].limit == pytest.approx(0.85 * 120.0)
+    assert targets["service_throughput_c16"].status == FAIL
+    assert targets["service_tf_fp32_throughput_c16"].limit == pytest.approx(0.85 * 10.5)
+    assert targets["service_tf_fp32_throughput_c16"].status == PASS
+    assert targets["service_tf_fp32_p50_c1"].limit == pytest.approx(1000 / 8.0 + 10)
