@@ -99,7 +99,11 @@ def deployment(pg, trunk_checkpoint, serving_graph_cache, tmp_path_factory):
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "MULTIHEAD_WARMUP": "true"}
     cmd = [sys.executable, "-m", "service.cli.main", "serve", "--ray", "--replicas", "2",
            "--store", url, "--trunk-checkpoint", trunk_checkpoint,
-           "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "8"]
+           "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "8",
+           # The replicas are the subject, not the runtime: TF on the session's saved graph
+           # starts each in seconds, where OpenVINO (the default) would convert and compile
+           # per replica (OpenVINO and INT8: tests/backbone/test_runners.py, test_int8.py).
+           "--runtime", "tf"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)

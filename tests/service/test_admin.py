@@ -119,7 +119,8 @@ async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
            "MULTIHEAD_MAX_BATCH_SIZE": "1", "MULTIHEAD_FEATURE_CACHE_SIZE": "0"}
     server = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--store", str(store_dir),
-         "--trunk-checkpoint", trunk_checkpoint, "--port", str(port), "--no-warmup"],
+         "--trunk-checkpoint", trunk_checkpoint, "--port", str(port), "--no-warmup",
+         "--runtime", "tf"],  # registration and draining are the subject: TF on the saved graph
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
