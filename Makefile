@@ -52,11 +52,15 @@ system-deps: browser-deps postgres-deps
 # Two worker processes (pytest-xdist), each test file in one of them (its module fixtures are
 # built once; the files using the session's INT8 calibration share a worker: tests/conftest.py):
 # the tests wait on subprocesses, servers and sockets about half of the time, so
-# two workers use the 2 cores of a CI machine where one leaves one idle. TEST_WORKERS=0 runs
+# two workers use the 2 cores of a CI machine where one leaves one idle. The Ray tests
+# (tests/scaleout) then run on their own: a local Ray cluster starting beside another worker's
+# TensorFlow missed its own start deadline on 2 cores. TEST_WORKERS=0 runs
 # them in this process, one after another.
 TEST_WORKERS ?= 2
 test: lint system-deps
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 \
+	  --ignore=tests/scaleout
+	$(BIN)/python -m pytest --durations=5 tests/scaleout
 
 # First run: demo trunk, generated images, INT8 trunk and demo bots (about 3-7 min); later runs
 # reuse them.
