@@ -54,8 +54,8 @@ system-deps: browser-deps postgres-deps
 # the tests wait on subprocesses, servers and sockets about half of the time, so
 # two workers use the 2 cores of a CI machine where one leaves one idle. The Ray tests
 # (tests/scaleout) then run on their own: a local Ray cluster starting beside another worker's
-# TensorFlow missed its own start deadline on 2 cores. TEST_WORKERS=0 runs
-# them in this process, one after another.
+# TensorFlow missed its own start deadline on 2 cores. TEST_WORKERS=0 runs the first phase
+# in one process, one test after another.
 TEST_WORKERS ?= 2
 test: lint system-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 \
