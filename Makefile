@@ -55,11 +55,15 @@ system-deps: browser-deps postgres-deps
 # two workers use the 2 cores of a CI machine where one leaves one idle. The Ray tests
 # (tests/scaleout) then run on their own: a local Ray cluster starting beside another worker's
 # TensorFlow missed its own start deadline on 2 cores. TEST_WORKERS=0 runs the first phase
-# in one process, one test after another.
+# in one process, one test after another. Both runs share one temporary directory for the
+# session's checkpoint and the graphs built from it (MULTIHEAD_TEST_SHARED_DIR: made once,
+# imported by the other worker and the Ray run), removed at the end.
 TEST_WORKERS ?= 2
 test: lint system-deps
+	shared=$$(mktemp -d -t multihead-tests.XXXXXX) && trap 'rm -rf "$$shared"' EXIT && \
+	export MULTIHEAD_TEST_SHARED_DIR="$$shared" && \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 \
-	  --ignore=tests/scaleout
+	  --ignore=tests/scaleout && \
 	$(BIN)/python -m pytest --durations=5 tests/scaleout
 
 # First run: demo trunk, generated images, INT8 trunk and demo bots (about 3-7 min); later runs

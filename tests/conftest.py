@@ -1,13 +1,18 @@
 """Session-wide fixtures: ONE real Inception-V4 trunk per test session (and ONE real INT8
 calibration of it, tests/support/int8.py).
 
-The trunk checkpoint is written once (seeded random weights in the official slim layout, the
-same file `multihead init-trunk` writes) and the graph is built once; every test that needs
-features shares that `Trunk`. Keep the number of images pushed through it small and batched:
+The trunk checkpoint is written once per run (seeded random weights in the official slim
+layout, the same file `multihead init-trunk` writes) and each graph of it is built once: the
+pytest-xdist workers and `make test`'s second pytest run import it (`shared_dir`). Every test
+that needs features shares the session's `Trunk`. Keep the number of images pushed through it small and batched:
 on 2 CPU cores one image costs about a quarter of a second.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,7 @@ from tests.support.int8 import (  # noqa: F401 - fixtures, used by name
 )
 from tests.support.postgres import pg_server  # noqa: F401 - a fixture, used by name
 
+SHARED_DIR_ENV = "MULTIHEAD_TEST_SHARED_DIR"  # `make test` sets it for both of its runs
 INT8_FIXTURES = frozenset({"int8_calibrated", "int8_trunk", "int8_images"})
 
 
@@ -35,39 +41,80 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def trunk_checkpoint(tmp_path_factory) -> str:
-    """Prefix of a seed-0 random checkpoint in the official layout, written by `init-trunk`.
+def shared_dir(tmp_path_factory) -> Path:
+    """Where the session checkpoint and the graphs built from it are kept, shared by every
+    pytest-xdist worker of this run (their common base directory) and, under `make test`, by
+    its two pytest runs too (the directory in MULTIHEAD_TEST_SHARED_DIR): the first process to
+    need one makes it while holding a lock (`_exclusive`), the others then use or import it."""
+    root = os.environ.get(SHARED_DIR_ENV)
+    if root:
+        path = Path(root)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.getbasetemp().parent / "shared"
+    else:
+        path = tmp_path_factory.mktemp("shared")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
-    Like the official file it holds the trunk, the 1001-way Logits and the AuxLogits.
-    """
-    from service.cli.main import main
 
-    # The demo trunk's file name: /readyz then reports "demo (seeded random weights)".
-    out = str(tmp_path_factory.mktemp("trunk") / "demo_inception_v4.ckpt")
-    assert main(["init-trunk", out, "--seed", "0"]) == 0
-    return out
+@contextlib.contextmanager
+def _exclusive(shared_dir: Path, name: str):
+    """Holds the lock `name` of the shared directory (other processes wait for it)."""
+    with open(shared_dir / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
-def trunk(trunk_checkpoint):
+def trunk_checkpoint(shared_dir) -> str:
+    """Prefix of a seed-0 random checkpoint in the official layout, written by `init-trunk`.
+
+    Like the official file it holds the trunk, the 1001-way Logits and the AuxLogits. Written
+    once per run (`shared_dir`): the directory appears whole or not at all.
+    """
+    from service.cli.main import main
+
+    directory = shared_dir / "trunk"
+    # The demo trunk's file name: /readyz then reports "demo (seeded random weights)".
+    out = directory / "demo_inception_v4.ckpt"
+    with _exclusive(shared_dir, "trunk"):
+        if not directory.is_dir():
+            tmp = Path(tempfile.mkdtemp(prefix=".trunk-", dir=shared_dir))
+            assert main(["init-trunk", str(tmp / out.name), "--seed", "0"]) == 0
+            os.replace(tmp, directory)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def trunk(trunk_checkpoint, shared_dir):
     """The session's one real Trunk, built with the Logits layer for the slim-import tests."""
     from backbone import Trunk
 
     # NOTE: its graph is saved in the graph cache next to the checkpoint, as `serve` keeps it:
-    # later trunks with the Logits layer import it instead of building it again.
-    t = Trunk.from_checkpoint(trunk_checkpoint, with_logits=True,
-                              graph_cache_dir=graph_cache_of(trunk_checkpoint))
+    # later trunks with the Logits layer (and the other workers' session trunks) import it
+    # instead of building it again.
+    with _exclusive(shared_dir, "logits-graph"):
+        t = Trunk.from_checkpoint(trunk_checkpoint, with_logits=True,
+                                  graph_cache_dir=graph_cache_of(trunk_checkpoint))
     yield t
     t.close()
 
 
 @pytest.fixture(scope="session")
-def serving_graph_cache(trunk_checkpoint) -> Path:
+def serving_graph_cache(trunk_checkpoint, shared_dir) -> Path:
     """The graph `serve` builds from the session checkpoint (no Logits layer), saved where
     `serve` looks for it: every server and Ray replica started from the checkpoint then imports
-    it (about 1 s) instead of building it (about 10-15 s on 2 cores)."""
-    from backbone import Trunk
-
+    it (about 1 s) instead of building it (about 10-15 s on 2 cores). Built once per run."""
     cache = graph_cache_of(trunk_checkpoint)
-    Trunk.from_checkpoint(trunk_checkpoint, warmup_batch_sizes=(), graph_cache_dir=cache).close()
+    done = shared_dir / "serving-graph.done"
+    with _exclusive(shared_dir, "serving-graph"):
+        if not done.exists():
+            from backbone import Trunk
+
+            Trunk.from_checkpoint(trunk_checkpoint, warmup_batch_sizes=(),
+                                  graph_cache_dir=cache).close()
+            done.touch()
     return cache

@@ -1,5 +1,6 @@
 """Small image makers shared by the backbone tests."""
 import io
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,17 @@ def write_v1_checkpoint(source_prefix: str, path) -> str:
 def graph_cache_of(prefix: str) -> Path:
     """Where `serve` keeps the graph of a trunk checkpoint: graph_cache/ next to it."""
     return Path(prefix).parent / "graph_cache"
+
+
+def copy_graphs(source: Path, directory: Path) -> Path:
+    """Copies the saved TF graphs of a graph cache (not its compiled OpenVINO models nor INT8
+    trunks, nor another process's half-written temporary files) into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in Path(source).glob("inception_v4-*"):
+        if path.suffix in (".meta", ".json") and not path.name.startswith(
+                ("inception_v4-ov-", "inception_v4-int8-")):
+            shutil.copy2(path, directory / path.name)
+    return directory
 
 
 def concurrent_features(trunk, batches: list) -> list:

@@ -13,8 +13,6 @@ Each extra trunk is built once per module; tests assert bounds, never timings.
 """
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -22,7 +20,13 @@ from backbone import PrecisionUnsupported, Trunk, detect_device, preprocess
 from backbone.precision import openvino_available
 from backbone.runners import RUNNERS
 from backbone.runners.tf import session_config
-from tests.backbone.helpers import concurrent_features, encode, graph_cache_of, pattern
+from tests.backbone.helpers import (
+    concurrent_features,
+    copy_graphs,
+    encode,
+    graph_cache_of,
+    pattern,
+)
 
 HAS_BF16 = detect_device("cpu").bf16
 HAS_OPENVINO = openvino_available()
@@ -101,9 +105,7 @@ def reference(trunk, images):
 def cache_dir(tmp_path_factory, trunk, trunk_checkpoint):
     """This module's cache directory, seeded with the graph the session trunk saved (same
     layout, with the Logits layer): the variants import it; compiled models are this module's."""
-    out = tmp_path_factory.mktemp("trunk_cache")
-    shutil.copytree(graph_cache_of(trunk_checkpoint), out, dirs_exist_ok=True)
-    return out
+    return copy_graphs(graph_cache_of(trunk_checkpoint), tmp_path_factory.mktemp("trunk_cache"))
 
 
 @pytest.fixture(scope="module", params=VARIANTS)

@@ -1,6 +1,5 @@
 """The real Inception-V4 trunk: layout, restore, errors, batching, threads, several trunks."""
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,13 @@ from backbone.checkpoint import (
     write_random_checkpoint,
 )
 from backbone.inception_v4 import aux_logits_specs, variable_specs
-from tests.backbone.helpers import concurrent_features, encode, graph_cache_of, pattern
+from tests.backbone.helpers import (
+    concurrent_features,
+    copy_graphs,
+    encode,
+    graph_cache_of,
+    pattern,
+)
 
 CONTRACT = json.loads((Path(__file__).parents[1] / "data" / "inception_v4_contract.json").read_text())
 
@@ -175,8 +180,7 @@ def test_graph_cache_restart_gives_the_same_features(trunk, trunk_checkpoint, im
                                                      serving_graph_cache):
     """A saved graph is imported instead of rebuilt; a corrupt one is rebuilt and saved again.
     (`serving_graph_cache` is the first start: it built the graph and saved it.)"""
-    cache_dir = tmp_path / "graph_cache"
-    shutil.copytree(serving_graph_cache, cache_dir)
+    cache_dir = copy_graphs(serving_graph_cache, tmp_path / "graph_cache")
     saved = sorted(cache_dir.glob("*.meta"))
     assert saved
     second = Trunk.from_checkpoint(trunk_checkpoint, graph_cache_dir=cache_dir)
