@@ -62,7 +62,7 @@ TEST_WORKERS ?= 2
 test: lint system-deps
 	shared=$$(mktemp -d -t multihead-tests.XXXXXX) && trap 'rm -rf "$$shared"' EXIT && \
 	export MULTIHEAD_TEST_SHARED_DIR="$$shared" && \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 \
 	  --ignore=tests/scaleout && \
 	$(BIN)/python -m pytest --durations=5 tests/scaleout
 

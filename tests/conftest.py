@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -29,15 +30,36 @@ SHARED_DIR_ENV = "MULTIHEAD_TEST_SHARED_DIR"  # `make test` sets it for both of 
 INT8_FIXTURES = frozenset({"int8_calibrated", "int8_trunk", "int8_images"})
 
 
-def pytest_collection_modifyitems(config, items):
-    """Where each test runs under pytest-xdist (`make test`: `--dist loadgroup`): a test file
-    runs whole in one worker (its module fixtures are built once), and every file that uses the
-    session's INT8 calibration runs in the same worker, so it is made once, not per worker."""
-    int8_files = {item.path for item in items
-                  if INT8_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    for item in items:
-        group = "int8" if item.path in int8_files else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+def _int8_files(root: Path) -> frozenset[str]:
+    """The test files that name an INT8 fixture (their source read as text: a mention too)."""
+    found = set()
+    for path in (root / "tests").rglob("test_*.py"):
+        words = set(re.findall(r"\w+", path.read_text(encoding="utf-8")))
+        if words & INT8_FIXTURES:
+            found.add(path.relative_to(root).as_posix())
+    return frozenset(found)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """How `make test` spreads tests over its pytest-xdist workers (`--dist loadfile`): a test
+    file runs whole in one worker (its module fixtures are built once), and the test files
+    naming an INT8 fixture together in one (the session's INT8 calibration is made once).
+
+    NOTE: xdist's own `--dist loadgroup` cannot do this with pytest 9 (the group it appends to
+    `item._nodeid` is not in `item.nodeid` any more, so every test was scheduled alone and both
+    workers built the same fixtures); a scheduler of our own reads only node ids."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    int8_files = _int8_files(Path(config.rootpath))
+
+    class FilesAndInt8(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "int8" if path in int8_files else path
+
+    return FilesAndInt8(config, log)
 
 
 @pytest.fixture(scope="session")
