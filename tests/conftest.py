@@ -26,6 +26,11 @@ from tests.support.int8 import (  # noqa: F401 - fixtures, used by name
 )
 from tests.support.postgres import pg_server  # noqa: F401 - a fixture, used by name
 
+# Servers the tests start (`multihead serve` subprocesses, Ray replicas) run without API keys
+# unless a test asks for them: tests/service/test_auth.py is where keys are tested, and the
+# in-process tests' settings say auth="none" likewise (tests/support/servers.make_settings).
+os.environ.setdefault("MULTIHEAD_AUTH", "none")
+
 SHARED_DIR_ENV = "MULTIHEAD_TEST_SHARED_DIR"  # `make test` sets it for both of its runs
 INT8_FIXTURES = frozenset({"int8_calibrated", "int8_trunk", "int8_images"})
 

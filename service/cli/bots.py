@@ -24,6 +24,8 @@ from service.cli.options import (
 )
 
 BOT_HELP = "bot id: 1-64 characters of A-Z a-z 0-9 . _ -, a letter or digit first"
+TENANT_HELP = ("the tenant that owns a new bot (`multihead tenants add`; default: default); "
+               "an id another tenant owns is refused")
 
 
 def add_commands(sub) -> None:
@@ -64,6 +66,7 @@ def add_commands(sub) -> None:
                    help="tensor name of the weights in --weights-checkpoint (default: weights)")
     p.add_argument("--biases-name", metavar="NAME", default=None,
                    help="tensor name of the biases in --weights-checkpoint (default: biases)")
+    p.add_argument("--tenant", metavar="NAME", default=None, help=TENANT_HELP)
     p.add_argument("--force", action="store_true",
                    help="with --from-slim-checkpoint: import even if its trunk differs from the "
                         "serving trunk (or without comparing, if there is no serving trunk)")
@@ -97,6 +100,7 @@ def add_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the held-out split (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tenant", metavar="NAME", default=None, help=TENANT_HELP)
     p.set_defaults(func=cmd_train, _parser=p)
 
     bots = sub.add_parser(
@@ -107,6 +111,7 @@ def add_commands(sub) -> None:
     p = bots_sub.add_parser("list", parents=[store], help="list registered bots",
                             description="List every registered bot with its active version.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--tenant", metavar="NAME", default=None, help="only this tenant's bots")
     p.set_defaults(func=cmd_list)
 
     p = bots_sub.add_parser("show", parents=[store], help="show one bot",
@@ -133,6 +138,11 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_rollback)
 
 
+def _tenant(args: argparse.Namespace) -> dict:
+    """The `tenant=` of a registration: --tenant if given (else the store's default)."""
+    return {"tenant": args.tenant} if args.tenant else {}
+
+
 def _open_store(args: argparse.Namespace):
     from heads.store import HeadStore
 
@@ -157,7 +167,7 @@ def cmd_register(args: argparse.Namespace) -> int:
             version = store.register_checkpoint(
                 bot_id, args.weights_checkpoint, labels,
                 weights_name=args.weights_name or "weights",
-                biases_name=args.biases_name or "biases")
+                biases_name=args.biases_name or "biases", **_tenant(args))
     else:
         from backbone.checkpoint import checkpoint_exists
 
@@ -177,7 +187,8 @@ def cmd_register(args: argparse.Namespace) -> int:
             serving = None
         with _open_store(args) as store:
             version = store.register_from_slim(bot_id, args.from_slim_checkpoint, labels,
-                                               serving_trunk_prefix=serving, force=args.force)
+                                               serving_trunk_prefix=serving, force=args.force,
+                                               **_tenant(args))
     print(f"registered bot '{bot_id}' version {version} ({len(labels)} classes) "
           f"in {redact_url(store_dir(args))}")
     return 0
@@ -225,7 +236,8 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
     _print_accuracy(result)
     with _open_store(args) as store:
         version = store.register(bot_id, result.weights, result.biases, result.labels,
-                                 source=f"train:{os.path.abspath(args.images)}")
+                                 source=f"train:{os.path.abspath(args.images)}",
+                                 **_tenant(args))
     print(f"registered bot '{bot_id}' version {version} ({len(result.labels)} classes) "
           f"in {redact_url(store_dir(args))}")
     return 0
@@ -256,19 +268,19 @@ def _print_accuracy(result) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
-        bots = store.list()
+        bots = store.list(args.tenant)
     if args.json:
         print(json.dumps([b.to_dict() for b in bots], indent=2))
         return 0
     if not bots:
         print(f"no bots registered in {redact_url(store_dir(args))}")
         return 0
-    rows = [("BOT", "VERSION", "CLASSES", "VERSIONS", "CREATED", "SOURCE")]
-    rows += [(b.bot_id, str(b.version), str(b.n_classes), ",".join(map(str, b.versions)),
-              b.created, b.source) for b in bots]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    rows = [("BOT", "TENANT", "VERSION", "CLASSES", "VERSIONS", "CREATED", "SOURCE")]
+    rows += [(b.bot_id, b.tenant, str(b.version), str(b.n_classes),
+              ",".join(map(str, b.versions)), b.created, b.source) for b in bots]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[6])
     return 0
 
 

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 from backbone.errors import BackboneError
 from heads.errors import HeadsError
-from service.cli import bench, bots, demo, quantize, serve, trunk
+from service.cli import bench, bots, demo, quantize, serve, tenants, trunk
 from service.core.errors import ServiceError
 from service.core.settings import InvalidSettings
 
-COMMAND_GROUPS = (serve, demo, trunk, quantize, bots, bench)
+COMMAND_GROUPS = (serve, demo, trunk, quantize, bots, tenants, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

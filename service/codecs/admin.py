@@ -1,8 +1,9 @@
-"""Bots: `GET /bots`, `GET /bots/{bot_id}` (public), and the admin routes `PUT /bots/{bot_id}`
-(upload a head checkpoint), `DELETE /bots/{bot_id}`, `POST /bots/{bot_id}/rollback` (bearer
-token, checked once by `dispatch` for every endpoint marked admin)."""
+"""Bots: `GET /bots`, `GET /bots/{bot_id}` (INFER), and the MANAGE routes `PUT /bots/{bot_id}`
+(upload a head checkpoint), `DELETE /bots/{bot_id}`, `POST /bots/{bot_id}/rollback` (checked
+once by `dispatch`; each sees only the caller's tenant's bots: `service.core.context.Caller`)."""
 from __future__ import annotations
 
+import functools
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from heads import HeadsError
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_SCHEMA, is_number
 from service.codecs.native import Part, parse_multipart
+from service.core.auth import INFER, MANAGE
 from service.core.errors import BadRequest, UnsupportedMediaType
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,9 +67,10 @@ def parse_head_upload(parts: list[Part]) -> HeadUpload:
     return HeadUpload(index, shards, labels, names)
 
 
-def register_upload(registry, bot_id: str, upload: HeadUpload) -> int:
+def register_upload(registry, bot_id: str, upload: HeadUpload, **options) -> int:
     """Writes the upload to a temporary directory and registers it with `registry` (the
-    `Service`, or a store: anything with `register_checkpoint`). Blocking: a worker thread.
+    `Service` as the caller sees it, or a store: anything with `register_checkpoint`), with
+    `options` (`tenant`). Blocking: a worker thread.
 
     A refusal's message names the uploaded parts, never the server's temporary files.
     """
@@ -80,7 +83,7 @@ def register_upload(registry, bot_id: str, upload: HeadUpload) -> int:
         labels_path.write_bytes(upload.labels)
         try:
             return registry.register_checkpoint(bot_id, prefix, labels_path, source="http",
-                                                **upload.names)
+                                                **upload.names, **options)
         except HeadsError as exc:
             message = str(exc)
             for path, name in ((labels_path, "<labels part>"),
@@ -102,7 +105,7 @@ async def list_bots(service: Service, request: Request) -> Reply:
     infos = await service.bots()
     return json_reply({"bots": [
         {"bot_id": i.bot_id, "version": i.version, "n_classes": i.n_classes,
-         "pinned": service.is_pinned(i.bot_id)} for i in infos]})
+         "tenant": i.tenant, "pinned": service.is_pinned(i.bot_id)} for i in infos]})
 
 
 async def show_bot(service: Service, request: Request) -> Reply:
@@ -118,7 +121,9 @@ async def put_bot(service: Service, request: Request) -> Reply:
     body = await request.body()
     parts = await service.run_blocking(parse_multipart, request.header("content-type"), body)
     upload = parse_head_upload(parts)
-    version = await service.run_blocking(register_upload, service, bot_id, upload)
+    options = {"tenant": request.query["tenant"]} if "tenant" in request.query else {}
+    version = await service.run_blocking(
+        functools.partial(register_upload, service, bot_id, upload, **options))
     info = await service.info(bot_id)
     return json_reply(render_info(service, info), status=201 if version == 1 else 200)
 
@@ -145,17 +150,20 @@ _PINNED = {"type": "boolean",
            "description": "pinned with `--pin`: its head is always resident (never evicted)"}
 BOT_SUMMARY_SCHEMA = {
     "title": "BotSummary", "type": "object", "additionalProperties": False,
-    "required": ["bot_id", "version", "n_classes", "pinned"],
+    "required": ["bot_id", "version", "n_classes", "tenant", "pinned"],
     "properties": {"bot_id": {"type": "string"},
+                   "tenant": {"type": "string", "description": "the tenant that owns it"},
                    "version": {"type": "integer", "minimum": 1,
                                "description": "the active version"},
                    "n_classes": {"type": "integer", "minimum": 1},
                    "pinned": _PINNED}}
 BOT_INFO_SCHEMA = {
     "title": "BotInfo", "type": "object", "additionalProperties": False,
-    "required": ["bot_id", "version", "n_classes", "labels", "created", "versions", "pinned"],
+    "required": ["bot_id", "version", "n_classes", "labels", "created", "versions", "tenant",
+                 "pinned"],
     "properties": {
         "bot_id": {"type": "string"},
+        "tenant": {"type": "string", "description": "the tenant that owns it"},
         "version": {"type": "integer", "minimum": 1, "description": "the active version"},
         "n_classes": {"type": "integer", "minimum": 1},
         "labels": {"type": "array", "items": {"type": "string"},
@@ -183,22 +191,26 @@ HEAD_UPLOAD_BODY = Body(
 )
 
 ENDPOINTS = [
-    Endpoint("GET", "/bots", "list_bots", list_bots, summary="every registered bot", tag="bots",
+    Endpoint("GET", "/bots", "list_bots", list_bots, access=INFER,
+             summary="every registered bot", tag="bots",
              answers={200: json_answer("the bots, ordered by id", {
                  "type": "object", "additionalProperties": False, "required": ["bots"],
                  "properties": {"bots": {"type": "array", "items": BOT_SUMMARY_SCHEMA}}})}),
-    Endpoint("GET", "/bots/{bot_id}", "show_bot", show_bot,
+    Endpoint("GET", "/bots/{bot_id}", "show_bot", show_bot, access=INFER,
              summary="one bot: active version, labels, versions", tag="bots",
              path_params={"bot_id": BOT_ID_SCHEMA},
              answers={200: json_answer("the bot", BOT_INFO_SCHEMA)}, errors=(400, 404)),
-    Endpoint("PUT", "/bots/{bot_id}", "put_bot", put_bot, admin=True,
+    Endpoint("PUT", "/bots/{bot_id}", "put_bot", put_bot, access=MANAGE,
              summary="register a new version of a bot from an uploaded head checkpoint",
              tag="bots", path_params={"bot_id": BOT_ID_SCHEMA}, body=HEAD_UPLOAD_BODY,
+             params=(Param("tenant", "query", BOT_ID_SCHEMA,
+                           "the operator's: the tenant of a new bot (default: `default`); a "
+                           "key registers in its own tenant"),),
              answers={201: json_answer("a new bot, registered as version 1", BOT_INFO_SCHEMA),
                       200: json_answer("a new version of the bot, now active",
                                        BOT_INFO_SCHEMA)},
-             errors=(400, 415, 422)),
-    Endpoint("DELETE", "/bots/{bot_id}", "delete_bot", delete_bot, admin=True,
+             errors=(400, 404, 409, 415, 422)),
+    Endpoint("DELETE", "/bots/{bot_id}", "delete_bot", delete_bot, access=MANAGE,
              summary="unregister a bot and delete its versions", tag="bots",
              path_params={"bot_id": BOT_ID_SCHEMA},
              answers={200: json_answer("the bot is gone", {
@@ -207,7 +219,7 @@ ENDPOINTS = [
                  "properties": {"bot_id": {"type": "string"},
                                 "removed": {"type": "boolean", "enum": [True]}}})},
              errors=(400, 404)),
-    Endpoint("POST", "/bots/{bot_id}/rollback", "rollback_bot", rollback_bot, admin=True,
+    Endpoint("POST", "/bots/{bot_id}/rollback", "rollback_bot", rollback_bot, access=MANAGE,
              summary="make an earlier version of a bot active (?to=N)", tag="bots",
              path_params={"bot_id": BOT_ID_SCHEMA},
              params=(Param("to", "query", {"type": "integer", "minimum": 0},

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from service.core.auth import check_admin
+from service.core.auth import ACCESS, MANAGE, OPERATOR
 from service.core.errors import ServiceError, error_body, error_status
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -156,8 +156,11 @@ class Endpoint:
         method: HTTP method.
         path: route template, `{name}` or `{name:regex}` for path parameters.
         name: operation id, unique across protocols (metrics, logs, API description).
-        handle: parse -> service call -> render.
-        admin: needs the admin bearer token (checked by `dispatch`, before `handle`).
+        handle: parse -> service call -> render; it gets the `Service` as the caller sees it
+            (`service.core.context.Caller`: only the caller's tenant's bots).
+        access: who may call it (`service.core.auth`: PUBLIC, INFER, MANAGE, METRICS,
+            OPERATOR), checked by `dispatch` before `handle`. Required: an endpoint without
+            a rule is refused when the table is built.
         summary: one line for the API description.
 
     What the API description (`service.codecs.openapi`) says of it, besides the above (none of
@@ -169,15 +172,16 @@ class Endpoint:
         body: the request body it reads, or None.
         answers: status -> the answer with that status (the 2xx ones, and any non-error
             answer such as `/readyz`'s 503).
-        errors: statuses it answers with the JSON error body (401 and 403 of an admin endpoint,
-            413 and 503 of one with a body are added by the description).
+        errors: statuses it answers with the JSON error body (401 and 403 of an endpoint
+            that needs a credential, 413 and 503 of one with a body are added by the
+            description).
     """
 
     method: str
     path: str
     name: str
     handle: Handler
-    admin: bool = False
+    access: str = ""
     summary: str = ""
     tag: str = ""
     description: str = field(default="", compare=False)
@@ -187,13 +191,23 @@ class Endpoint:
     answers: Mapping[int, Answer] = field(default_factory=dict, compare=False)
     errors: tuple[int, ...] = field(default=(), compare=False)
 
+    def __post_init__(self) -> None:
+        if self.access not in ACCESS:
+            raise ValueError(f"endpoint {self.name}: access must be one of {ACCESS}, not "
+                             f"{self.access!r}")
+
+    @property
+    def admin(self) -> bool:
+        """Whether it changes bots, tenants or keys (MANAGE, OPERATOR): never retried."""
+        return self.access in (MANAGE, OPERATOR)
+
 
 async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Reply:
-    """Runs one endpoint for one request: admin check, handler, errors mapped to a Reply."""
+    """Runs one endpoint for one request: who calls and may they (`Service.caller`), the
+    handler on the `Service` as that caller sees it, errors mapped to a Reply."""
     try:
-        if endpoint.admin:
-            check_admin(service.settings.admin_token, request.header("authorization"))
-        return await endpoint.handle(service, request)
+        caller = service.caller(request.header("authorization"), endpoint.access)
+        return await endpoint.handle(caller, request)
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         return error_reply(exc)
 

@@ -17,6 +17,7 @@ import multipart
 
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_PATTERN, BOT_ID_SCHEMA, TOP_K, parse_top_k
+from service.core.auth import INFER
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
@@ -184,12 +185,12 @@ _CLASSIFY_ERRORS = (400, 404, 413, 415, 500, 503, 504)
 _BOTS_PATTERN = BOT_ID_PATTERN.strip("^$")
 
 ENDPOINTS = [
-    Endpoint("POST", "/classify/{bot_id}", "classify", classify_one,
+    Endpoint("POST", "/classify/{bot_id}", "classify", classify_one, access=INFER,
              summary="classify the uploaded image(s) with one bot", tag="native",
              path_params={"bot_id": BOT_ID_SCHEMA}, params=(TOP_K,), body=IMAGES_BODY,
              answers={200: json_answer("the bot's top labels for each image", BOT_RESULT_SCHEMA)},
              errors=_CLASSIFY_ERRORS),
-    Endpoint("POST", "/classify", "classify_many", classify_many,
+    Endpoint("POST", "/classify", "classify_many", classify_many, access=INFER,
              summary="classify the uploaded image(s) with every bot of ?bots=a,b", tag="native",
              description="Each image runs through the trunk once, whatever the number of bots.",
              params=(Param("bots", "query",

@@ -59,6 +59,7 @@ from service.codecs.common import (
     model_paths,
     parse_json_object,
 )
+from service.core.auth import INFER, PUBLIC
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, HeadUnavailable, NotReady
 
@@ -563,7 +564,7 @@ def _model_endpoints() -> list[Endpoint]:
     for suffix, path in model_paths("/v2/models"):
         params = {k: v for k, v in MODEL_PATH_PARAMS.items() if "{" + k in path}
         out += [
-            Endpoint("GET", path, f"oip_model_metadata{suffix}", model_metadata,
+            Endpoint("GET", path, f"oip_model_metadata{suffix}", model_metadata, access=INFER,
                      summary="OIP v2 model metadata of a bot", tag="oip-v2", path_params=params,
                      answers={200: json_answer("the bot as a model", {
                          "type": "object",
@@ -576,13 +577,13 @@ def _model_endpoints() -> list[Endpoint]:
                                         "outputs": {"type": "array",
                                                     "items": _TENSOR_METADATA}}})},
                      errors=_MODEL_ERRORS),
-            Endpoint("GET", f"{path}/ready", f"oip_model_ready{suffix}", model_ready,
+            Endpoint("GET", f"{path}/ready", f"oip_model_ready{suffix}", model_ready, access=INFER,
                      summary="OIP v2 model readiness of a bot", tag="oip-v2", path_params=params,
                      answers={200: json_answer("ready", _MODEL_READY),
                               503: json_answer("the trunk is loading, or the head cannot be "
                                                "loaded", _MODEL_READY)},
                      errors=_MODEL_ERRORS),
-            Endpoint("POST", f"{path}/infer", f"oip_infer{suffix}", infer,
+            Endpoint("POST", f"{path}/infer", f"oip_infer{suffix}", infer, access=INFER,
                      summary="OIP v2 inference with a bot", tag="oip-v2", path_params=params,
                      params=(_HEADER_LENGTH,), body=INFER_BODY,
                      answers={200: Answer(
@@ -600,19 +601,19 @@ def _model_endpoints() -> list[Endpoint]:
 
 
 ENDPOINTS = [
-    Endpoint("GET", "/v2", "oip_server_metadata", server_metadata,
+    Endpoint("GET", "/v2", "oip_server_metadata", server_metadata, access=PUBLIC,
              summary="OIP v2 server metadata", tag="oip-v2",
              answers={200: json_answer("the server", {
                  "type": "object", "required": ["name", "version", "extensions"],
                  "properties": {"name": {"type": "string"}, "version": {"type": "string"},
                                 "extensions": {"type": "array",
                                                "items": {"type": "string"}}}})}),
-    Endpoint("GET", "/v2/health/live", "oip_server_live", server_live,
+    Endpoint("GET", "/v2/health/live", "oip_server_live", server_live, access=PUBLIC,
              summary="OIP v2 liveness", tag="oip-v2",
              answers={200: json_answer("live", {
                  "type": "object", "additionalProperties": False, "required": ["live"],
                  "properties": {"live": {"type": "boolean"}}})}),
-    Endpoint("GET", "/v2/health/ready", "oip_server_ready", server_ready,
+    Endpoint("GET", "/v2/health/ready", "oip_server_ready", server_ready, access=PUBLIC,
              summary="OIP v2 readiness", tag="oip-v2",
              answers={200: json_answer("ready", _READY),
                       503: json_answer("the trunk is loading, or failed to", _READY)}),

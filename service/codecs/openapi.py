@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.codecs.base import JSON, Answer, Endpoint, Reply, Request
+from service.core.auth import PUBLIC
 from service.core.errors import NotFound
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -371,14 +372,14 @@ def endpoints(routes: Callable[[], Sequence[Endpoint]]) -> list[Endpoint]:
 
     asset_types = sorted({ctype.split(";")[0] for _, ctype in ASSETS.values()})
     return [
-        Endpoint("GET", "/openapi.json", "openapi", openapi_json,
+        Endpoint("GET", "/openapi.json", "openapi", openapi_json, access=PUBLIC,
                  summary="this API description (OpenAPI 3.0.3)", tag="docs",
                  answers={200: Answer("the OpenAPI document", {JSON: {"type": "object"}})}),
-        Endpoint("GET", "/docs", "docs_page", docs_page,
+        Endpoint("GET", "/docs", "docs_page", docs_page, access=PUBLIC,
                  summary="the docs page (Swagger UI over /openapi.json)", tag="docs",
                  answers={200: Answer("the page", {"text/html": {"type": "string"}})},
                  errors=(404,)),
-        Endpoint("GET", "/docs/{asset}", "docs_asset", docs_asset,
+        Endpoint("GET", "/docs/{asset}", "docs_asset", docs_asset, access=PUBLIC,
                  summary="a script, style sheet or icon of the docs page", tag="docs",
                  path_params={"asset": {"type": "string", "enum": sorted(ASSETS)}},
                  answers={200: Answer("the file", {t: {"type": "string", "format": "binary"}

@@ -1,10 +1,12 @@
 """Operations: `GET /healthz` (the process answers), `GET /readyz` (the trunk is loaded and
-warm; 503 with the reason otherwise) and `GET /metrics` (Prometheus text format)."""
+warm; 503 with the reason otherwise: the full report for who may read metrics) and
+`GET /metrics` (Prometheus text format)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from service.codecs.base import Answer, Endpoint, Reply, Request, json_answer, json_reply
+from service.core.auth import METRICS, PUBLIC
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.context import Service
@@ -15,8 +17,12 @@ async def healthz(service: Service, request: Request) -> Reply:
 
 
 async def readyz(service: Service, request: Request) -> Reply:
-    return json_reply(service.readiness_report(),
-                      status=200 if service.readiness.ready else 503)
+    """The full report for who may read /metrics (the operator, a metrics key, anyone with
+    --auth none); else only the status, for probes (no checkpoint path, no timings)."""
+    report = service.readiness_report()
+    if not service.may(METRICS):
+        report = {"status": report["status"]}
+    return json_reply(report, status=200 if service.readiness.ready else 503)
 
 
 async def metrics(service: Service, request: Request) -> Reply:
@@ -41,7 +47,9 @@ CALIBRATION_SCHEMA = {
 
 READINESS_SCHEMA = {
     "title": "Readiness", "type": "object", "additionalProperties": False,
-    "required": ["status", "trunk", "timings"],
+    "required": ["status"],
+    "description": "the status alone, unless the caller may read /metrics (the operator, a "
+                   "key of scope metrics, anyone with --auth none)",
     "properties": {
         "status": {"type": "string", "enum": ["loading", "ready", "failed"]},
         "trunk": {"type": "object", "required": ["weights"],
@@ -70,19 +78,20 @@ READINESS_SCHEMA = {
         "error": {"type": "string", "description": "why the bring-up failed"}}}
 
 ENDPOINTS = [
-    Endpoint("GET", "/healthz", "healthz", healthz, summary="liveness: the process answers",
+    Endpoint("GET", "/healthz", "healthz", healthz, access=PUBLIC,
+             summary="liveness: the process answers",
              tag="operations",
              answers={200: json_answer("the process is alive", {
                  "type": "object", "additionalProperties": False, "required": ["status"],
                  "properties": {"status": {"type": "string", "enum": ["alive"]}}})}),
-    Endpoint("GET", "/readyz", "readyz", readyz,
+    Endpoint("GET", "/readyz", "readyz", readyz, access=PUBLIC,
              summary="readiness: trunk loaded and warm (503 while loading or after a failure)",
              tag="operations",
              answers={200: json_answer("ready: the trunk is warm and the pinned and preloaded "
                                        "heads are resident", READINESS_SCHEMA),
                       503: json_answer("loading, or the bring-up failed (see `error`)",
                                        READINESS_SCHEMA)}),
-    Endpoint("GET", "/metrics", "metrics", metrics, summary="Prometheus metrics",
+    Endpoint("GET", "/metrics", "metrics", metrics, access=METRICS, summary="Prometheus metrics",
              tag="operations",
              answers={200: Answer("the Prometheus text exposition format",
                                   {"text/plain": {"type": "string"}})}),

@@ -36,6 +36,7 @@ from service.codecs.common import (
     parse_top_k,
 )
 from service.codecs.oip import ARRAY_INPUT, ARRAY_SHAPE, BYTES_INPUT, OUTPUT
+from service.core.auth import INFER
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, NotFound
 
@@ -292,12 +293,12 @@ def _model_endpoints() -> list[Endpoint]:
     for suffix, path in model_paths("/v1/models"):
         params = {k: v for k, v in MODEL_PATH_PARAMS.items() if "{" + k in path}
         out += [
-            Endpoint("GET", path, f"tfs_status{suffix}", tf_status,
+            Endpoint("GET", path, f"tfs_status{suffix}", tf_status, access=INFER,
                      summary="TF Serving model status of a bot", tag="tf-serving",
                      path_params=params,
                      answers={200: json_answer("the active version's status", STATUS_SCHEMA)},
                      errors=(400, 404)),
-            Endpoint("GET", f"{path}/metadata", f"tfs_metadata{suffix}", tf_metadata,
+            Endpoint("GET", f"{path}/metadata", f"tfs_metadata{suffix}", tf_metadata, access=INFER,
                      summary="TF Serving signature of a bot", tag="tf-serving",
                      path_params=params,
                      answers={200: json_answer("the `serving_default` signature", {
@@ -305,7 +306,7 @@ def _model_endpoints() -> list[Endpoint]:
                          "properties": {"model_spec": {"type": "object"},
                                         "metadata": {"type": "object"}}})},
                      errors=(400, 404)),
-            Endpoint("POST", path + ":{verb}", f"tfs_predict{suffix}", tf_call,
+            Endpoint("POST", path + ":{verb}", f"tfs_predict{suffix}", tf_call, access=INFER,
                      summary="TF Serving :predict with a bot", tag="tf-serving",
                      path_params={**params, "verb": _VERB}, params=(TOP_K,),
                      body=Body({JSON: PREDICT_REQUEST_SCHEMA}, "a TF Serving predict request"),

@@ -23,13 +23,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo
+from heads.tenants import OPERATOR as OPERATOR_ACTOR
+
 from backbone.spec import FEATURE_DIM
 from backbone.tfimport import import_tensorflow
 from backbone.trunk import warm_up
 from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
 from service.core.admission import ByteBudget
+from service.core.auth import ANONYMOUS, PUBLIC, Authenticator, Principal
 from service.core.engine import Engine, Images, Prediction
-from service.core.errors import HeadUnavailable, NotReady, ServiceError
+from service.core.errors import (
+    Forbidden,
+    HeadUnavailable,
+    NotReady,
+    ServiceError,
+    Unauthorized,
+)
 from service.core.metrics import Metrics
 from service.core.settings import Settings
 
@@ -207,6 +217,8 @@ class Service:
                              f"{sorted(pinned)}: open it with pinned=settings.pinned_bots")
         self.store = store if store is not None else HeadStore(
             settings.store, heads_memory_mb=settings.heads_memory_mb, pinned=pinned)
+        self.auth = Authenticator(settings.auth, settings.admin_token,
+                                  keys=self.store.key_table, mark_used=self.store.mark_used)
         self.preloaded = Preloaded()
         self.metrics.set_pinned_bots(pinned)
         self.metrics.bind_pinned_heads(
@@ -231,6 +243,13 @@ class Service:
 
     async def start(self) -> None:
         """Starts the bring-up in the background and returns at once."""
+        if self.auth.keys_enabled:
+            log.info("auth: API keys (a key sees only its tenant's bots); operator token %s",
+                     "set" if self.settings.admin_token else "unset (tenant and key routes "
+                     "disabled)")
+        else:
+            log.warning("auth none: no API keys; every client that reaches the port may list "
+                        "and call every bot")
         self._bring_up_task = asyncio.get_running_loop().create_task(self._bring_up())
 
     async def wait_ready(self) -> bool:
@@ -367,6 +386,23 @@ class Service:
 
     # -- the store, off the event loop -----------------------------------------------------------
 
+    def caller(self, authorization: str | None, access: str) -> Caller:
+        """This service as the caller of one call sees it, after checking that the caller
+        may call an endpoint with rule `access` (`service.core.auth`): the one place where a
+        call's credential is read, for every transport.
+
+        Raises:
+            Unauthorized, Forbidden: see `Authenticator.identify` and `authorize`.
+        """
+        try:
+            principal = self.auth.identify(authorization)
+        except Unauthorized:
+            if access != PUBLIC:
+                raise
+            principal = ANONYMOUS  # a public route answers whatever the header holds
+        self.auth.authorize(access, principal)
+        return Caller(self, principal)
+
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the default executor (parsing, registrations, file writes)."""
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -416,17 +452,50 @@ class Service:
     def register_checkpoint(self, bot_id: str, prefix: Path, labels_path: Path,
                             **options: Any) -> int:
         """Registers a head checkpoint as the bot's new active version; returns the version
-        (`options` as `HeadStore.register_checkpoint` takes them). Blocking (it reads the
-        checkpoint): call it in a worker thread (`run_blocking`)."""
+        (`options` as `HeadStore.register_checkpoint` takes them: `tenant`, `actor`, ...).
+        Blocking (it reads the checkpoint): call it in a worker thread (`run_blocking`)."""
         return self.store.register_checkpoint(bot_id, prefix, labels_path, **options)
 
-    async def remove(self, bot_id: str) -> None:
+    async def remove(self, bot_id: str, *, actor: str = OPERATOR_ACTOR) -> None:
         """Removes a bot and every version of it."""
-        await self.run_blocking(self.store.remove, bot_id)
+        await self.run_blocking(functools.partial(self.store.remove, bot_id, actor=actor))
 
-    async def rollback(self, bot_id: str, to: int | None) -> int:
+    async def rollback(self, bot_id: str, to: int | None, *,
+                       actor: str = OPERATOR_ACTOR) -> int:
         """Makes version `to` (default: the previous one) the bot's active version."""
-        return await self.run_blocking(self.store.rollback, bot_id, to)
+        return await self.run_blocking(functools.partial(self.store.rollback, bot_id, to,
+                                                         actor=actor))
+
+    # -- tenants, keys, audit (the operator's; a manage key reads its tenant's audit) --------
+
+    async def tenants(self) -> list[TenantInfo]:
+        return await self.run_blocking(self.store.tenants)
+
+    async def add_tenant(self, name: str, *, actor: str = OPERATOR_ACTOR) -> TenantInfo:
+        return await self.run_blocking(functools.partial(self.store.add_tenant, name,
+                                                         actor=actor))
+
+    async def remove_tenant(self, name: str, *, force: bool = False,
+                            actor: str = OPERATOR_ACTOR) -> None:
+        await self.run_blocking(functools.partial(self.store.remove_tenant, name, force=force,
+                                                  actor=actor))
+
+    async def keys(self, tenant: str | None = None) -> list[ApiKey]:
+        return await self.run_blocking(self.store.keys, tenant)
+
+    async def add_key(self, tenant: str, scope: str, *,
+                      actor: str = OPERATOR_ACTOR) -> tuple[ApiKey, str]:
+        return await self.run_blocking(functools.partial(self.store.add_key, tenant, scope,
+                                                         actor=actor))
+
+    async def revoke_key(self, key_id: str, *, actor: str = OPERATOR_ACTOR) -> ApiKey:
+        return await self.run_blocking(functools.partial(self.store.revoke_key, key_id,
+                                                         actor=actor))
+
+    async def audit(self, *, tenant: str | None = None, since: str | None = None,
+                    limit: int = 1000) -> list[AuditRecord]:
+        return await self.run_blocking(functools.partial(self.store.audit, tenant=tenant,
+                                                         since=since, limit=limit))
 
     # -- operations --------------------------------------------------------------------------
 
@@ -456,3 +525,103 @@ class Service:
                                                 deadline=self.deadline())
         return await engine.classify(images.encoded, heads, top_k=top_k,
                                      deadline=self.deadline())
+
+
+class Caller:
+    """The `Service` as the caller of one call sees it: what `dispatch` (and the gRPC
+    transport) hand to a codec, so that every protocol gets the same tenant rules at one place.
+
+    A key's caller reaches only its tenant's bots: another tenant's bot is an unknown bot (the
+    same UnknownBot, 404 / NOT_FOUND, same body) for every lookup, listing and change, and a
+    new bot goes into the key's tenant. The operator (and anyone with --auth none) reaches
+    every bot; a new bot goes into the tenant asked for, else `default`. Changes are recorded
+    in the audit log under the caller's name. Everything else is the `Service`'s own.
+    """
+
+    def __init__(self, service: Service, principal: Principal) -> None:
+        self._service = service
+        self.principal = principal
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._service, name)
+
+    @property
+    def tenant(self) -> str | None:
+        """The one tenant this caller sees, or None for every tenant."""
+        return self.principal.tenant
+
+    def may(self, access: str) -> bool:
+        """Whether this caller may call an endpoint with rule `access`."""
+        try:
+            self._service.auth.authorize(access, self.principal)
+        except ServiceError:
+            return False
+        return True
+
+    async def _own(self, bot_id: str) -> None:
+        if self.tenant is None:
+            return
+        owner = await self._service._lookup(self._service.store.owner, bot_id)
+        if owner != self.tenant:
+            raise UnknownBot(bot_id)
+
+    async def heads_for(self, bot_ids: Sequence[str]) -> list[Head]:
+        self._service.require_ready()
+        for bot_id in bot_ids:
+            await self._own(bot_id)
+        return await self._service.heads_for(bot_ids)
+
+    async def head(self, bot_id: str) -> Head:
+        (head,) = await self.heads_for([bot_id])
+        return head
+
+    async def info(self, bot_id: str) -> BotInfo:
+        await self._own(bot_id)
+        return await self._service.info(bot_id)
+
+    async def bots(self) -> list[BotInfo]:
+        infos = await self._service.bots()
+        return infos if self.tenant is None else [i for i in infos if i.tenant == self.tenant]
+
+    def tenant_for_new_bot(self, asked: str | None) -> str:
+        """Where a registration by this caller goes: a key's own tenant (naming another is
+        403), else the tenant asked for, else `default`."""
+        if self.tenant is None:
+            return asked or DEFAULT_TENANT
+        if asked not in (None, self.tenant):
+            raise Forbidden("an API key registers bots in its own tenant only")
+        return self.tenant
+
+    def register_checkpoint(self, bot_id: str, prefix: Path, labels_path: Path,
+                            **options: Any) -> int:
+        options["tenant"] = self.tenant_for_new_bot(options.get("tenant"))
+        return self._service.register_checkpoint(bot_id, prefix, labels_path,
+                                                 actor=self.principal.actor, **options)
+
+    async def remove(self, bot_id: str) -> None:
+        await self._own(bot_id)
+        await self._service.remove(bot_id, actor=self.principal.actor)
+
+    async def rollback(self, bot_id: str, to: int | None) -> int:
+        await self._own(bot_id)
+        return await self._service.rollback(bot_id, to, actor=self.principal.actor)
+
+    async def add_tenant(self, name: str) -> TenantInfo:
+        return await self._service.add_tenant(name, actor=self.principal.actor)
+
+    async def remove_tenant(self, name: str, *, force: bool = False) -> None:
+        await self._service.remove_tenant(name, force=force, actor=self.principal.actor)
+
+    async def add_key(self, tenant: str, scope: str) -> tuple[ApiKey, str]:
+        return await self._service.add_key(tenant, scope, actor=self.principal.actor)
+
+    async def revoke_key(self, key_id: str) -> ApiKey:
+        return await self._service.revoke_key(key_id, actor=self.principal.actor)
+
+    async def audit(self, *, tenant: str | None = None, since: str | None = None,
+                    limit: int = 1000) -> list[AuditRecord]:
+        if self.tenant is not None:
+            if tenant not in (None, self.tenant):
+                raise Forbidden("an API key reads its own tenant's audit log only")
+            tenant = self.tenant
+        return await self._service.audit(tenant=tenant, since=since, limit=limit)

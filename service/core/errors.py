@@ -39,11 +39,13 @@ class UnsupportedMediaType(ServiceError):
 
 
 class Unauthorized(ServiceError):
-    """An admin route was called without a valid bearer token."""
+    """No usable credential where one is needed: none, a malformed header, an unknown or
+    revoked API key (401, with `WWW-Authenticate`)."""
 
 
 class Forbidden(ServiceError):
-    """An admin route was called but admin is disabled (no `MULTIHEAD_ADMIN_TOKEN` configured)."""
+    """A credential without the right (a key's scope, another tenant asked for), or the
+    operator credential needed and none configured (no `MULTIHEAD_ADMIN_TOKEN`)."""
 
 
 class Overloaded(ServiceError):
@@ -125,6 +127,13 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     "heads.errors.StoreUnavailable": (503, "store_unavailable", "UNAVAILABLE"),
     "heads.errors.TrunkMismatch": (422, "trunk_mismatch", "INVALID_ARGUMENT"),
     "heads.errors.InvalidTrainingData": (400, "invalid_training_data", "INVALID_ARGUMENT"),
+    # tenants and keys (an id another tenant owns is taken: the answer names no tenant)
+    "heads.errors.InvalidTenant": (400, "invalid_tenant", "INVALID_ARGUMENT"),
+    "heads.errors.UnknownTenant": (404, "unknown_tenant", "NOT_FOUND"),
+    "heads.errors.TenantExists": (409, "tenant_exists", "ALREADY_EXISTS"),
+    "heads.errors.TenantNotEmpty": (409, "tenant_not_empty", "FAILED_PRECONDITION"),
+    "heads.errors.UnknownKey": (404, "unknown_key", "NOT_FOUND"),
+    "heads.errors.BotOwnedElsewhere": (409, "bot_id_taken", "ALREADY_EXISTS"),
 }
 
 _INTERNAL = (500, "internal", "INTERNAL")

@@ -30,6 +30,7 @@ from typing import Any
 from backbone.precision import PRECISIONS, RUNTIMES
 from heads import InvalidBotId, validate_bot_id
 from heads.backend import redact_url
+from service.core.auth import AUTH_MODES
 from service.core.batcher import POLICIES as BATCH_POLICIES
 
 log = logging.getLogger(__name__)
@@ -251,9 +252,16 @@ class Settings:
         "memory budget of the resident heads, in MiB (a 100-class head takes 0.6 MiB: "
         "the default keeps about 3,400 resident; colder ones load on demand)",
         at_least=1)
+    auth: str = setting(
+        "keys",
+        "keys: every call needs a tenant's API key (`multihead keys add`) or the operator "
+        "token, and sees only that tenant's bots; none: no keys, every bot open to anyone "
+        "who reaches the port (bot changes still need the admin token); logged at start",
+        choices=AUTH_MODES)
     admin_token: str | None = setting(
         None,
-        "bearer token of the admin routes (PUT/DELETE /bots); unset disables them. "
+        "the operator credential: bearer token that manages tenants, keys and every bot "
+        "(and, with --auth none, the admin routes PUT/DELETE /bots); unset disables it. "
         "Prefer the environment variable: flags show up in `ps`",
         check=_token, secret=True)
     preprocess_threads: int = setting(

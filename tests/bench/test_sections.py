@@ -81,7 +81,8 @@ async def _serve(aiohttp_server, trunk, store_dir, **settings):
     from service.transports.http.app import create_app
 
     store = HeadStore(store_dir)
-    app = create_app(Settings(store=str(store_dir), warmup=False, max_wait_ms=2.0, **settings),
+    app = create_app(Settings(store=str(store_dir), warmup=False, max_wait_ms=2.0, auth="none",
+                            **settings),
                      trunk=trunk, store=store)
     server = await aiohttp_server(app)
     url = str(server.make_url("")).rstrip("/")

@@ -124,7 +124,7 @@ async def test_admin_auth_is_applied_by_dispatch_to_every_admin_route(endpoint, 
         called.append(req)
         return Reply(200, b"{}")
 
-    service = FakeService(Settings(admin_token=token))
+    service = FakeService(Settings(admin_token=token, auth="none"))
     headers = {"authorization": header} if header else {}
     reply = await dispatch(service, dataclasses.replace(endpoint, handle=handle),
                            Request(endpoint.method, "/bots/x", {"bot_id": "x"}, {}, headers))
@@ -140,7 +140,7 @@ async def test_dispatch_turns_any_error_into_a_json_reply_without_internals():
     async def broken(service, req):
         raise RuntimeError("/secret/path/model.ckpt exploded")
 
-    reply = await dispatch(FakeService(Settings()), Endpoint("GET", "/x", "x", broken),
+    reply = await dispatch(FakeService(Settings(auth="none")), Endpoint("GET", "/x", "x", broken),
                            Request("GET", "/x"))
     assert reply.status == 500
     assert json.loads(reply.body) == {"error": "internal server error", "code": "internal"}

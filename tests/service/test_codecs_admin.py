@@ -56,7 +56,7 @@ async def test_dispatch_does_not_check_auth_of_public_routes():
     async def handle(service, request):
         return Reply(204)
 
-    service = FakeService(settings=Settings(admin_token="s3cret"))
+    service = FakeService(settings=Settings(admin_token="s3cret", auth="none"))
     reply = await dispatch(service, Endpoint("GET", "/x", "x", handle), Request("GET", "/x"))
     assert reply.status == 204
 
@@ -193,7 +193,7 @@ ZED = make_head("zed", 1, ["x", "y", "z"])
 
 def admin_service(**kwargs) -> FakeService:
     return FakeService(heads={"acme": ACME, "zed": ZED},
-                       settings=Settings(admin_token="s3cret"), **kwargs)
+                       settings=Settings(admin_token="s3cret", auth="none"), **kwargs)
 
 
 async def call(service, module, name: str, **kwargs):
@@ -376,7 +376,7 @@ def test_bot_ids_limit_is_64_and_an_empty_list_says_how_to_name_them():
 
 def native_service(**kwargs) -> FakeService:
     return FakeService(heads={"acme": ACME, "zed": ZED},
-                       settings=Settings(top_k_default=2, max_images_per_request=2), **kwargs)
+                       settings=Settings(top_k_default=2, max_images_per_request=2, auth="none"), **kwargs)
 
 
 def result(head, n_images: int, head_index: int, top_k: int) -> dict:

@@ -62,7 +62,7 @@ async def test_demo_setup_and_tour(trunk, trunk_checkpoint, tmp_path, aiohttp_cl
     assert not any(b.trained for b in again) and [b.version for b in again] == [1, 1, 1]
 
     # Serve the store and classify held-out images of each demo kind over HTTP.
-    app = create_app(Settings(store=str(store_dir), warmup=False), trunk=trunk)
+    app = create_app(Settings(store=str(store_dir), warmup=False, auth="none"), trunk=trunk)
     client = await aiohttp_client(app)
     assert await app[SERVICE].wait_ready(), app[SERVICE].readiness.error
     correct = total = 0

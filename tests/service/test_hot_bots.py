@@ -85,7 +85,7 @@ async def wait_until_ready(client) -> dict:
 
 
 def settings_for(tmp_path, **overrides) -> Settings:
-    values = dict(store=str(tmp_path / "store"), warmup=False, max_wait_ms=5.0)
+    values = dict(store=str(tmp_path / "store"), warmup=False, max_wait_ms=5.0, auth="none")
     values.update(overrides)
     return Settings(**values)
 

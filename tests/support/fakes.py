@@ -20,9 +20,10 @@ import numpy as np
 from backbone.spec import FEATURE_DIM
 from heads import BotInfo, Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
+from service.core.auth import ANONYMOUS, PUBLIC, Authenticator, Principal
 from service.core.context import FAILED, LOADING, READY, Readiness
 from service.core.engine import Images, Prediction, check_image_count
-from service.core.errors import HeadUnavailable, NotReady
+from service.core.errors import HeadUnavailable, NotReady, ServiceError, Unauthorized
 from service.core.settings import Settings
 
 
@@ -86,9 +87,11 @@ class FakeStore:
 @dataclasses.dataclass
 class FakeService:
     """Heads by bot id; `classify` answers `probabilities(i, j, n)` for image i under head j.
-    `FakeService(settings)` is all `dispatch` reads (the admin token)."""
+    `FakeService(settings)` is all `dispatch` reads (the auth mode and the admin token: the
+    real `Authenticator`, without keys; the caller is the fake itself, every bot in sight)."""
 
-    settings: Settings = dataclasses.field(default_factory=lambda: Settings(top_k_default=2))
+    settings: Settings = dataclasses.field(
+        default_factory=lambda: Settings(top_k_default=2, auth="none"))
     heads: dict[str, Head] = dataclasses.field(default_factory=dict)
     readiness: Readiness = dataclasses.field(default_factory=lambda: Readiness(status=READY))
     store: FakeStore = dataclasses.field(default_factory=FakeStore)
@@ -96,6 +99,28 @@ class FakeService:
     broken: set[str] = dataclasses.field(default_factory=set)  # heads that fail to load
     classified: list[tuple[Images, list[str], int]] = dataclasses.field(default_factory=list)
     blocking: list[str] = dataclasses.field(default_factory=list)
+
+    principal: Principal = ANONYMOUS
+
+    def caller(self, authorization: str | None, access: str) -> FakeService:
+        auth = Authenticator(self.settings.auth, self.settings.admin_token)
+        try:
+            principal = auth.identify(authorization)
+        except Unauthorized:
+            if access != PUBLIC:
+                raise
+            principal = ANONYMOUS
+        auth.authorize(access, principal)
+        self.principal = principal
+        return self
+
+    def may(self, access: str) -> bool:
+        try:
+            Authenticator(self.settings.auth, self.settings.admin_token).authorize(
+                access, self.principal)
+        except ServiceError:
+            return False
+        return True
 
     def require_ready(self) -> None:
         if not self.readiness.ready:

@@ -30,8 +30,9 @@ BOTS = {"alpha": 2, "bravo": 3, "charlie": 5, "delta": 7, "echo": 11}
 
 
 def make_settings(tmp_path, **overrides) -> Settings:
-    """The tests' serving settings: a store under `tmp_path`, no warm-up, a short batch wait."""
-    values = dict(store=str(tmp_path / "store"), warmup=False, max_wait_ms=20.0)
+    """The tests' serving settings: a store under `tmp_path`, no warm-up, a short batch wait,
+    no API keys (tests/service/test_auth.py is where keys are tested)."""
+    values = dict(store=str(tmp_path / "store"), warmup=False, max_wait_ms=20.0, auth="none")
     values.update(overrides)
     return Settings(**values)
 

@@ -9,6 +9,9 @@ the response message, and a domain error becomes a gRPC status through the one e
 
 Every RPC runs through `Rpcs.run`:
 
+- auth: the `authorization` metadata is checked as HTTP's header is, with the access rule of
+  the RPC's REST twin (`Service.caller`); the handler gets the `Service` as that caller sees
+  it (another tenant's bot is NOT_FOUND, as an unknown one);
 - admission: the request message's bytes are taken from the process's in-flight byte budget
   (`Service.inflight`, shared with HTTP) until the answer is built; when they do not fit, the
   call fails with RESOURCE_EXHAUSTED (gRPC has already received the message by then: its size is
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from service.codecs.routes import ENDPOINTS
 from service.core.admission import Reservation
 from service.core.errors import (
     DeadlineExceeded,
@@ -49,7 +53,7 @@ from service.core.errors import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.context import Caller, Service
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,18 @@ DEADLINE_PASSED = 504  # metrics status of a call cancelled by its deadline
 # NOTE: the client's timer fires first (the server's deadline starts when it received the call)
 # and its cancellation can arrive while the server still counts some milliseconds left.
 DEADLINE_SLACK_S = 0.25
+
+
+# The access rule of each RPC: its REST twin's (by endpoint name).
+ACCESS = {endpoint.name: endpoint.access for endpoint in ENDPOINTS}
+
+
+def authorization(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's `authorization` metadata (as HTTP's header), or None."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            return value
+    return None
 
 
 def status_code(exc: BaseException) -> grpc.StatusCode:
@@ -99,12 +115,14 @@ class Rpcs:
         return True
 
     async def run(self, name: str, message: Message, context: grpc.aio.ServicerContext,
-                  handle: Callable[[], Awaitable[M]]) -> M:
-        """`handle()` under admission, the client's deadline, the error table and metrics.
+                  handle: Callable[[Caller], Awaitable[M]]) -> M:
+        """`handle(caller)` under auth, admission, the client's deadline, the error table and
+        metrics: `caller` is the `Service` as the call's `authorization` metadata sees it.
 
         Args:
             name: what metrics and logs call the call: the name of the REST endpoint it
-                corresponds to (`oip_infer`, ...; see `Endpoint.name`).
+                corresponds to (`oip_infer`, ...; see `Endpoint.name`); its access rule is
+                that endpoint's.
         """
         start = time.perf_counter()
         status = 200
@@ -113,12 +131,13 @@ class Rpcs:
         try:
             if self.draining:
                 raise ShuttingDown("the server is shutting down and accepts no new calls")
+            caller = self.service.caller(authorization(context), ACCESS[name])
             with Reservation(self.service.inflight) as held:
                 held.take(message.ByteSize())
                 budget = client_budget_s(context)
                 if budget is not None and budget <= 0:
                     raise DeadlineExceeded("the call's deadline passed before it started")
-                return await handle()
+                return await handle(caller)
         except asyncio.CancelledError:
             budget = client_budget_s(context)
             status = (DEADLINE_PASSED if budget is not None and budget <= DEADLINE_SLACK_S

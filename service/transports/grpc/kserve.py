@@ -136,19 +136,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.rpcs = rpcs
 
     async def ServerLive(self, request, context):  # noqa: N802 - the RPC's name
-        async def handle() -> pb.ServerLiveResponse:
+        async def handle(service) -> pb.ServerLiveResponse:
             return pb.ServerLiveResponse(live=True)
 
         return await self.rpcs.run(ENDPOINT_NAMES["ServerLive"], request, context, handle)
 
     async def ServerReady(self, request, context):  # noqa: N802
-        async def handle() -> pb.ServerReadyResponse:
-            return pb.ServerReadyResponse(ready=oip.server_ready_call(self.rpcs.service))
+        async def handle(service) -> pb.ServerReadyResponse:
+            return pb.ServerReadyResponse(ready=oip.server_ready_call(service))
 
         return await self.rpcs.run(ENDPOINT_NAMES["ServerReady"], request, context, handle)
 
     async def ServerMetadata(self, request, context):  # noqa: N802
-        async def handle() -> pb.ServerMetadataResponse:
+        async def handle(service) -> pb.ServerMetadataResponse:
             metadata = oip.server_metadata_call()
             return pb.ServerMetadataResponse(name=metadata.name, version=metadata.version,
                                              extensions=list(metadata.extensions))
@@ -158,17 +158,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):  # noqa: N802
         model = model_of(request.name, request.version)
 
-        async def handle() -> pb.ModelReadyResponse:
+        async def handle(service) -> pb.ModelReadyResponse:
             return pb.ModelReadyResponse(
-                ready=await oip.model_ready_call(self.rpcs.service, model))
+                ready=await oip.model_ready_call(service, model))
 
         return await self.rpcs.run(_name("ModelReady", model), request, context, handle)
 
     async def ModelMetadata(self, request, context):  # noqa: N802
         model = model_of(request.name, request.version)
 
-        async def handle() -> pb.ModelMetadataResponse:
-            metadata = await oip.model_metadata_call(self.rpcs.service, model)
+        async def handle(service) -> pb.ModelMetadataResponse:
+            metadata = await oip.model_metadata_call(service, model)
             return pb.ModelMetadataResponse(name=metadata.name, versions=list(metadata.versions),
                                             platform=metadata.platform,
                                             inputs=_tensors(metadata.inputs),
@@ -177,10 +177,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self.rpcs.run(_name("ModelMetadata", model), request, context, handle)
 
     async def ModelInfer(self, request, context):  # noqa: N802
-        service = self.rpcs.service
         model = model_of(request.model_name, request.model_version)
 
-        async def handle() -> pb.ModelInferResponse:
+        async def handle(service) -> pb.ModelInferResponse:
             head = await oip.model_head(service, model)  # UNAVAILABLE / NOT_FOUND before work
             # Typed FP32 contents can be megabytes of floats to convert: off the event loop.
             parsed = await service.run_blocking(infer_request, request)

@@ -189,9 +189,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.rpcs = rpcs
 
     async def Predict(self, request, context):  # noqa: N802 - the RPC's name
-        service = self.rpcs.service
-
-        async def handle() -> predict_pb2.PredictResponse:
+        async def handle(service) -> predict_pb2.PredictResponse:
             head = await model_head(service, model_of(request.model_spec))
             metadata = {key: value for key, value in (context.invocation_metadata() or ())
                         if isinstance(value, str)}
@@ -210,19 +208,19 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return await self._not_served("regress", request, context)
 
     async def _not_served(self, verb: str, request, context):
-        async def handle() -> None:
+        async def handle(service) -> None:
             tfserving.check_verb(verb)
 
         return await self.rpcs.run(_name("Predict", request.model_spec), request, context,
                                    handle)
 
     async def GetModelMetadata(self, request, context):  # noqa: N802
-        async def handle() -> get_model_metadata_pb2.GetModelMetadataResponse:
+        async def handle(service) -> get_model_metadata_pb2.GetModelMetadataResponse:
             for field in request.metadata_field:
                 if field != METADATA_FIELD:
                     raise BadRequest(f"metadata_field '{field[:64]}' is not served: only "
                                      f"'{METADATA_FIELD}'")
-            info, signature = await tfserving.metadata_call(self.rpcs.service,
+            info, signature = await tfserving.metadata_call(service,
                                                             model_of(request.model_spec))
             return metadata_response(info, signature)
 
@@ -238,8 +236,8 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         self.rpcs = rpcs
 
     async def GetModelStatus(self, request, context):  # noqa: N802
-        async def handle() -> get_model_status_pb2.GetModelStatusResponse:
-            status = await tfserving.status_call(self.rpcs.service, model_of(request.model_spec))
+        async def handle(service) -> get_model_status_pb2.GetModelStatusResponse:
+            status = await tfserving.status_call(service, model_of(request.model_spec))
             return status_response(status)
 
         return await self.rpcs.run(_name("GetModelStatus", request.model_spec), request,

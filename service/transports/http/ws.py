@@ -1,5 +1,6 @@
 """`GET /ws/classify/{bot_id}` (aiohttp WebSocket): one image per binary message, one JSON
-reply per image, in order; the native codec renders each answer and each error."""
+reply per image, in order; the native codec renders each answer and each error. The upgrade
+request carries the credential (`Authorization`, access INFER as `POST /classify`)."""
 from __future__ import annotations
 
 import json
@@ -10,13 +11,16 @@ from service.codecs.base import error_reply
 from service.codecs.common import parse_top_k
 from service.codecs.native import render_bot_result
 from service.core.admission import Reservation
+from service.core.auth import INFER
 from service.core.context import Service
 from service.core.engine import Images
 
 
 async def classify_ws(service: Service, request: web.Request) -> web.WebSocketResponse:
     bot_id = request.match_info["bot_id"]
-    await service.head(bot_id)  # 404 before the upgrade
+    # Auth (INFER, as POST /classify) and the bot's 404 before the upgrade: JSON errors.
+    service = service.caller(request.headers.get("Authorization"), INFER)
+    await service.head(bot_id)
     top_k = parse_top_k(request.query, service.settings.top_k_default)
     with Reservation(service.inflight) as held:
         # NOTE: an open socket may be receiving a message of up to its size limit at any time:

@@ -1,0 +1,154 @@
+"""`multihead tenants|keys|audit`: the operator's commands over a store (the same changes as
+`/tenants`, `/keys` and `/audit` over HTTP; recorded in the audit log as the operator).
+
+`keys add` prints the new key's secret once, alone on the last line of stdout (`| tail -1`);
+only its hash is stored, so it cannot be shown again: revoke it and make another.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from service.cli.options import store_dir, store_option
+
+SCOPE_HELP = ("infer: call and list the tenant's bots; manage: also register, replace, roll "
+              "back and remove them; metrics: read /metrics and the full /readyz")
+
+
+def add_commands(sub) -> None:
+    """Add `tenants {add,list,remove}`, `keys {add,list,revoke}` and `audit` to `multihead`."""
+    store = store_option()
+
+    tenants = sub.add_parser(
+        "tenants", help="add, list or remove tenants (the customers bots and keys belong to)",
+        description="Tenants own bots and API keys: a key sees and calls only its tenant's "
+                    "bots. The tenant 'default' always exists (bots of older stores are "
+                    "in it).")
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True,
+                                         metavar="ACTION")
+    p = tenants_sub.add_parser("add", parents=[store], help="add a tenant")
+    p.add_argument("name", metavar="NAME", help="tenant name (the characters of a bot id)")
+    p.set_defaults(func=cmd_tenants_add)
+    p = tenants_sub.add_parser("list", parents=[store], help="list tenants with bot counts")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_tenants_list)
+    p = tenants_sub.add_parser(
+        "remove", parents=[store], help="remove a tenant",
+        description="Remove a tenant. Refused while it owns bots, unless --force, which "
+                    "also removes its bots and revokes its keys.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--force", action="store_true",
+                   help="also remove its bots and revoke its keys")
+    p.set_defaults(func=cmd_tenants_remove)
+
+    keys = sub.add_parser(
+        "keys", help="add, list or revoke API keys",
+        description="API keys authenticate clients (`Authorization: Bearer <key>`; gRPC: "
+                    "the `authorization` metadata). A revoked key is refused by every "
+                    "server process within a second.")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    p = keys_sub.add_parser(
+        "add", parents=[store], help="make a key; its secret is printed once, last",
+        description="Make an API key for a tenant and print its secret, alone on the last "
+                    "line of stdout. Only a hash of it is stored: keep it now.")
+    p.add_argument("--tenant", metavar="NAME", required=True, help="the key's tenant")
+    p.add_argument("--scope", choices=("infer", "manage", "metrics"), default="infer",
+                   help=f"what it may do (default: infer). {SCOPE_HELP}")
+    p.set_defaults(func=cmd_keys_add)
+    p = keys_sub.add_parser("list", parents=[store], help="list keys (never their secrets)")
+    p.add_argument("--tenant", metavar="NAME", default=None, help="only this tenant's keys")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_keys_list)
+    p = keys_sub.add_parser("revoke", parents=[store], help="revoke a key")
+    p.add_argument("key_id", metavar="ID", help="the key's id (`keys list`)")
+    p.set_defaults(func=cmd_keys_revoke)
+
+    p = sub.add_parser(
+        "audit", parents=[store], help="show the audit log",
+        description="Every registration, replacement, rollback and removal of a bot, and "
+                    "every tenant and key change, oldest first: time, actor (operator or "
+                    "key:<id>), tenant, bot, version and head digest.")
+    p.add_argument("--tenant", metavar="NAME", default=None, help="only this tenant's")
+    p.add_argument("--since", metavar="TIME", default=None,
+                   help="only records at or after this ISO 8601 time (e.g. 2026-12-01)")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_audit)
+
+
+def _open_store(args: argparse.Namespace):
+    from heads.store import HeadStore
+
+    return HeadStore(store_dir(args))
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def cmd_tenants_add(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        info = store.add_tenant(args.name)
+    print(f"added tenant '{info.name}'")
+    return 0
+
+
+def cmd_tenants_list(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        tenants = store.tenants()
+    if args.json:
+        print(json.dumps([t.to_dict() for t in tenants], indent=2))
+        return 0
+    _table([("TENANT", "BOTS", "CREATED")]
+           + [(t.name, str(t.bots), t.created) for t in tenants])
+    return 0
+
+
+def cmd_tenants_remove(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        store.remove_tenant(args.name, force=args.force)
+    print(f"removed tenant '{args.name}'")
+    return 0
+
+
+def cmd_keys_add(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        key, token = store.add_key(args.tenant, args.scope)
+    print(f"added key {key.id} ({key.scope}) for tenant '{key.tenant}'; its secret, shown "
+          f"only now:")
+    print(token)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        keys = store.keys(args.tenant)
+    if args.json:
+        print(json.dumps([k.to_dict() for k in keys], indent=2))
+        return 0
+    _table([("ID", "PREFIX", "TENANT", "SCOPE", "CREATED", "LAST USED", "REVOKED")]
+           + [(k.id, k.prefix, k.tenant, k.scope, k.created, k.last_used or "-",
+               k.revoked or "-") for k in keys])
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        key = store.revoke_key(args.key_id)
+    print(f"revoked key {key.id} of tenant '{key.tenant}'")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        records = store.audit(tenant=args.tenant, since=args.since, limit=args.limit)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], indent=2))
+        return 0
+    _table([("AT", "ACTOR", "ACTION", "TENANT", "BOT", "VERSION", "DIGEST")]
+           + [(r.at, r.actor, r.action, r.tenant or "-", r.bot_id or "-",
+               "-" if r.version is None else str(r.version), (r.digest or "-")[:12])
+              for r in records])
+    return 0
