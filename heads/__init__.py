@@ -13,26 +13,45 @@ A store is a directory (SQLite registry + head files, the default) or a PostgreS
 (registry and tensors, shared by many machines); psycopg is imported only for the latter.
 """
 from heads.errors import (
+                          BotOwnedElsewhere,
                           HeadLoadError,
                           HeadsError,
                           InvalidBotId,
                           InvalidHead,
                           InvalidStoreLocation,
+                          InvalidTenant,
                           InvalidTrainingData,
                           StoreUnavailable,
+                          TenantExists,
+                          TenantNotEmpty,
                           TrunkMismatch,
                           UnknownBot,
+                          UnknownKey,
+                          UnknownTenant,
                           UnknownVersion,
 )
 from heads.files import read_labels
 from heads.head import Head, top_indices, validate_bot_id
 from heads.store import BotInfo, HeadStore, open_store
+from heads.tenants import (
+                           DEFAULT_TENANT,
+                           OPERATOR,
+                           SCOPES,
+                           ApiKey,
+                           AuditRecord,
+                           TenantInfo,
+                           parse_token,
+                           token_hash,
+                           validate_tenant,
+)
 from heads.train import TrainResult, extract_features, scan_image_folder, train_head
 
 __all__ = [
-    "BotInfo", "Head", "HeadLoadError", "HeadStore", "HeadsError", "InvalidBotId",
-    "InvalidHead", "InvalidStoreLocation", "InvalidTrainingData", "StoreUnavailable",
-    "TrainResult", "TrunkMismatch", "UnknownBot", "UnknownVersion", "extract_features",
-    "open_store", "read_labels", "scan_image_folder", "top_indices", "train_head",
-    "validate_bot_id",
+    "DEFAULT_TENANT", "OPERATOR", "SCOPES", "ApiKey", "AuditRecord", "BotInfo",
+    "BotOwnedElsewhere", "Head", "HeadLoadError", "HeadStore", "HeadsError", "InvalidBotId",
+    "InvalidHead", "InvalidStoreLocation", "InvalidTenant", "InvalidTrainingData",
+    "StoreUnavailable", "TenantExists", "TenantInfo", "TenantNotEmpty", "TrainResult",
+    "TrunkMismatch", "UnknownBot", "UnknownKey", "UnknownTenant", "UnknownVersion",
+    "extract_features", "open_store", "parse_token", "read_labels", "scan_image_folder",
+    "token_hash", "top_indices", "train_head", "validate_bot_id", "validate_tenant",
 ]

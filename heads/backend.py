@@ -28,6 +28,7 @@ import numpy as np
 
 from heads.errors import InvalidStoreLocation
 from heads.head import Head
+from heads.tenants import DEFAULT_TENANT, OPERATOR, ApiKey, AuditRecord, TenantInfo
 
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"
@@ -134,8 +135,8 @@ class StoreBackend(ABC):
         Cheap: `HeadStore` calls it at most every `change_poll_s` on the lookup path."""
 
     @abstractmethod
-    def active_map(self) -> dict[str, int]:
-        """{bot id: active version}, read now."""
+    def active_map(self) -> dict[str, tuple[int, str]]:
+        """{bot id: (active version, owner tenant)}, read now (one snapshot)."""
 
     @abstractmethod
     def load(self, bot_id: str, version: int) -> Head:
@@ -147,14 +148,21 @@ class StoreBackend(ABC):
 
     @abstractmethod
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
-                    labels: tuple[str, ...], source: str, step: Step) -> int:
-        """Store a new version (already validated) and make it active, in one transaction;
-        call `step(name)` between the steps. Returns the new version number."""
+                    labels: tuple[str, ...], source: str, step: Step, *,
+                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR) -> int:
+        """Store a new version (already validated) and make it active, owned by `tenant`, with
+        its audit record ("register" or "replace"), in one transaction; call `step(name)`
+        between the steps. Returns the new version number.
+
+        Raises (before writing anything):
+            UnknownTenant: no such tenant. BotOwnedElsewhere: the bot is live under another.
+        """
 
     @abstractmethod
-    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
-        """(active version, its row, every loadable version ascending) per bot, ordered by id
-        (byte order); only `bot_id`'s if given."""
+    def snapshot(self, bot_id: str | None = None
+                 ) -> list[tuple[int, VersionRow, list[int], str]]:
+        """(active version, its row, every loadable version ascending, owner tenant) per bot,
+        ordered by id (byte order); only `bot_id`'s if given."""
 
     @abstractmethod
     def history(self, bot_id: str) -> list[dict]:
@@ -162,13 +170,50 @@ class StoreBackend(ABC):
         action, version, previous, at, source."""
 
     @abstractmethod
-    def remove(self, bot_id: str) -> None:
-        """Unregister `bot_id` and delete its versions. Raises UnknownBot."""
+    def remove(self, bot_id: str, *, actor: str = OPERATOR) -> None:
+        """Unregister `bot_id` and delete its versions (audited). Raises UnknownBot."""
 
     @abstractmethod
-    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int]) -> int:
+    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int], *,
+                 actor: str = OPERATOR) -> int:
         """In one write transaction: `target = choose(active, loadable versions)` (which may
-        raise), activate it if it differs. Returns target. Raises UnknownBot."""
+        raise), activate it if it differs (audited). Returns target. Raises UnknownBot."""
+
+    # -- tenants, keys, audit (rows: heads.accounts) -----------------------------------------
+
+    @abstractmethod
+    def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
+        """Raises TenantExists."""
+
+    @abstractmethod
+    def tenants(self) -> list[TenantInfo]:
+        """Every tenant (DEFAULT_TENANT always) with its live bot count, ordered by name."""
+
+    @abstractmethod
+    def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:
+        """In one transaction: with `force`, remove its bots; revoke its keys; delete it; each
+        change audited. Raises UnknownTenant, TenantNotEmpty (bots left and not `force`)."""
+
+    @abstractmethod
+    def add_key(self, key: ApiKey, *, actor: str) -> None:
+        """Store a new key (audited). Raises UnknownTenant."""
+
+    @abstractmethod
+    def keys(self, tenant: str | None = None, *, live_only: bool = False) -> list[ApiKey]:
+        """Keys ordered by creation; only `tenant`'s, only unrevoked ones, if asked."""
+
+    @abstractmethod
+    def revoke_key(self, key_id: str, *, actor: str) -> ApiKey:
+        """Revoke a key (audited; nothing written if it was revoked already). Raises
+        UnknownKey."""
+
+    @abstractmethod
+    def mark_used(self, used: dict[str, str]) -> None:
+        """Set last_used of keys ({key id: at}); no audit record, no change notification."""
+
+    @abstractmethod
+    def audit(self, *, tenant: str | None, since: str | None, limit: int) -> list[AuditRecord]:
+        """The newest `limit` audit records matching, oldest first."""
 
     @abstractmethod
     def close(self) -> None:

@@ -52,3 +52,52 @@ class TrunkMismatch(HeadsError):
 
 class InvalidTrainingData(HeadsError, ValueError):
     """A labelled image folder or feature set that a head cannot be trained from."""
+
+
+class InvalidTenant(HeadsError, ValueError):
+    """A tenant name outside the bot id rules (`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`), or a change
+    the default tenant does not allow (removing it)."""
+
+
+class UnknownTenant(HeadsError, LookupError):
+    """No tenant of this name exists."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown tenant {name!r}")
+        self.name = name
+
+
+class TenantExists(HeadsError):
+    """A tenant of this name exists already."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"tenant {name!r} exists already")
+        self.name = name
+
+
+class TenantNotEmpty(HeadsError):
+    """A tenant that still owns bots was to be removed without force."""
+
+    def __init__(self, name: str, bots: int) -> None:
+        super().__init__(f"tenant {name!r} still owns {bots} bot(s): remove them first, or "
+                         "remove the tenant with force (which removes its bots too)")
+        self.name = name
+        self.bots = bots
+
+
+class UnknownKey(HeadsError, LookupError):
+    """No API key of this id exists."""
+
+    def __init__(self, key_id: str) -> None:
+        shown = key_id if isinstance(key_id, str) and len(key_id) <= 80 else "..."
+        super().__init__(f"unknown API key {shown!r}")
+        self.key_id = key_id
+
+
+class BotOwnedElsewhere(HeadsError):
+    """The bot id is live under another tenant. The message never names that tenant (a tenant
+    must not learn who else uses the store)."""
+
+    def __init__(self, bot_id: str) -> None:
+        super().__init__(f"bot id {bot_id!r} is taken by another tenant")
+        self.bot_id = bot_id

@@ -1,8 +1,8 @@
 """The store's tables, described once as data; each backend renders its DDL from here.
 
-    TABLES          bots, versions, history (both backends); state, blobs (PostgreSQL only:
-                    its writer lock and change counter, and the tensors that a directory store
-                    keeps as files)
+    TABLES          bots, versions, history, tenants, api_keys, owners, audit (both backends);
+                    state, blobs (PostgreSQL only: its writer lock and change counter, and the
+                    tensors that a directory store keeps as files)
     create_statements(dialect, prefix="")   the CREATE statements of one dialect
 
 Column types are logical (`KEY`, `TEXT`, `INT`, ...) and `DIALECTS` maps them to each
@@ -16,12 +16,18 @@ turn them on, and a declaration nothing enforces would promise what it does not 
 Every statement is `CREATE ... IF NOT EXISTS`: running them on an existing store changes
 nothing, so stores written by earlier versions open as they are (tests/heads/test_schema.py
 keeps such stores, verbatim, and checks the live schemas of both backends against `TABLES`).
+That is also the whole migration to tenants: a store written before them gains the empty
+tables tenants, api_keys, owners and audit at its next write, and a live bot without an owners
+row belongs to `heads.tenants.DEFAULT_TENANT` (no row is rewritten). Until that write, readers
+take the missing tables as empty.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from heads.backend import POSTGRESQL, SQLITE
+from heads.tenants import AUDIT_ACTIONS, SCOPES
 
 # Logical column types.
 KEY = "key"        # an id compared and ordered byte by byte
@@ -123,6 +129,42 @@ TABLES: tuple[Table, ...] = (
         Column("at", TEXT),
         Column("source", TEXT, nullable=True),
     ), primary_key=("id",), indexes=(Index("history_by_bot", ("bot_id", "version")),)),
+    # Tenants other than the default one (which exists without a row).
+    Table("tenants", (
+        Column("name", KEY),
+        Column("created", TEXT),
+    ), primary_key=("name",)),
+    # API keys: only the sha256 of each token (see heads.tenants). No foreign key to tenants:
+    # the default tenant has no row, and a removed tenant's keys stay listed, revoked.
+    Table("api_keys", (
+        Column("id", KEY),
+        Column("tenant", KEY),
+        Column("scope", TEXT, check=_one_of("scope", SCOPES)),
+        Column("hash", TEXT, check="length(hash) = 64"),
+        Column("created", TEXT),
+        Column("last_used", TEXT, nullable=True),
+        Column("revoked", TEXT, nullable=True),
+    ), primary_key=("id",), indexes=(Index("api_keys_by_tenant", ("tenant",)),)),
+    # The tenant of each live bot; a live bot without a row belongs to the default tenant.
+    Table("owners", (
+        Column("bot_id", KEY),
+        Column("tenant", KEY),
+    ), primary_key=("bot_id",),
+        foreign_keys=(ForeignKey(("bot_id",), "bots", on_delete_cascade=True),),
+        indexes=(Index("owners_by_tenant", ("tenant",)),)),
+    # Append-only audit log: every change to bots, tenants and keys, in the change's own
+    # transaction.
+    Table("audit", (
+        Column("id", SERIAL),
+        Column("at", TEXT),
+        Column("actor", TEXT),
+        Column("action", TEXT, check=_one_of("action", AUDIT_ACTIONS)),
+        Column("tenant", KEY, nullable=True),
+        Column("bot_id", KEY, nullable=True),
+        Column("version", INT, nullable=True),
+        Column("digest", TEXT, nullable=True),
+        Column("detail", TEXT, nullable=True),
+    ), primary_key=("id",), indexes=(Index("audit_by_tenant", ("tenant", "id")),)),
 )
 
 
@@ -174,15 +216,19 @@ def _column_sql(d: Dialect, column: Column) -> str:
     return " ".join(parts)
 
 
-def create_statements(dialect: str, prefix: str = "") -> list[str]:
+def create_statements(dialect: str, prefix: str = "",
+                      only: Collection[str] | None = None) -> list[str]:
     """CREATE TABLE / CREATE INDEX (and storage hints) for every table of `dialect`.
 
     Args:
         prefix: put before every table name (PostgreSQL: the schema, e.g. "multihead.").
+        only: just these tables' statements (those missing from an existing store).
     """
     d = DIALECTS[dialect]
     out = []
     for table in tables(dialect):
+        if only is not None and table.name not in only:
+            continue
         lines = [_column_sql(d, c) for c in table.columns]
         if not any(c.type == SERIAL for c in table.columns):
             lines.append(f"PRIMARY KEY ({', '.join(table.primary_key)})")

@@ -19,6 +19,12 @@ rows and tensors:
 
 Either way a registration is one transaction: a crash at any point leaves nothing visible, and
 version numbers are never reused (also after a removal).
+
+Tenants (`heads.tenants`): every bot belongs to one tenant (`default` unless registered into
+another; a store written before tenants existed has all its bots in `default`), an id live under
+one tenant cannot be registered by another, and API keys belong to tenants. Every change to
+bots, tenants and keys appends an audit record in the change's own transaction; `key_table()`
+serves the live keys from memory, re-read like the bots when another process changed the store.
 """
 from __future__ import annotations
 
@@ -33,18 +39,40 @@ from pathlib import Path
 import numpy as np
 
 from heads import files
-from heads.backend import POSTGRESQL, StoreBackend, VersionRow, parse_location, redact_url
+from heads.backend import (
+    POSTGRESQL,
+    StoreBackend,
+    VersionRow,
+    parse_location,
+    redact_url,
+    utc_now,
+)
 from heads.cache import HeadCache
 from heads.directory.backend import DirectoryBackend
 from heads.errors import (
     HeadLoadError,
     InvalidHead,
+    InvalidTenant,
     StoreUnavailable,
     TrunkMismatch,
     UnknownBot,
+    UnknownKey,
     UnknownVersion,
 )
 from heads.head import Head, validate_bot_id, validate_head_arrays, validate_labels
+from heads.tenants import (
+    DEFAULT_TENANT,
+    OPERATOR,
+    TOKEN_PREFIX,
+    ApiKey,
+    AuditRecord,
+    TenantInfo,
+    new_token,
+    normalize_actor,
+    token_hash,
+    validate_scope,
+    validate_tenant,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +91,17 @@ def _step(name: str) -> None:
 @dataclass(frozen=True)
 class BotInfo(VersionRow):
     """What the registry knows about one bot: its active version's row, plus every version
-    still stored (ascending)."""
+    still stored (ascending) and the tenant that owns it."""
 
     versions: list[int] = field(hash=False, default_factory=list)
+    tenant: str = DEFAULT_TENANT
 
     def to_dict(self, *, with_source: bool = True) -> dict:
         """JSON-ready fields. `with_source=False` for public answers: a training source is a
         path on the server."""
         out = {"bot_id": self.bot_id, "version": self.version, "n_classes": self.n_classes,
                "labels": list(self.labels), "created": self.created,
-               "versions": list(self.versions)}
+               "versions": list(self.versions), "tenant": self.tenant}
         if with_source:
             out["source"] = self.source
         return out
@@ -149,6 +178,9 @@ class HeadStore:
         self.heads_dir: Path | None = disk.heads_dir if disk is not None else None
         self._cache = HeadCache(int(heads_memory_mb * 2**20), pinned)
         self._active: dict[str, int] = {}
+        self._owners: dict[str, str] = {}
+        self._keys: dict[str, ApiKey] | None = None  # read once key_table() was asked for
+        self._want_keys = False
         self._data_version: object = object()  # never equal: the first call loads
         self._next_check_s = 0.0
         self._refresh_lock = threading.Lock()
@@ -205,11 +237,18 @@ class HeadStore:
                 return  # another thread just checked
             try:
                 version = self._backend.data_version()
-                if force or version != self._data_version:
+                if (force or version != self._data_version
+                        or (self._want_keys and self._keys is None)):
                     # Read the version before the rows: a commit in between is seen twice,
                     # never missed.
-                    active = self._backend.active_map()
+                    state = self._backend.active_map()
+                    keys = ({k.id: k for k in self._backend.keys(live_only=True)}
+                            if self._want_keys else None)
+                    active = {b: v for b, (v, _) in state.items()}
+                    self._owners = {b: t for b, (_, t) in state.items()}
                     self._active = active
+                    if keys is not None:
+                        self._keys = keys
                     self._data_version = version
                     self._cache.retain(lambda h: active.get(h.bot_id) == h.version)
             except self._backend.read_errors as exc:
@@ -237,26 +276,36 @@ class HeadStore:
     # -- registration --------------------------------------------------------------------------
 
     def register(self, bot_id: str, weights: np.ndarray, biases: np.ndarray, labels,
-                 *, source: str = "api") -> int:
-        """Register a new version of `bot_id` and make it active.
+                 *, source: str = "api", tenant: str = DEFAULT_TENANT,
+                 actor: str = OPERATOR) -> int:
+        """Register a new version of `bot_id` and make it active (audited: "register" for a new
+        bot, "replace" for a new version of a live one).
 
         Args:
             weights: [1536, n], biases: [n], n >= 2, all finite (cast to float32).
             labels: n class names, or the path of a labels file (one per line).
             source: free text recorded in the manifest and the history.
+            tenant: the owner of the bot (a new one), or its owner (a new version).
+            actor: who registers, as the audit log records it.
         Returns:
             The new version number.
         Raises:
-            InvalidBotId, InvalidHead: before anything is written.
+            InvalidBotId, InvalidHead, InvalidTenant, ValueError (actor), UnknownTenant,
+            BotOwnedElsewhere (the id is live under another tenant): before anything is
+            written.
         """
         bot_id = validate_bot_id(bot_id)
+        tenant = validate_tenant(tenant)
+        actor = normalize_actor(actor)
         w, b, labels_t = validate_head_arrays(weights, biases, _labels_arg(labels))
-        return self._add_version(bot_id, w, b, labels_t, " ".join(str(source).split()))
+        return self._add_version(bot_id, w, b, labels_t, " ".join(str(source).split()),
+                                 tenant, actor)
 
     def register_checkpoint(self, bot_id: str, prefix: str | os.PathLike, labels, *,
                             weights_name: str = files.WEIGHTS_KEY,
                             biases_name: str = files.BIASES_KEY,
-                            source: str | None = None) -> int:
+                            source: str | None = None, tenant: str = DEFAULT_TENANT,
+                            actor: str = OPERATOR) -> int:
         """Register the head held by a TF checkpoint (tensors `weights_name`, `biases_name`)."""
         bot_id = validate_bot_id(bot_id)
         labels_t = _labels_arg(labels)
@@ -267,11 +316,12 @@ class HeadStore:
             raise InvalidHead(f"checkpoint '{os.fspath(prefix)}': {exc}") from None
         if source is None:
             source = f"checkpoint:{os.path.abspath(prefix)}"
-        return self.register(bot_id, w, b, labels_t, source=source)
+        return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor)
 
     def register_from_slim(self, bot_id: str, prefix: str | os.PathLike, labels, *,
                            serving_trunk_prefix: str | os.PathLike | None = None,
-                           force: bool = False) -> int:
+                           force: bool = False, tenant: str = DEFAULT_TENANT,
+                           actor: str = OPERATOR) -> int:
         """Import the classifier layer `InceptionV4/Logits/Logits` of a slim Inception-V4
         checkpoint (the official one, or one fine-tuned with any class count) as a head.
 
@@ -308,19 +358,33 @@ class HeadStore:
                         "use --force (force=True) to import its classifier layer anyway"
                     )
                 source += f" (forced: trunk {theirs[:12]} differs from the serving trunk)"
-        return self.register(bot_id, w, b, labels_t, source=source)
+        return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor)
 
     def _add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
-                     labels: tuple[str, ...], source: str) -> int:
-        version = self._backend.add_version(bot_id, weights, biases, labels, source, _step)
+                     labels: tuple[str, ...], source: str, tenant: str, actor: str) -> int:
+        version = self._backend.add_version(bot_id, weights, biases, labels, source, _step,
+                                            tenant=tenant, actor=actor)
         self._refresh(force=True)  # read-your-writes in this process
         return version
 
     # -- administration ------------------------------------------------------------------------
 
-    def list(self) -> list[BotInfo]:
-        """Every registered bot, ordered by id."""
-        return [self._bot_info(*row) for row in self._backend.snapshot()]
+    def list(self, tenant: str | None = None) -> list[BotInfo]:
+        """Every registered bot, ordered by id; only `tenant`'s if given (InvalidTenant)."""
+        if tenant is not None:
+            tenant = validate_tenant(tenant)
+        return [self._bot_info(*row) for row in self._backend.snapshot()
+                if tenant is None or row[3] == tenant]
+
+    def owner(self, bot_id: str) -> str:
+        """The tenant of a live bot, from memory (like `exists`: no store round trip).
+        Raises UnknownBot (InvalidBotId for a malformed id)."""
+        self._refresh()
+        tenant = self._owners.get(bot_id)
+        if tenant is None:
+            validate_bot_id(bot_id)
+            raise UnknownBot(bot_id)
+        return tenant
 
     def info(self, bot_id: str) -> BotInfo:
         """The registry's view of one bot. Raises UnknownBot."""
@@ -335,19 +399,21 @@ class HeadStore:
         return self._backend.history(validate_bot_id(bot_id))
 
     @staticmethod
-    def _bot_info(active: int, row: VersionRow, versions: list[int]) -> BotInfo:
+    def _bot_info(active: int, row: VersionRow, versions: list[int], tenant: str) -> BotInfo:
         return BotInfo(row.bot_id, active, row.n_classes, row.labels, row.created, row.source,
-                       list(versions))
+                       list(versions), tenant)
 
-    def remove(self, bot_id: str) -> None:
-        """Unregister `bot_id` and delete all its versions. Raises UnknownBot."""
+    def remove(self, bot_id: str, *, actor: str = OPERATOR) -> None:
+        """Unregister `bot_id` and delete all its versions (audited). Raises UnknownBot."""
         bot_id = validate_bot_id(bot_id)
+        actor = normalize_actor(actor)
         self.info(bot_id)  # refuse an unknown bot without opening a write transaction
-        self._backend.remove(bot_id)
+        self._backend.remove(bot_id, actor=actor)
         self._refresh(force=True)
 
-    def rollback(self, bot_id: str, to: int | None = None) -> int:
-        """Make an earlier (or any other stored) version of `bot_id` active.
+    def rollback(self, bot_id: str, to: int | None = None, *, actor: str = OPERATOR) -> int:
+        """Make an earlier (or any other stored) version of `bot_id` active (audited, unless
+        it was active already).
 
         Args:
             to: the version to activate; default: the highest version below the active one.
@@ -357,12 +423,14 @@ class HeadStore:
             UnknownBot, UnknownVersion.
         """
         bot_id = validate_bot_id(bot_id)
+        actor = normalize_actor(actor)
         if to is not None and (isinstance(to, bool) or not isinstance(to, (int, np.integer))):
             raise UnknownVersion(f"version must be an integer, got {to!r}")
         info = self.info(bot_id)
         self._rollback_target(bot_id, info.version, info.versions, to)  # refuse before writing
         target = self._backend.rollback(
-            bot_id, lambda active, versions: self._rollback_target(bot_id, active, versions, to))
+            bot_id, lambda active, versions: self._rollback_target(bot_id, active, versions, to),
+            actor=actor)
         self._refresh(force=True)
         return target
 
@@ -379,6 +447,110 @@ class HeadStore:
             raise UnknownVersion(f"bot '{bot_id}' has no version {int(to)} "
                                  f"(versions on disk: {shown})")
         return int(to)
+
+    # -- tenants, keys, audit ------------------------------------------------------------------
+
+    def add_tenant(self, name: str, *, actor: str = OPERATOR) -> TenantInfo:
+        """Create a tenant (audited). Raises InvalidTenant, TenantExists (also for "default",
+        which always exists)."""
+        name = validate_tenant(name)
+        actor = normalize_actor(actor)
+        info = self._backend.add_tenant(name, actor=actor)
+        self._refresh(force=True)
+        return info
+
+    def tenants(self) -> list[TenantInfo]:
+        """Every tenant with its count of live bots, ordered by name ("default" always)."""
+        return self._backend.tenants()
+
+    def remove_tenant(self, name: str, *, force: bool = False, actor: str = OPERATOR) -> None:
+        """Delete a tenant and revoke its keys, in one transaction, each change audited.
+
+        Args:
+            force: also remove every bot it owns (otherwise TenantNotEmpty while it owns any).
+        Raises:
+            InvalidTenant (also for "default", which cannot be removed), UnknownTenant,
+            TenantNotEmpty.
+        """
+        name = validate_tenant(name)
+        actor = normalize_actor(actor)
+        if name == DEFAULT_TENANT:
+            raise InvalidTenant("the default tenant cannot be removed")
+        self._backend.remove_tenant(name, force=bool(force), actor=actor)
+        self._refresh(force=True)
+
+    def add_key(self, tenant: str, scope: str, *, actor: str = OPERATOR) -> tuple[ApiKey, str]:
+        """Make an API key of `tenant` with `scope` (one of heads.tenants.SCOPES), audited.
+
+        Returns:
+            (the key, its token). The token is returned this once: the store keeps only its
+            sha256 (`heads.tenants.token_hash`).
+        Raises:
+            InvalidTenant, UnknownTenant, ValueError (scope or actor).
+        """
+        tenant = validate_tenant(tenant)
+        scope = validate_scope(scope)
+        actor = normalize_actor(actor)
+        key_id, token = new_token()
+        key = ApiKey(key_id, tenant, scope, f"{TOKEN_PREFIX}{key_id}", utc_now(), None, None,
+                     token_hash(token))
+        self._backend.add_key(key, actor=actor)
+        self._refresh(force=True)
+        return key, token
+
+    def keys(self, tenant: str | None = None) -> list[ApiKey]:
+        """Every key, revoked ones included (`revoked` set), in creation order; only
+        `tenant`'s if given."""
+        if tenant is not None:
+            tenant = validate_tenant(tenant)
+        return self._backend.keys(tenant)
+
+    def revoke_key(self, key_id: str, *, actor: str = OPERATOR) -> ApiKey:
+        """Revoke a key (audited); a key revoked already is returned as it is. Every store
+        open on this location stops listing it in `key_table()` within `change_poll_s` of
+        learning of the change. Raises UnknownKey."""
+        actor = normalize_actor(actor)
+        if not isinstance(key_id, str):
+            raise UnknownKey(key_id)
+        key = self._backend.revoke_key(key_id, actor=actor)
+        self._refresh(force=True)
+        return key
+
+    def key_table(self) -> dict[str, ApiKey]:
+        """The live (unrevoked) keys by id, from memory: re-read only when the store changed
+        (like the bots), so a revoke in another process is seen within `change_poll_s` of the
+        backend learning of it, with no store round trip per call. Do not mutate it."""
+        if not self._want_keys:
+            self._want_keys = True
+            self._refresh(force=True)
+        else:
+            self._refresh()
+        return self._keys if self._keys is not None else {}
+
+    def mark_used(self, used: dict[str, str]) -> None:
+        """Record when keys were last used ({key id: ISO 8601 UTC}), keeping the later time.
+        Best effort (no audit record, no change notification): a store error is logged, never
+        raised."""
+        if not used:
+            return
+        try:
+            self._backend.mark_used({str(k): str(v) for k, v in used.items()})
+        except Exception as exc:  # noqa: BLE001 - best effort by contract
+            log.warning("could not record the last use of %d API key(s) in store %s: %s",
+                        len(used), self._backend.describe(), exc)
+
+    def audit(self, *, tenant: str | None = None, since: str | None = None,
+              limit: int = 1000) -> list[AuditRecord]:
+        """The audit log, oldest first: its newest `limit` records, only `tenant`'s and only
+        those at or after `since` (ISO 8601 UTC compared as text: "2026-01-31", or a record's
+        `at`) if given."""
+        if tenant is not None:
+            tenant = validate_tenant(tenant)
+        if since is not None and not isinstance(since, str):
+            raise ValueError(f"since must be an ISO 8601 text, got {type(since).__name__}")
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        return self._backend.audit(tenant=tenant, since=since, limit=int(limit))
 
     # -- housekeeping --------------------------------------------------------------------------
 

@@ -27,9 +27,26 @@ import numpy as np
 
 from heads import files
 from heads.backend import SQLITE, Step, StoreBackend, VersionRow, utc_now
-from heads.directory.registry import Registry
-from heads.errors import UnknownBot
+from heads.directory.registry import Registry, Transaction
+from heads.errors import (
+    BotOwnedElsewhere,
+    HeadLoadError,
+    InvalidTenant,
+    TenantExists,
+    TenantNotEmpty,
+    UnknownBot,
+    UnknownKey,
+    UnknownTenant,
+)
 from heads.head import Head
+from heads.tenants import (
+    DEFAULT_TENANT,
+    OPERATOR,
+    ApiKey,
+    AuditRecord,
+    TenantInfo,
+    combine_digests,
+)
 
 REGISTRY_NAME = "registry.sqlite"
 LOCK_NAME = "registry.lock"
@@ -62,15 +79,16 @@ class DirectoryBackend(StoreBackend):
         # `PRAGMA data_version`: changes whenever another connection committed.
         return self._registry.data_version()
 
-    def active_map(self) -> dict[str, int]:
+    def active_map(self) -> dict[str, tuple[int, str]]:
         return self._registry.active_map()
 
     def load(self, bot_id: str, version: int) -> Head:
         return files.load_version_dir(self._version_dir(bot_id, version), bot_id, version)
 
-    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
-        return [(active, row, self._on_disk(row.bot_id, versions))
-                for active, row, versions in self._registry.snapshot(bot_id)]
+    def snapshot(self, bot_id: str | None = None
+                 ) -> list[tuple[int, VersionRow, list[int], str]]:
+        return [(active, row, self._on_disk(row.bot_id, versions), tenant)
+                for active, row, versions, tenant in self._registry.snapshot(bot_id)]
 
     def history(self, bot_id: str) -> list[dict]:
         return self._registry.history(bot_id)
@@ -81,9 +99,16 @@ class DirectoryBackend(StoreBackend):
     # -- writing -----------------------------------------------------------------------------
 
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
-                    labels: tuple[str, ...], source: str, step: Step) -> int:
+                    labels: tuple[str, ...], source: str, step: Step, *,
+                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR) -> int:
         bot_dir = self.heads_dir / bot_id
         with self._registry.write() as tx:
+            # Refusals first: nothing written.
+            if not tx.rows.tenant_exists(tenant):
+                raise UnknownTenant(tenant)
+            previous = tx.active_version(bot_id)
+            if previous is not None and tx.rows.owner(bot_id) != tenant:
+                raise BotOwnedElsewhere(bot_id)
             new_heads_dir = not self.heads_dir.exists()
             bot_dir.mkdir(parents=True, exist_ok=True)
             if new_heads_dir:
@@ -97,9 +122,9 @@ class DirectoryBackend(StoreBackend):
             tmp.mkdir()
             renamed = False
             try:
-                files.write_version_dir(tmp, bot_id=bot_id, version=version, weights=weights,
-                                        biases=biases, labels=labels, created=created,
-                                        source=source)
+                manifest = files.write_version_dir(
+                    tmp, bot_id=bot_id, version=version, weights=weights, biases=biases,
+                    labels=labels, created=created, source=source)
                 step("written")
                 os.rename(tmp, final)  # atomic; fails if `final` exists
                 renamed = True
@@ -107,6 +132,11 @@ class DirectoryBackend(StoreBackend):
                 step("renamed")
                 tx.add_version(VersionRow(bot_id, version, int(weights.shape[1]), labels,
                                           created, source), at=created)
+                tx.rows.set_owner(bot_id, tenant)
+                tx.rows.record(at=created, actor=actor,
+                               action="register" if previous is None else "replace",
+                               tenant=tenant, bot_id=bot_id, version=version,
+                               digest=combine_digests(manifest["files"]), detail=source)
                 step("rows_added")
             except BaseException:
                 shutil.rmtree(final if renamed else tmp, ignore_errors=True)
@@ -125,25 +155,128 @@ class DirectoryBackend(StoreBackend):
                 shutil.rmtree(entry, ignore_errors=True)
         return left
 
-    def remove(self, bot_id: str) -> None:
+    def remove(self, bot_id: str, *, actor: str = OPERATOR) -> None:
         with self._registry.write() as tx:
             if tx.active_version(bot_id) is None:
                 raise UnknownBot(bot_id)
-            tx.delete_bot(bot_id, at=utc_now())
+            self._remove_bot(tx, bot_id, utc_now(), actor)
             tx.commit()
             # Still under the writer lock, so no registration of the same id can interleave;
             # a crash here leaves files no row points to, swept by its next registration.
             shutil.rmtree(self.heads_dir / bot_id, ignore_errors=True)
 
-    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int]) -> int:
+    @staticmethod
+    def _remove_bot(tx: Transaction, bot_id: str, at: str, actor: str) -> None:
+        active, tenant = tx.active_version(bot_id), tx.rows.owner(bot_id)
+        tx.delete_bot(bot_id, at=at)
+        tx.rows.delete_owner(bot_id)
+        tx.rows.record(at=at, actor=actor, action="remove", tenant=tenant, bot_id=bot_id,
+                       version=active)
+
+    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int], *,
+                 actor: str = OPERATOR) -> int:
         with self._registry.write() as tx:
             active = tx.active_version(bot_id)
             if active is None:
                 raise UnknownBot(bot_id)
             target = choose(active, self._on_disk(bot_id, tx.versions(bot_id)))
             if target != active:
-                tx.set_active(bot_id, target, at=utc_now())
+                at = utc_now()
+                tx.set_active(bot_id, target, at=at)
+                tx.rows.record(at=at, actor=actor, action="rollback",
+                               tenant=tx.rows.owner(bot_id), bot_id=bot_id, version=target,
+                               digest=self._digest(bot_id, target), detail=f"from v{active}")
         return target
+
+    def _digest(self, bot_id: str, version: int) -> str | None:
+        """The audit digest of a stored version (None if its manifest is unreadable)."""
+        try:
+            return combine_digests(files.read_manifest(self._version_dir(bot_id, version))
+                                   ["files"])
+        except HeadLoadError:
+            return None
+
+    # -- tenants, keys, audit ------------------------------------------------------------------
+
+    def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
+        with self._registry.write() as tx:
+            if tx.rows.tenant_exists(name):
+                raise TenantExists(name)
+            at = utc_now()
+            tx.rows.add_tenant(name, at)
+            tx.rows.record(at=at, actor=actor, action="tenant_add", tenant=name)
+        return TenantInfo(name, at, 0)
+
+    def tenants(self) -> list[TenantInfo]:
+        with self._registry.reading() as rows:
+            return rows.tenants() if rows is not None else [TenantInfo(DEFAULT_TENANT, None, 0)]
+
+    def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:
+        with self._registry.write() as tx:
+            if name == DEFAULT_TENANT:
+                raise InvalidTenant("the default tenant cannot be removed")
+            if not tx.rows.tenant_exists(name):
+                raise UnknownTenant(name)
+            bots = tx.rows.owned_bots(name)
+            if bots and not force:
+                raise TenantNotEmpty(name, len(bots))
+            at = utc_now()
+            for bot_id in bots:
+                self._remove_bot(tx, bot_id, at, actor)
+            keys = tx.rows.keys(name, live_only=True)
+            for key in keys:
+                tx.rows.revoke_key(key.id, at)
+                tx.rows.record(at=at, actor=actor, action="key_revoke", tenant=name,
+                               detail=f"key {key.id} scope {key.scope}")
+            tx.rows.delete_tenant(name)
+            tx.rows.record(at=at, actor=actor, action="tenant_remove", tenant=name,
+                           detail=f"with {len(bots)} bot(s) and {len(keys)} key(s)")
+            tx.commit()
+            for bot_id in bots:  # as in remove: under the writer lock, after the commit
+                shutil.rmtree(self.heads_dir / bot_id, ignore_errors=True)
+
+    def add_key(self, key: ApiKey, *, actor: str) -> None:
+        with self._registry.write() as tx:
+            if not tx.rows.tenant_exists(key.tenant):
+                raise UnknownTenant(key.tenant)
+            tx.rows.add_key(key)
+            tx.rows.record(at=key.created, actor=actor, action="key_add", tenant=key.tenant,
+                           detail=f"key {key.id} scope {key.scope}")
+
+    def keys(self, tenant: str | None = None, *, live_only: bool = False) -> list[ApiKey]:
+        with self._registry.reading() as rows:
+            return rows.keys(tenant, live_only=live_only) if rows is not None else []
+
+    def revoke_key(self, key_id: str, *, actor: str) -> ApiKey:
+        with self._registry.reading() as rows:  # an unknown or revoked key: no write
+            key = rows.key(key_id) if rows is not None else None
+        if key is None:
+            raise UnknownKey(key_id)
+        if key.revoked is not None:
+            return key
+        with self._registry.write() as tx:
+            key = tx.rows.key(key_id)
+            if key is None:
+                raise UnknownKey(key_id)
+            if key.revoked is None:
+                at = utc_now()
+                tx.rows.revoke_key(key_id, at)
+                tx.rows.record(at=at, actor=actor, action="key_revoke", tenant=key.tenant,
+                               detail=f"key {key.id} scope {key.scope}")
+                key = tx.rows.key(key_id)
+        return key
+
+    def mark_used(self, used: dict[str, str]) -> None:
+        with self._registry.reading() as rows:
+            if rows is None:
+                return  # no registry: no keys
+        with self._registry.write() as tx:
+            tx.rows.mark_used(used)
+
+    def audit(self, *, tenant: str | None, since: str | None, limit: int) -> list[AuditRecord]:
+        with self._registry.reading() as rows:
+            return rows.audit(tenant=tenant, since=since, limit=limit) if rows is not None \
+                else []
 
     def close(self) -> None:
         self._registry.close()

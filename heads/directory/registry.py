@@ -8,6 +8,9 @@ Tables (`registry.sqlite` in the store), rendered from `heads.schema`:
     history(id, bot_id, action, version, previous, at, source)      append-only audit trail;
                                                                     also keeps version numbers
                                                                     from ever being reused
+    tenants, api_keys, owners, audit        tenants, keys, bot owners and the audit log
+                                            (`heads.accounts`); a registry made before them
+                                            gains them at its next write
 
 Readers and the writer use separate connections: WAL lets readers go on while a registration
 writes, and `PRAGMA data_version` on the reader connection changes whenever another connection
@@ -27,8 +30,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from heads.accounts import Rows
 from heads.backend import SQLITE, VersionRow
 from heads.schema import create_statements
+from heads.tenants import DEFAULT_TENANT
 
 _BUSY_TIMEOUT_S = 30.0
 
@@ -45,6 +50,7 @@ class Transaction:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self.committed = False
+        self.rows = rows_of(conn)  # tenants, keys, owners, audit
 
     def active_version(self, bot_id: str) -> int | None:
         row = self._conn.execute(
@@ -104,9 +110,14 @@ class Transaction:
         )
 
 
-def _no_schema_yet(exc: sqlite3.OperationalError) -> bool:
-    """The registry file exists but its first writer has not committed the tables yet."""
-    return str(exc).startswith("no such table")
+def _no_schema_yet(exc: BaseException) -> bool:
+    """The registry file exists but its first writer has not committed the tables yet (or, for
+    the tables of tenants, a registry made before them)."""
+    return isinstance(exc, sqlite3.OperationalError) and str(exc).startswith("no such table")
+
+
+def rows_of(conn: sqlite3.Connection) -> Rows:
+    return Rows(conn, qmark=True, missing=_no_schema_yet)
 
 
 class Registry:
@@ -157,20 +168,24 @@ class Registry:
             conn = self._reader_locked()
             return None if conn is None else int(conn.execute("PRAGMA data_version").fetchone()[0])
 
-    def active_map(self) -> dict[str, int]:
+    def active_map(self) -> dict[str, tuple[int, str]]:
+        """{bot id: (active version, owner tenant)}."""
         with self._read() as conn:
             if conn is None:
                 return {}
             try:
-                rows = conn.execute("SELECT bot_id, active_version FROM bots")
-                return {b: int(v) for b, v in rows}
+                rows = conn.execute("SELECT bot_id, active_version FROM bots").fetchall()
             except sqlite3.OperationalError as exc:
                 if _no_schema_yet(exc):  # file created, schema not committed yet
                     return {}
                 raise  # a locked or broken database is not an empty store
+            owners = dict(rows_of(conn).owner_map())
+            return {b: (int(v), owners.get(b, DEFAULT_TENANT)) for b, v in rows}
 
-    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
-        """(active version, its row, all committed versions) per bot, ordered by bot id."""
+    def snapshot(self, bot_id: str | None = None
+                 ) -> list[tuple[int, VersionRow, list[int], str]]:
+        """(active version, its row, all committed versions, owner tenant) per bot, ordered by
+        bot id."""
         with self._read() as conn:
             if conn is None:
                 return []
@@ -193,7 +208,15 @@ class Registry:
                 if not _no_schema_yet(exc):
                     raise
                 return []
-        return [(int(r[1]), _version_row(r), all_versions.get(r[0], [])) for r in active]
+            owners = dict(rows_of(conn).owner_map())
+        return [(int(r[1]), _version_row(r), all_versions.get(r[0], []),
+                 owners.get(r[0], DEFAULT_TENANT)) for r in active]
+
+    @contextmanager
+    def reading(self) -> Iterator[Rows | None]:
+        """The tenants, keys and audit rows in one read transaction (None: no registry yet)."""
+        with self._read() as conn:
+            yield None if conn is None else rows_of(conn)
 
     def history(self, bot_id: str) -> list[dict]:
         with self._read() as conn:

@@ -14,8 +14,19 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
+from heads.accounts import Rows
 from heads.backend import POSTGRESQL, Step, StoreBackend, VersionRow, redact_url, utc_now
-from heads.errors import HeadLoadError, StoreUnavailable, UnknownBot
+from heads.errors import (
+    BotOwnedElsewhere,
+    HeadLoadError,
+    InvalidTenant,
+    StoreUnavailable,
+    TenantExists,
+    TenantNotEmpty,
+    UnknownBot,
+    UnknownKey,
+    UnknownTenant,
+)
 from heads.head import Head
 from heads.pg import blobs
 from heads.pg.listener import Changes, Listener, notify
@@ -23,6 +34,18 @@ from heads.pg.pool import Pool
 from heads.pg.schema import NO_SCHEMA, ensure_schema
 from heads.pg.schema import SCHEMA as S
 from heads.schema import BLOB_NAMES
+from heads.tenants import (
+    DEFAULT_TENANT,
+    OPERATOR,
+    ApiKey,
+    AuditRecord,
+    TenantInfo,
+    combine_digests,
+)
+
+
+def _rows(conn: psycopg.Connection) -> Rows:
+    return Rows(conn, prefix=f"{S}.", missing=lambda exc: isinstance(exc, NO_SCHEMA))
 
 
 class PgBackend(StoreBackend):
@@ -60,35 +83,52 @@ class PgBackend(StoreBackend):
                 self._listener.start()
         return self._changes.version()
 
-    def active_map(self) -> dict[str, int]:
+    def active_map(self) -> dict[str, tuple[int, str]]:
         def work(conn):
             try:
-                rows = conn.execute(f"SELECT bot_id, active_version FROM {S}.bots").fetchall()
-            except NO_SCHEMA:
-                return {}
-            return {b: int(v) for b, v in rows}
+                # One statement, one snapshot: bots and owners agree.
+                rows = conn.execute(
+                    f"SELECT b.bot_id, b.active_version, COALESCE(o.tenant, %s) "
+                    f"FROM {S}.bots b LEFT JOIN {S}.owners o ON o.bot_id = b.bot_id",
+                    (DEFAULT_TENANT,)).fetchall()
+            except NO_SCHEMA:  # no schema, or one made before tenants (no owners table)
+                try:
+                    rows = [(b, v, DEFAULT_TENANT) for b, v in conn.execute(
+                        f"SELECT bot_id, active_version FROM {S}.bots").fetchall()]
+                except NO_SCHEMA:
+                    return {}
+            return {b: (int(v), t) for b, v, t in rows}
 
         return self._pool.run(work, read=True)
 
-    def snapshot(self, bot_id: str | None = None) -> list[tuple[int, VersionRow, list[int]]]:
+    def snapshot(self, bot_id: str | None = None
+                 ) -> list[tuple[int, VersionRow, list[int], str]]:
         where, params = ("WHERE b.bot_id = %s", (bot_id,)) if bot_id is not None else ("", ())
 
-        def work(conn):
-            try:
-                # One statement, one snapshot: the active rows and the version lists agree.
-                return conn.execute(
-                    f"SELECT v.bot_id, v.version, v.n_classes, v.labels, v.created, v.source, "
+        def query(owner: str, join: str) -> str:
+            return (f"SELECT v.bot_id, v.version, v.n_classes, v.labels, v.created, v.source, "
                     f"ARRAY(SELECT w.version FROM {S}.versions w WHERE w.bot_id = b.bot_id "
-                    f"ORDER BY w.version) "
+                    f"ORDER BY w.version), {owner} "
                     f"FROM {S}.bots b JOIN {S}.versions v "
-                    f"ON v.bot_id = b.bot_id AND v.version = b.active_version {where} "
-                    "ORDER BY b.bot_id", params).fetchall()
-            except NO_SCHEMA:
-                return []
+                    f"ON v.bot_id = b.bot_id AND v.version = b.active_version {join} {where} "
+                    "ORDER BY b.bot_id")
+
+        def work(conn):
+            # One statement, one snapshot: the active rows, version lists and owners agree.
+            try:
+                return conn.execute(
+                    query("COALESCE(o.tenant, %s)",
+                          f"LEFT JOIN {S}.owners o ON o.bot_id = b.bot_id"),
+                    (DEFAULT_TENANT, *params)).fetchall()
+            except NO_SCHEMA:  # no schema, or one made before tenants (no owners table)
+                try:
+                    return conn.execute(query("%s::text", ""), (DEFAULT_TENANT, *params)).fetchall()
+                except NO_SCHEMA:
+                    return []
 
         return [(int(version), VersionRow(b, int(version), int(n), tuple(labels), created, source),
-                 [int(x) for x in versions])
-                for b, version, n, labels, created, source, versions
+                 [int(x) for x in versions], tenant)
+                for b, version, n, labels, created, source, versions, tenant
                 in self._pool.run(work, read=True)]
 
     def history(self, bot_id: str) -> list[dict]:
@@ -125,15 +165,23 @@ class PgBackend(StoreBackend):
     # -- writing -------------------------------------------------------------------------------
 
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
-                    labels: tuple[str, ...], source: str, step: Step) -> int:
+                    labels: tuple[str, ...], source: str, step: Step, *,
+                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR) -> int:
         n = int(weights.shape[1])
         encoded = blobs.encode(weights, biases, labels)
+        digest = combine_digests({name: encoded[name][1] for name in BLOB_NAMES})
 
         def work(conn):
             self._ensure_schema(conn)
             with conn.transaction():
                 seq = self._begin_write(conn)
+                rows = _rows(conn)
+                # Refusals first: nothing written (the transaction rolls back).
+                if not rows.tenant_exists(tenant):
+                    raise UnknownTenant(tenant)
                 previous = self._active_version(conn, bot_id)
+                if previous is not None and rows.owner(bot_id) != tenant:
+                    raise BotOwnedElsewhere(bot_id)
                 row = conn.execute(
                     f"SELECT GREATEST((SELECT max(version) FROM {S}.history "
                     "WHERE bot_id = %s AND action = 'register'), "
@@ -153,6 +201,11 @@ class PgBackend(StoreBackend):
                     "SET active_version = excluded.active_version, updated = excluded.updated",
                     (bot_id, version, created))
                 self._history(conn, bot_id, "register", version, previous, created, source)
+                rows.set_owner(bot_id, tenant)
+                rows.record(at=created, actor=actor,
+                            action="register" if previous is None else "replace",
+                            tenant=tenant, bot_id=bot_id, version=version, digest=digest,
+                            detail=source)
                 notify(conn, seq)
                 step("rows_added")
             return version, seq
@@ -161,24 +214,32 @@ class PgBackend(StoreBackend):
         self._changes.saw(seq)  # our own write: no need to wait for its notification
         return version
 
-    def remove(self, bot_id: str) -> None:
+    def remove(self, bot_id: str, *, actor: str = OPERATOR) -> None:
         def work(conn):
             self._ensure_schema(conn)
             with conn.transaction():
                 seq = self._begin_write(conn)
-                previous = self._active_version(conn, bot_id)
-                if previous is None:
+                if self._active_version(conn, bot_id) is None:
                     raise UnknownBot(bot_id)
-                conn.execute(f"DELETE FROM {S}.bots WHERE bot_id = %s", (bot_id,))
-                # The blobs go with their versions (ON DELETE CASCADE).
-                conn.execute(f"DELETE FROM {S}.versions WHERE bot_id = %s", (bot_id,))
-                self._history(conn, bot_id, "remove", None, previous, utc_now(), None)
+                self._remove_bot(conn, bot_id, utc_now(), actor)
                 notify(conn, seq)
             return seq
 
         self._changes.saw(self._pool.run(work, read=False))
 
-    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int]) -> int:
+    def _remove_bot(self, conn: psycopg.Connection, bot_id: str, at: str, actor: str) -> None:
+        rows = _rows(conn)
+        previous, tenant = self._active_version(conn, bot_id), rows.owner(bot_id)
+        # The owners row goes with the bots row, the blobs with their versions (ON DELETE
+        # CASCADE).
+        conn.execute(f"DELETE FROM {S}.bots WHERE bot_id = %s", (bot_id,))
+        conn.execute(f"DELETE FROM {S}.versions WHERE bot_id = %s", (bot_id,))
+        self._history(conn, bot_id, "remove", None, previous, at, None)
+        rows.record(at=at, actor=actor, action="remove", tenant=tenant, bot_id=bot_id,
+                    version=previous)
+
+    def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int], *,
+                 actor: str = OPERATOR) -> int:
         def work(conn):
             self._ensure_schema(conn)
             committed = None
@@ -197,6 +258,14 @@ class PgBackend(StoreBackend):
                 conn.execute(f"UPDATE {S}.bots SET active_version = %s, updated = %s "
                              "WHERE bot_id = %s", (target, at, bot_id))
                 self._history(conn, bot_id, "rollback", target, active, at, None)
+                digests = dict(conn.execute(
+                    f"SELECT name, sha256 FROM {S}.blobs WHERE bot_id = %s AND version = %s",
+                    (bot_id, target)).fetchall())
+                rows = _rows(conn)
+                rows.record(at=at, actor=actor, action="rollback", tenant=rows.owner(bot_id),
+                            bot_id=bot_id, version=target,
+                            digest=combine_digests(digests) if digests else None,
+                            detail=f"from v{active}")
                 notify(conn, seq)
                 committed = seq
             return target, committed
@@ -205,6 +274,114 @@ class PgBackend(StoreBackend):
         if seq is not None:
             self._changes.saw(seq)
         return target
+
+    # -- tenants, keys, audit ------------------------------------------------------------------
+
+    def _write(self, change: Callable[[psycopg.Connection, Rows], object]) -> object:
+        """`change(conn, rows)` in one write transaction that notifies every process (unless it
+        raises: then nothing is written)."""
+        def work(conn):
+            self._ensure_schema(conn)
+            out = (None, None)
+            with conn.transaction():
+                seq = self._begin_write(conn)
+                result = change(conn, _rows(conn))  # psycopg.Rollback: nothing changes
+                notify(conn, seq)
+                out = (result, seq)
+            return out
+
+        result, seq = self._pool.run(work, read=False)
+        if seq is not None:
+            self._changes.saw(seq)
+        return result
+
+    def _read_rows(self, read: Callable[[Rows], object]) -> object:
+        return self._pool.run(lambda conn: read(_rows(conn)), read=True)
+
+    def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
+        def change(conn, rows):
+            if rows.tenant_exists(name):
+                raise TenantExists(name)
+            at = utc_now()
+            rows.add_tenant(name, at)
+            rows.record(at=at, actor=actor, action="tenant_add", tenant=name)
+            return TenantInfo(name, at, 0)
+
+        return self._write(change)
+
+    def tenants(self) -> list[TenantInfo]:
+        return self._read_rows(lambda rows: rows.tenants())
+
+    def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:
+        def change(conn, rows):
+            if name == DEFAULT_TENANT:
+                raise InvalidTenant("the default tenant cannot be removed")
+            if not rows.tenant_exists(name):
+                raise UnknownTenant(name)
+            bots = rows.owned_bots(name)
+            if bots and not force:
+                raise TenantNotEmpty(name, len(bots))
+            at = utc_now()
+            for bot_id in bots:
+                self._remove_bot(conn, bot_id, at, actor)
+            keys = rows.keys(name, live_only=True)
+            for key in keys:
+                rows.revoke_key(key.id, at)
+                rows.record(at=at, actor=actor, action="key_revoke", tenant=name,
+                            detail=f"key {key.id} scope {key.scope}")
+            rows.delete_tenant(name)
+            rows.record(at=at, actor=actor, action="tenant_remove", tenant=name,
+                        detail=f"with {len(bots)} bot(s) and {len(keys)} key(s)")
+
+        self._write(change)
+
+    def add_key(self, key: ApiKey, *, actor: str) -> None:
+        def change(conn, rows):
+            if not rows.tenant_exists(key.tenant):
+                raise UnknownTenant(key.tenant)
+            rows.add_key(key)
+            rows.record(at=key.created, actor=actor, action="key_add", tenant=key.tenant,
+                        detail=f"key {key.id} scope {key.scope}")
+
+        self._write(change)
+
+    def keys(self, tenant: str | None = None, *, live_only: bool = False) -> list[ApiKey]:
+        return self._read_rows(lambda rows: rows.keys(tenant, live_only=live_only))
+
+    def revoke_key(self, key_id: str, *, actor: str) -> ApiKey:
+        key = self._read_rows(lambda rows: rows.key(key_id))  # unknown or revoked: no write
+        if key is None:
+            raise UnknownKey(key_id)
+        if key.revoked is not None:
+            return key
+
+        def change(conn, rows):
+            key = rows.key(key_id)
+            if key is None:
+                raise UnknownKey(key_id)
+            if key.revoked is not None:
+                raise psycopg.Rollback()  # revoked meanwhile: nothing changes
+            at = utc_now()
+            rows.revoke_key(key_id, at)
+            rows.record(at=at, actor=actor, action="key_revoke", tenant=key.tenant,
+                        detail=f"key {key.id} scope {key.scope}")
+
+        self._write(change)
+        return self._read_rows(lambda rows: rows.key(key_id))
+
+    def mark_used(self, used: dict[str, str]) -> None:
+        # Not a change other processes need to see: no writer lock, no change_seq, no NOTIFY.
+        def work(conn):
+            try:
+                with conn.transaction():
+                    _rows(conn).mark_used(used)
+            except NO_SCHEMA:
+                pass  # no keys in this store
+
+        self._pool.run(work, read=False)
+
+    def audit(self, *, tenant: str | None, since: str | None, limit: int) -> list[AuditRecord]:
+        return self._read_rows(lambda rows: rows.audit(tenant=tenant, since=since, limit=limit))
 
     def _ensure_schema(self, conn: psycopg.Connection) -> None:
         if not self._schema_ready:

@@ -10,6 +10,9 @@ one row of `state`, and creating them once, by the first writer.
     bots(bot_id, active_version, updated)          one row per live bot
     history(id, bot_id, action, version, previous, at, source)   append-only audit trail; also
                                                    keeps version numbers from being reused
+    tenants, api_keys, owners, audit               tenants, their keys and bots, and the audit
+                                                   log (see `heads.tenants`); added to a store
+                                                   made before them by its next writer
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from heads.backend import POSTGRESQL
-from heads.schema import create_statements
+from heads.schema import create_statements, tables
 
 SCHEMA = "multihead"
 SCHEMA_VERSION = 1
@@ -27,10 +30,11 @@ _DDL_LOCK_KEY = 0x6D68736368656D61
 NO_SCHEMA = (pg_errors.UndefinedTable, pg_errors.InvalidSchemaName)
 
 
-def ddl() -> list[str]:
-    """Every statement that creates the store's schema, in order (idempotent)."""
+def ddl(only: set[str] | None = None) -> list[str]:
+    """Every statement that creates the store's schema, in order (idempotent); with `only`, the
+    statements of just those tables (the ones an existing store lacks)."""
     return [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
-            *create_statements(POSTGRESQL, prefix=f"{SCHEMA}."),
+            *create_statements(POSTGRESQL, prefix=f"{SCHEMA}.", only=only),
             f"INSERT INTO {SCHEMA}.state (schema_version, change_seq) "
             f"VALUES ({SCHEMA_VERSION}, 0) ON CONFLICT DO NOTHING"]
 
@@ -39,24 +43,28 @@ def ensure_schema(conn: psycopg.Connection) -> None:
     """Create the schema unless it exists (on an autocommit connection)."""
     # DDL is transactional: the tables exist all together or not at all. Check first, so that a
     # role allowed to write rows but not to create schemas works once they exist.
-    if _exists(conn):
+    if not _missing(conn):
         return
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
         # NOTE: check again under the lock. A writer that waited here while another created the
         # schema must not run the DDL too: its ALTER TABLE and CREATE INDEX would lock tables
-        # that the other one's first registration is writing (a deadlock).
-        if not _exists(conn):
-            for statement in ddl():
+        # that the other one's first registration is writing (a deadlock). For the same reason
+        # a store made by an earlier version gets the statements of its missing tables only.
+        missing = _missing(conn)
+        if missing:
+            everything = missing == {t.name for t in tables(POSTGRESQL)}
+            for statement in ddl(None if everything else missing):
                 conn.execute(statement)
 
 
-def _exists(conn: psycopg.Connection) -> bool:
+def _missing(conn: psycopg.Connection) -> set[str]:
+    """The store's tables that do not exist (all of them before the first write)."""
     # NOTE: a query of the catalog, not to_regclass(): that one answers from this backend's
     # cache, which may still hold "no such schema" from before the lock was taken.
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables "
-                        "WHERE schemaname = %s AND tablename = 'state')",
-                        (SCHEMA,)).fetchone()[0]
+    present = {r[0] for r in conn.execute(
+        "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = %s", (SCHEMA,))}
+    return {t.name for t in tables(POSTGRESQL)} - present
 
 
 def read_seq(conn: psycopg.Connection) -> int:

@@ -98,11 +98,11 @@ def test_the_registry_snapshot_lists_every_stored_version(store):
     try:
         everything = registry.snapshot()
         assert [(active, row.bot_id, row.version, row.n_classes, versions)
-                for active, row, versions in everything] == [
+                for active, row, versions, _ in everything] == [
             (1, "a-bot", 1, 3, [1, 2]), (1, "b-bot", 1, 2, [1])]
         assert isinstance(everything[0][1].version, int)
         one = registry.snapshot("b-bot")
-        assert [(row.bot_id, versions) for _, row, versions in one] == [("b-bot", [1])]
+        assert [(row.bot_id, versions) for _, row, versions, _ in one] == [("b-bot", [1])]
         assert registry.snapshot("nobody") == [] and registry.history("nobody") == []
     finally:
         registry.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heads import files, open_store
+from heads import BotOwnedElsewhere, files, open_store
 from heads.backend import POSTGRESQL, SQLITE
 from heads.schema import BIGINT, DIALECTS, SERIAL, TABLES, tables
 from tests.heads.helpers import pg_execute, random_head, tree_digest
@@ -118,8 +118,10 @@ def pg_schema(url: str) -> dict:
 
 
 def test_the_description_holds_both_backends_tables_with_their_constraints():
-    assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history"]
-    assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history"]
+    assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history",
+                                        "tenants", "api_keys", "owners", "audit"]
+    assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history", "tenants",
+                                                "api_keys", "owners", "audit"]
     assert [t.name for t in tables(POSTGRESQL)] == [t.name for t in TABLES]
     # Referenced tables come first: the statements run in this order.
     for i, t in enumerate(TABLES):
@@ -144,7 +146,11 @@ def test_the_sqlite_checks_refuse_what_the_description_forbids(store):
     try:
         for sql in ["INSERT INTO versions VALUES ('b', 0, 3, '[]', 'x', 'y')",
                     "INSERT INTO versions VALUES ('b', 1, 1, '[]', 'x', 'y')",
-                    "INSERT INTO history (bot_id, action, at) VALUES ('b', 'drop', 'x')"]:
+                    "INSERT INTO history (bot_id, action, at) VALUES ('b', 'drop', 'x')",
+                    f"INSERT INTO api_keys VALUES ('k', 't', 'root', '{'0' * 64}', 'x', NULL, "
+                    "NULL)",
+                    "INSERT INTO api_keys VALUES ('k', 't', 'infer', 'short', 'x', NULL, NULL)",
+                    "INSERT INTO audit (at, actor, action) VALUES ('x', 'y', 'drop')"]:
             with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
                 conn.execute(sql)
     finally:
@@ -248,9 +254,25 @@ def _old_rows(insert_version, insert_bot, insert_history) -> None:
         insert_history(*row)
 
 
+# The tables tenants added: a store of 42dd771 gains them, empty, at its first write.
+TENANT_TABLES = ("tenants", "api_keys", "owners", "audit")
+
+
+def _in_the_default_tenant(s) -> None:
+    """Every bot of an old store belongs to the default tenant, before any write."""
+    assert [(i.bot_id, i.tenant) for i in s.list()] == [("acme", "default"), ("beta", "default")]
+    assert [i.bot_id for i in s.list(tenant="default")] == ["acme", "beta"]
+    assert s.list(tenant="other") == []
+    assert (s.owner("acme"), s.owner("beta"), s.info("acme").tenant) == ("default",) * 3
+    assert [t.to_dict() for t in s.tenants()] == [{"name": "default", "created": None,
+                                                   "bots": 2}]
+    assert s.keys() == [] and s.key_table() == {} and s.audit() == []
+
+
 def _works_with_the_new_code(location) -> None:
     """Reads what the old code wrote, then writes on top of it."""
     with open_store(location) as s:
+        _in_the_default_tenant(s)
         assert [(i.bot_id, i.version, i.versions) for i in s.list()] == [
             ("acme", 1, [1, 2]), ("beta", 1, [1])]
         for bot, version, seed in OLD_VERSIONS:
@@ -266,10 +288,21 @@ def _works_with_the_new_code(location) -> None:
         assert s.rollback("acme") == 2
         s.remove("beta")
         assert s.register("beta", *random_head(3, seed=5)) == 2  # numbers never reused
+        # The tenants' tables exist now: a tenant of its own, whose bot beta cannot be.
+        s.add_tenant("t1")
+        assert s.register("gamma", *random_head(3, seed=6), tenant="t1") == 1
+        with pytest.raises(BotOwnedElsewhere):
+            s.register("beta", *random_head(3, seed=7), tenant="t1")
     with open_store(location) as fresh:
-        assert [(i.bot_id, i.version, i.versions) for i in fresh.list()] == [
-            ("acme", 2, [1, 2, 3]), ("beta", 2, [2])]
+        assert [(i.bot_id, i.version, i.versions, i.tenant) for i in fresh.list()] == [
+            ("acme", 2, [1, 2, 3], "default"), ("beta", 2, [2], "default"),
+            ("gamma", 1, [1], "t1")]
         np.testing.assert_array_equal(fresh.get("beta").weights, random_head(3, seed=5)[0])
+        assert [(t.name, t.bots) for t in fresh.tenants()] == [("default", 2), ("t1", 1)]
+        # Only what the new code did is audited: the old history is not rewritten.
+        assert [(r.action, r.bot_id, r.version) for r in fresh.audit()][-6:] == [
+            ("replace", "acme", 3), ("rollback", "acme", 2), ("remove", "beta", 1),
+            ("register", "beta", 2), ("tenant_add", None, None), ("register", "gamma", 1)]
 
 
 def test_a_directory_store_written_by_42dd771_opens_unchanged(tmp_path):
@@ -300,12 +333,18 @@ def test_a_directory_store_written_by_42dd771_opens_unchanged(tmp_path):
 
     with open_store(root) as s:  # reading changes nothing, not a byte
         assert [i.bot_id for i in s.list()] == ["acme", "beta"] and s.get("acme").version == 1
+        _in_the_default_tenant(s)
     assert tree_digest(root) == before
     _works_with_the_new_code(root)
-    assert sqlite_schema(db) == old_schema  # no migration: the file keeps its tables
+    # No rewrite: the old tables are kept as they were, the tenants' ones were added.
+    new_schema = sqlite_schema(db)
+    assert {t: new_schema[t] for t in old_schema} == old_schema
+    assert set(new_schema) - set(old_schema) == set(TENANT_TABLES)
+    assert {t: new_schema[t] for t in TENANT_TABLES} == {
+        t: expected_schema(SQLITE)[t] for t in TENANT_TABLES}
     # The old tables differ from the description only in what the description added: the
     # checks, and NOT NULL on bots.bot_id (which SQLite's inline PRIMARY KEY did not imply).
-    new = expected_schema(SQLITE)
+    new = {t: v for t, v in expected_schema(SQLITE).items() if t not in TENANT_TABLES}
     assert {t: {k: v for k, v in old_schema[t].items() if k != "checks"} for t in old_schema} \
         == {t: {k: v if k != "columns" else [c if (t, c[0]) != ("bots", "bot_id")
                                              else (*c[:2], True, *c[3:]) for c in v]
@@ -335,10 +374,13 @@ def test_a_postgresql_store_written_by_42dd771_opens_unchanged(pg_url):
                   pg_url, f"INSERT INTO {S}.history (bot_id, action, version, previous, at, "
                   "source) VALUES (%s, %s, %s, %s, %s, %s)", (bot, action, v, prev, AT, source)))
     pg_execute(pg_url, f"UPDATE {S}.state SET change_seq = 4")
-    # The DDL of 42dd771 and the description make the same tables, constraint for constraint.
-    assert pg_schema(pg_url) == expected_schema(POSTGRESQL)
+    # The DDL of 42dd771 and the description make the same tables, constraint for constraint
+    # (but for the tables tenants added).
+    assert pg_schema(pg_url) == {t: v for t, v in expected_schema(POSTGRESQL).items()
+                                 if t not in TENANT_TABLES}
 
     _works_with_the_new_code(pg_url)
     assert pg_schema(pg_url) == expected_schema(POSTGRESQL)
     assert pg_execute(pg_url, f"SELECT schema_version, change_seq FROM {S}.state") == [
-        (1, 4 + 5)]  # + a rollback that changed something, register, rollback, remove, register
+        (1, 4 + 7)]  # + a rollback that changed something, register, rollback, remove, register,
+    # tenant_add, register

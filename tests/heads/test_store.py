@@ -120,7 +120,8 @@ def test_bot_info_to_dict_public_and_admin(store):
     info = store.info("acme")
     admin = info.to_dict()
     assert admin == {"bot_id": "acme", "version": 2, "n_classes": 3, "labels": list(labels),
-                     "created": info.created, "versions": [1, 2], "source": "second"}
+                     "created": info.created, "versions": [1, 2], "source": "second",
+                     "tenant": "default"}
     assert isinstance(admin["labels"], list) and isinstance(admin["versions"], list)
     public = info.to_dict(with_source=False)
     assert public == {k: v for k, v in admin.items() if k != "source"}

@@ -1,0 +1,175 @@
+"""The rows of tenants, API keys, bot owners and the audit log: the SQL both backends run.
+
+`Rows` wraps one connection of either backend (a sqlite3 connection in a `Registry.write()` or
+read transaction, a psycopg connection inside `conn.transaction()` or in autocommit for reads);
+each backend keeps its own transactions, locks and change notification, and calls these inside
+them, so that a change and its audit record commit together.
+
+A store written before tenants existed lacks these tables until its next write: reads treat a
+missing table as empty (`missing`), and a bot without an owners row belongs to DEFAULT_TENANT.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from heads.tenants import DEFAULT_TENANT, TOKEN_PREFIX, ApiKey, AuditRecord, TenantInfo
+
+_KEY_COLUMNS = "id, tenant, scope, hash, created, last_used, revoked"
+_AUDIT_COLUMNS = "id, at, actor, action, tenant, bot_id, version, digest, detail"
+
+
+def _api_key(row: Sequence) -> ApiKey:
+    key_id, tenant, scope, digest, created, last_used, revoked = row
+    return ApiKey(key_id, tenant, scope, f"{TOKEN_PREFIX}{key_id}", created, last_used, revoked,
+                  digest)
+
+
+class Rows:
+    """Tenants, keys, owners and audit rows through `conn`.
+
+    Args:
+        conn: has `execute(sql, params)` returning a cursor (sqlite3 or psycopg).
+        prefix: before every table name ("multihead." for PostgreSQL).
+        qmark: the connection takes `?` placeholders (sqlite3) instead of `%s`.
+        missing: whether an exception says that a table does not exist (an older store).
+    """
+
+    def __init__(self, conn, *, prefix: str = "", qmark: bool = False,
+                 missing: Callable[[BaseException], bool]) -> None:
+        self._conn = conn
+        self.p = prefix
+        self._qmark = qmark
+        self._missing = missing
+
+    def _x(self, sql: str, params: Sequence = ()):
+        if self._qmark:
+            sql = sql.replace("%s", "?")
+        return self._conn.execute(sql, tuple(params))
+
+    def _read(self, sql: str, params: Sequence = ()) -> list:
+        """Every row, or [] if a table is missing (a store made before these tables)."""
+        try:
+            return self._x(sql, params).fetchall()
+        except Exception as exc:
+            if self._missing(exc):
+                return []
+            raise
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def tenant_exists(self, name: str) -> bool:
+        return name == DEFAULT_TENANT or bool(self._read(
+            f"SELECT 1 FROM {self.p}tenants WHERE name = %s", (name,)))
+
+    def owner(self, bot_id: str) -> str:
+        """The tenant of `bot_id` (call it for a live bot)."""
+        rows = self._read(f"SELECT tenant FROM {self.p}owners WHERE bot_id = %s", (bot_id,))
+        return rows[0][0] if rows else DEFAULT_TENANT
+
+    def owner_map(self) -> dict[str, str]:
+        """{bot id: tenant} of the bots with an owners row (the others: DEFAULT_TENANT)."""
+        return dict(self._read(f"SELECT bot_id, tenant FROM {self.p}owners"))
+
+    def owned_bots(self, tenant: str) -> list[str]:
+        """The live bots of `tenant`, ordered by id."""
+        try:
+            rows = self._x(
+                f"SELECT b.bot_id FROM {self.p}bots b LEFT JOIN {self.p}owners o "
+                f"ON o.bot_id = b.bot_id WHERE COALESCE(o.tenant, %s) = %s ORDER BY b.bot_id",
+                (DEFAULT_TENANT, tenant)).fetchall()
+        except Exception as exc:
+            if not self._missing(exc):
+                raise
+            rows = (self._read(f"SELECT bot_id FROM {self.p}bots ORDER BY bot_id")
+                    if tenant == DEFAULT_TENANT else [])
+        return [r[0] for r in rows]
+
+    def tenants(self) -> list[TenantInfo]:
+        """Every tenant with its live bot count, ordered by name; DEFAULT_TENANT always."""
+        created = dict(self._read(f"SELECT name, created FROM {self.p}tenants"))
+        try:
+            counts = dict(self._x(
+                f"SELECT COALESCE(o.tenant, %s), count(*) FROM {self.p}bots b "
+                f"LEFT JOIN {self.p}owners o ON o.bot_id = b.bot_id "
+                "GROUP BY 1", (DEFAULT_TENANT,)).fetchall())
+        except Exception as exc:
+            if not self._missing(exc):
+                raise
+            counts = dict((DEFAULT_TENANT, n) for (n,) in
+                          self._read(f"SELECT count(*) FROM {self.p}bots"))
+        names = sorted({DEFAULT_TENANT, *created}, key=lambda n: n.encode())
+        return [TenantInfo(n, created.get(n), int(counts.get(n, 0))) for n in names]
+
+    def keys(self, tenant: str | None = None, *, live_only: bool = False) -> list[ApiKey]:
+        """Keys ordered by (created, id); only `tenant`'s if given, only unrevoked ones if
+        `live_only`."""
+        where, params = [], []
+        if tenant is not None:
+            where.append("tenant = %s")
+            params.append(tenant)
+        if live_only:
+            where.append("revoked IS NULL")
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        return [_api_key(r) for r in self._read(
+            f"SELECT {_KEY_COLUMNS} FROM {self.p}api_keys {clause}ORDER BY created, id",
+            params)]
+
+    def key(self, key_id: str) -> ApiKey | None:
+        rows = self._read(f"SELECT {_KEY_COLUMNS} FROM {self.p}api_keys WHERE id = %s",
+                          (key_id,))
+        return _api_key(rows[0]) if rows else None
+
+    def audit(self, *, tenant: str | None, since: str | None, limit: int) -> list[AuditRecord]:
+        """The newest `limit` records matching, oldest first."""
+        where, params = [], []
+        if tenant is not None:
+            where.append("tenant = %s")
+            params.append(tenant)
+        if since is not None:
+            where.append("at >= %s")
+            params.append(since)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self._read(f"SELECT {_AUDIT_COLUMNS} FROM {self.p}audit {clause}"
+                          f"ORDER BY id DESC LIMIT %s", (*params, int(limit)))
+        return [AuditRecord(int(r[0]), r[1], r[2], r[3], r[4], r[5],
+                            None if r[6] is None else int(r[6]), r[7], r[8])
+                for r in reversed(rows)]
+
+    # -- writes (inside the backend's write transaction) ---------------------------------------
+
+    def add_tenant(self, name: str, created: str) -> None:
+        self._x(f"INSERT INTO {self.p}tenants (name, created) VALUES (%s, %s)", (name, created))
+
+    def delete_tenant(self, name: str) -> None:
+        self._x(f"DELETE FROM {self.p}tenants WHERE name = %s", (name,))
+
+    def set_owner(self, bot_id: str, tenant: str) -> None:
+        self._x(f"INSERT INTO {self.p}owners (bot_id, tenant) VALUES (%s, %s) "
+                "ON CONFLICT (bot_id) DO UPDATE SET tenant = excluded.tenant", (bot_id, tenant))
+
+    def delete_owner(self, bot_id: str) -> None:
+        self._x(f"DELETE FROM {self.p}owners WHERE bot_id = %s", (bot_id,))
+
+    def add_key(self, key: ApiKey) -> None:
+        self._x(f"INSERT INTO {self.p}api_keys ({_KEY_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (key.id, key.tenant, key.scope, key.hash, key.created, None, None))
+
+    def revoke_key(self, key_id: str, at: str) -> None:
+        self._x(f"UPDATE {self.p}api_keys SET revoked = %s WHERE id = %s AND revoked IS NULL",
+                (at, key_id))
+
+    def mark_used(self, used: dict[str, str]) -> None:
+        """last_used = the later of the stored one and the given one, per key (in id order, so
+        that two writers never wait on each other's rows in opposite orders)."""
+        for key_id, at in sorted(used.items()):
+            self._x(f"UPDATE {self.p}api_keys SET last_used = %s WHERE id = %s "
+                    "AND (last_used IS NULL OR last_used < %s)", (at, key_id, at))
+
+    def record(self, *, at: str, actor: str, action: str, tenant: str | None = None,
+               bot_id: str | None = None, version: int | None = None,
+               digest: str | None = None, detail: str | None = None) -> None:
+        """Append one audit record."""
+        self._x(f"INSERT INTO {self.p}audit (at, actor, action, tenant, bot_id, version, digest, "
+                "detail) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (at, actor, action, tenant, bot_id, version, digest, detail))

@@ -1,0 +1,183 @@
+"""Tenants, API keys and audit records of a store, as plain values (no I/O here).
+
+A tenant owns bots; an API key belongs to one tenant and has one scope; every change to bots,
+tenants and keys is appended to the store's audit log in the same transaction as the change
+(`heads.store.HeadStore` reads and writes them; both backends keep them in the tables of
+`heads.schema`).
+
+    DEFAULT_TENANT   "default": always exists; every bot of a store written before tenants
+                     existed (no owners row) belongs to it
+    SCOPES           what a key may do: "infer", "manage", "metrics"
+    OPERATOR         the actor name of the operator credential and of the CLI
+
+A token is `mhk_<key id: 12 hex>_<43 urlsafe characters>` (256 random bits). It is shown once,
+when its key is made; the store keeps only `token_hash(token)`, and nothing here ever puts the
+token or its hash into a repr, a `to_dict()` or a log line.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass, field
+
+from heads.errors import InvalidBotId, InvalidTenant
+from heads.head import validate_bot_id
+
+DEFAULT_TENANT = "default"
+SCOPES = ("infer", "manage", "metrics")
+OPERATOR = "operator"
+TOKEN_PREFIX = "mhk_"
+
+AUDIT_ACTIONS = ("register", "replace", "rollback", "remove", "tenant_add", "tenant_remove",
+                 "key_add", "key_revoke")
+
+_KEY_ID_BYTES = 6  # 12 hex characters
+_SECRET_BYTES = 32  # token_urlsafe(32): 43 characters
+# fullmatch of str only; explicit ASCII classes, so no Unicode digit or letter can pass.
+_TOKEN_RE = re.compile(r"mhk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
+
+
+def validate_tenant(name: object) -> str:
+    """Return `name` if it is a valid tenant name (the rules of bot ids: 1-64 characters from
+    A-Z a-z 0-9 . _ -, starting with a letter or digit), else raise InvalidTenant."""
+    try:
+        return validate_bot_id(name)
+    except InvalidBotId:
+        shown = name if isinstance(name, str) else type(name).__name__
+        if isinstance(shown, str) and len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise InvalidTenant(
+            f"invalid tenant name {shown!r}: use 1-64 characters from A-Z a-z 0-9 . _ -, "
+            "starting with a letter or digit") from None
+
+
+def validate_scope(scope: object) -> str:
+    """Return `scope` if it is one of SCOPES, else raise ValueError."""
+    if not isinstance(scope, str) or scope not in SCOPES:
+        raise ValueError(f"invalid key scope {scope!r}: use one of {', '.join(SCOPES)}")
+    return scope
+
+
+def new_token() -> tuple[str, str]:
+    """A new (key id, token): the key id is 12 lowercase hex characters, public (it names the
+    key in listings and logs); the token is `mhk_<key id>_<secret>` with a 256-bit secret."""
+    key_id = secrets.token_hex(_KEY_ID_BYTES)
+    return key_id, f"{TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(_SECRET_BYTES)}"
+
+
+def parse_token(token: object) -> str | None:
+    """The key id of a well-formed token, else None (never raises, whatever it is given)."""
+    if not isinstance(token, str):
+        return None
+    m = _TOKEN_RE.fullmatch(token)
+    return None if m is None else m.group(1)
+
+
+def token_hash(token: str) -> str:
+    """The sha256 (hex) of the whole token: what the store keeps instead of the token.
+
+    A plain hash is right here: the token holds 256 random bits, so no dictionary or brute-force
+    attack on the hash is possible, and a slow password hash (bcrypt, scrypt) would only cost
+    time on every uncached authentication.
+    """
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def combine_digests(digests: dict[str, str]) -> str:
+    """One sha256 for a stored head from the sha256 of each of its files or blobs
+    ({name: sha256 hex}): the digest recorded in the audit log."""
+    h = hashlib.sha256()
+    for name in sorted(digests):
+        h.update(f"{name}\0{digests[name]}\n".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One API key, as the store keeps it: never the token, only its hash (which no repr or
+    `to_dict()` shows either).
+
+    Attributes:
+        id: the key id (public: the 12 hex characters after `mhk_` in its token).
+        prefix: `mhk_<id>`, what a person recognises the token by.
+        created, last_used, revoked: ISO 8601 UTC; last_used and revoked None until then.
+    """
+
+    id: str
+    tenant: str
+    scope: str
+    prefix: str
+    created: str
+    last_used: str | None
+    revoked: str | None
+    hash: str = field(repr=False)
+
+    @property
+    def live(self) -> bool:
+        return self.revoked is None
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (never the hash)."""
+        return {"id": self.id, "tenant": self.tenant, "scope": self.scope,
+                "prefix": self.prefix, "created": self.created, "last_used": self.last_used,
+                "revoked": self.revoked}
+
+
+@dataclass(frozen=True)
+class TenantInfo:
+    """A tenant and how many live bots it owns."""
+
+    name: str
+    created: str | None  # None for DEFAULT_TENANT while no row was ever written for it
+    bots: int
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "created": self.created, "bots": self.bots}
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One change, as the audit log keeps it.
+
+    Attributes:
+        id: grows with every record (the log's order).
+        at: ISO 8601 UTC.
+        actor: who made the change: OPERATOR, or whatever the service names a key by.
+        action: one of AUDIT_ACTIONS.
+        tenant: the tenant concerned (the bot's owner for bot changes).
+        bot_id, version: the bot and the version made active (register, replace, rollback) or
+            the version active when it was removed.
+        digest: register, replace, rollback: the sha256 of the stored tensors and labels of
+            the version made active (`combine_digests` of the backend's per-file or per-blob
+            sha256s; so the same head has a different digest in a directory and in PostgreSQL).
+        detail: free text: register and replace: the source (as `BotInfo.source`: it may be
+            a path on the server); rollback: "from v<N>"; key_add, key_revoke: "key <id>
+            scope <scope>"; remove_tenant with force: how many bots and keys went with it.
+    """
+
+    id: int
+    at: str
+    actor: str
+    action: str
+    tenant: str | None
+    bot_id: str | None
+    version: int | None
+    digest: str | None
+    detail: str | None
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "at": self.at, "actor": self.actor, "action": self.action,
+                "tenant": self.tenant, "bot_id": self.bot_id, "version": self.version,
+                "digest": self.digest, "detail": self.detail}
+
+
+def normalize_actor(actor: object) -> str:
+    """An actor name as recorded: a non-empty str of at most 200 characters, whitespace runs
+    made single spaces. Raises ValueError."""
+    if not isinstance(actor, str) or not " ".join(actor.split()):
+        raise ValueError(f"invalid actor {actor!r}: a non-empty name")
+    actor = " ".join(actor.split())
+    if len(actor) > 200:
+        raise ValueError("invalid actor: at most 200 characters")
+    return actor
