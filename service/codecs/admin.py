@@ -3,7 +3,6 @@
 once by `dispatch`; each sees only the caller's tenant's bots: `service.core.context.Caller`)."""
 from __future__ import annotations
 
-import functools
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +66,10 @@ def parse_head_upload(parts: list[Part]) -> HeadUpload:
     return HeadUpload(index, shards, labels, names)
 
 
-def register_upload(registry, bot_id: str, upload: HeadUpload, **options) -> int:
+def register_upload(registry, bot_id: str, upload: HeadUpload, tenant: str | None = None) -> int:
     """Writes the upload to a temporary directory and registers it with `registry` (the
-    `Service` as the caller sees it, or a store: anything with `register_checkpoint`), with
-    `options` (`tenant`). Blocking: a worker thread.
+    `Service` as the caller sees it, or a store: anything with `register_checkpoint`), in
+    `tenant` if given. Blocking: a worker thread.
 
     A refusal's message names the uploaded parts, never the server's temporary files.
     """
@@ -82,6 +81,7 @@ def register_upload(registry, bot_id: str, upload: HeadUpload, **options) -> int
         labels_path = Path(tmp) / "labels.txt"
         labels_path.write_bytes(upload.labels)
         try:
+            options = {"tenant": tenant} if tenant is not None else {}
             return registry.register_checkpoint(bot_id, prefix, labels_path, source="http",
                                                 **upload.names, **options)
         except HeadsError as exc:
@@ -121,9 +121,8 @@ async def put_bot(service: Service, request: Request) -> Reply:
     body = await request.body()
     parts = await service.run_blocking(parse_multipart, request.header("content-type"), body)
     upload = parse_head_upload(parts)
-    options = {"tenant": request.query["tenant"]} if "tenant" in request.query else {}
-    version = await service.run_blocking(
-        functools.partial(register_upload, service, bot_id, upload, **options))
+    version = await service.run_blocking(register_upload, service, bot_id, upload,
+                                         request.query.get("tenant"))
     info = await service.info(bot_id)
     return json_reply(render_info(service, info), status=201 if version == 1 else 200)
 

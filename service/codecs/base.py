@@ -198,8 +198,9 @@ class Endpoint:
 
     @property
     def admin(self) -> bool:
-        """Whether it changes bots, tenants or keys (MANAGE, OPERATOR): never retried."""
-        return self.access in (MANAGE, OPERATOR)
+        """Whether it changes bots, tenants or keys (a MANAGE or OPERATOR route other than a
+        GET): never retried."""
+        return self.access in (MANAGE, OPERATOR) and self.method != "GET"
 
 
 async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Reply:

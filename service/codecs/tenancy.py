@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from heads.tenants import SCOPES
-
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_PATTERN, is_number, parse_json_object
 from service.core.auth import MANAGE, OPERATOR
@@ -84,7 +83,10 @@ async def get_audit(service: Service, request: Request) -> Reply:
         raise BadRequest(f"limit must be a number from 1 to {AUDIT_LIMIT_MAX}")
     records = await service.audit(tenant=request.query.get("tenant"),
                                   since=request.query.get("since"), limit=int(limit))
-    return json_reply({"records": [r.to_dict() for r in records]})
+    shown = [r.to_dict() for r in records]
+    if service.tenant is not None:  # a key's caller: a registration's source is a server path
+        shown = [{**r, "detail": None} for r in shown]
+    return json_reply({"records": shown})
 
 
 # -- API description ---------------------------------------------------------------------------
@@ -98,7 +100,9 @@ _MAYBE_TIME = {"type": "string", "nullable": True, "description": "ISO 8601, UTC
 TENANT_INFO_SCHEMA = {
     "title": "TenantInfo", "type": "object", "additionalProperties": False,
     "required": ["name", "created", "bots"],
-    "properties": {"name": {"type": "string"}, "created": _TIME,
+    "properties": {"name": {"type": "string"},
+                   "created": {**_MAYBE_TIME, "description": "when it was added (ISO 8601, "
+                               "UTC; null for `default`, which always exists)"},
                    "bots": {"type": "integer", "minimum": 0,
                             "description": "how many bots it owns"}}}
 KEY_INFO_SCHEMA = {
@@ -130,7 +134,8 @@ AUDIT_RECORD_SCHEMA = {
         "version": {"type": "integer", "nullable": True},
         "digest": {"type": "string", "nullable": True,
                    "description": "sha256 of the head made active"},
-        "detail": {"type": "string", "nullable": True}}}
+        "detail": {"type": "string", "nullable": True,
+                   "description": "the operator's: a registration's source (null for a key)"}}}
 NEW_KEY_BODY = Body(
     content={"application/json": {
         "type": "object", "additionalProperties": False, "required": ["tenant"],

@@ -583,18 +583,24 @@ class Caller:
         infos = await self._service.bots()
         return infos if self.tenant is None else [i for i in infos if i.tenant == self.tenant]
 
-    def tenant_for_new_bot(self, asked: str | None) -> str:
-        """Where a registration by this caller goes: a key's own tenant (naming another is
-        403), else the tenant asked for, else `default`."""
-        if self.tenant is None:
-            return asked or DEFAULT_TENANT
-        if asked not in (None, self.tenant):
-            raise Forbidden("an API key registers bots in its own tenant only")
-        return self.tenant
+    def tenant_for(self, bot_id: str, asked: str | None) -> str:
+        """Where a registration of `bot_id` by this caller goes: a key's own tenant (naming
+        another is 403); for the operator the tenant asked for, else the bot's own if it
+        exists, else `default`. Blocking (a store lookup)."""
+        if self.tenant is not None:
+            if asked not in (None, self.tenant):
+                raise Forbidden("an API key registers bots in its own tenant only")
+            return self.tenant
+        if asked is not None:
+            return asked
+        try:
+            return self._service.store.owner(bot_id)
+        except UnknownBot:
+            return DEFAULT_TENANT
 
     def register_checkpoint(self, bot_id: str, prefix: Path, labels_path: Path,
                             **options: Any) -> int:
-        options["tenant"] = self.tenant_for_new_bot(options.get("tenant"))
+        options["tenant"] = self.tenant_for(bot_id, options.get("tenant"))
         return self._service.register_checkpoint(bot_id, prefix, labels_path,
                                                  actor=self.principal.actor, **options)
 

@@ -10,6 +10,7 @@ from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
 from service.codecs.common import parse_top_k
 from service.codecs.native import parse_bot_ids, parse_images, parse_multipart
 from service.codecs.routes import ENDPOINTS
+from service.core.auth import PUBLIC
 from service.core.errors import BadRequest, PayloadTooLarge
 from service.core.settings import Settings
 from tests.support.fakes import FakeService
@@ -97,12 +98,21 @@ def test_bot_ids_are_deduplicated_in_order_and_bounded():
         parse_bot_ids(",".join(f"b{i}" for i in range(65)))
 
 
-def test_routes_are_unique_and_every_admin_route_is_a_write_on_bots():
+def test_routes_are_unique_and_every_admin_route_is_a_write_on_bots_tenants_or_keys():
     assert len({e.name for e in ENDPOINTS}) == len(ENDPOINTS)
     assert len({(e.method, e.path) for e in ENDPOINTS}) == len(ENDPOINTS)
     assert sorted((e.method, e.path) for e in ENDPOINTS if e.admin) == [
-        ("DELETE", "/bots/{bot_id}"), ("POST", "/bots/{bot_id}/rollback"),
-        ("PUT", "/bots/{bot_id}")]
+        ("DELETE", "/bots/{bot_id}"), ("DELETE", "/keys/{key_id}"),
+        ("DELETE", "/tenants/{tenant}"), ("POST", "/bots/{bot_id}/rollback"),
+        ("POST", "/keys"), ("PUT", "/bots/{bot_id}"), ("PUT", "/tenants/{tenant}")]
+
+
+def test_an_endpoint_without_an_access_rule_is_refused():
+    async def handle(service, req):
+        return Reply(204)
+
+    with pytest.raises(ValueError, match="access must be one of"):
+        Endpoint("GET", "/x", "x", handle)
 
 
 ADMIN = [e for e in ENDPOINTS if e.admin]
@@ -140,7 +150,7 @@ async def test_dispatch_turns_any_error_into_a_json_reply_without_internals():
     async def broken(service, req):
         raise RuntimeError("/secret/path/model.ckpt exploded")
 
-    reply = await dispatch(FakeService(Settings(auth="none")), Endpoint("GET", "/x", "x", broken),
+    reply = await dispatch(FakeService(Settings(auth="none")), Endpoint("GET", "/x", "x", broken, access=PUBLIC),
                            Request("GET", "/x"))
     assert reply.status == 500
     assert json.loads(reply.body) == {"error": "internal server error", "code": "internal"}

@@ -14,6 +14,7 @@ from service.codecs import admin, native, ops
 from service.codecs.admin import DEFAULT_SHARD, HeadUpload, parse_head_upload, register_upload
 from service.codecs.base import JSON, Endpoint, Reply, Request, dispatch, json_reply
 from service.codecs.native import Part, check_image_content_type, render_bot_result
+from service.core.auth import PUBLIC
 from service.core.engine import Prediction
 from service.core.errors import BadRequest, UnsupportedMediaType
 from service.core.settings import Settings
@@ -57,7 +58,7 @@ async def test_dispatch_does_not_check_auth_of_public_routes():
         return Reply(204)
 
     service = FakeService(settings=Settings(admin_token="s3cret", auth="none"))
-    reply = await dispatch(service, Endpoint("GET", "/x", "x", handle), Request("GET", "/x"))
+    reply = await dispatch(service, Endpoint("GET", "/x", "x", handle, access=PUBLIC), Request("GET", "/x"))
     assert reply.status == 204
 
 
@@ -205,7 +206,7 @@ async def call(service, module, name: str, **kwargs):
 def info_dict(head) -> dict:
     return {"bot_id": head.bot_id, "version": head.version, "n_classes": head.n_classes,
             "labels": list(head.labels), "created": "2024-01-01T00:00:00Z",
-            "versions": [head.version], "pinned": False}
+            "versions": [head.version], "tenant": "default", "pinned": False}
 
 
 def test_admin_routes():
@@ -219,8 +220,10 @@ def test_admin_routes():
 async def test_list_and_show_bots():
     status, reply = await call(admin_service(), admin, "list_bots")
     assert (status, json.loads(reply.body)) == (200, {"bots": [
-        {"bot_id": "acme", "version": 3, "n_classes": 2, "pinned": False},
-        {"bot_id": "zed", "version": 1, "n_classes": 3, "pinned": False}]})
+        {"bot_id": "acme", "version": 3, "n_classes": 2, "tenant": "default",
+         "pinned": False},
+        {"bot_id": "zed", "version": 1, "n_classes": 3, "tenant": "default",
+         "pinned": False}]})
     status, reply = await call(admin_service(), admin, "show_bot", params={"bot_id": "acme"})
     assert (status, json.loads(reply.body)) == (200, info_dict(ACME))
     status, reply = await call(admin_service(), admin, "show_bot", params={"bot_id": "nope"})

@@ -22,6 +22,7 @@ from heads import InvalidBotId, validate_bot_id
 from service.codecs import admin, native, oip, openapi, ops, tfserving
 from service.codecs.base import JSON, Answer, Body, Endpoint, Param, Reply, dispatch, json_answer
 from service.codecs.common import is_number
+from service.core.auth import MANAGE, PUBLIC
 from service.core.errors import DeadlineExceeded
 from tests.support.fakes import FakeService, loading, make_head, req
 
@@ -317,21 +318,21 @@ OK = {200: json_answer("ok", {"type": "object"})}
 
 
 @pytest.mark.parametrize("endpoints, message", [
-    ([Endpoint("GET", "/a", "a", _never, answers={204: Answer("done")}),
-      Endpoint("GET", "/b", "b", _never, answers={300: Answer("elsewhere")})],
+    ([Endpoint("GET", "/a", "a", _never, access=PUBLIC, answers={204: Answer("done")}),
+      Endpoint("GET", "/b", "b", _never, access=PUBLIC, answers={300: Answer("elsewhere")})],
      "b documents no 2xx answer"),
-    ([Endpoint("GET", "/a", "a", _never, answers=OK),
-      Endpoint("GET", "/b", "a", _never, answers=OK)], "operation id 'a' used twice"),
-    ([Endpoint("GET", "/a", "a", _never, answers=OK),
-      Endpoint("get", "/a", "b", _never, answers=OK)], "get /a is routed twice"),
-    ([Endpoint("GET", "/a/{x}", "a", _never, answers=OK, path_params={"y": {}, "z": {}})],
+    ([Endpoint("GET", "/a", "a", _never, access=PUBLIC, answers=OK),
+      Endpoint("GET", "/b", "a", _never, access=PUBLIC, answers=OK)], "operation id 'a' used twice"),
+    ([Endpoint("GET", "/a", "a", _never, access=PUBLIC, answers=OK),
+      Endpoint("get", "/a", "b", _never, access=PUBLIC, answers=OK)], "get /a is routed twice"),
+    ([Endpoint("GET", "/a/{x}", "a", _never, access=PUBLIC, answers=OK, path_params={"y": {}, "z": {}})],
      "a: path_params ['y', 'z'] are not in /a/{x}"),
-    ([Endpoint("GET", "/a", "a", _never, errors=(503, 500),
+    ([Endpoint("GET", "/a", "a", _never, access=PUBLIC, errors=(503, 500),
                answers={**OK, 503: Answer("loading"), 500: Answer("broken")})],
      "a: status [500, 503] is both an answer and an error"),
-    ([Endpoint("GET", "/a", "a", _never,
+    ([Endpoint("GET", "/a", "a", _never, access=PUBLIC,
                answers={200: json_answer("ok", {"title": "T", "type": "string"})}),
-      Endpoint("GET", "/b", "b", _never,
+      Endpoint("GET", "/b", "b", _never, access=PUBLIC,
                answers={200: json_answer("ok", {"title": "T", "type": "integer"})})],
      "two different schemas are titled 'T'"),
 ])
@@ -346,7 +347,7 @@ def test_the_rules_every_operation_gets():
         "part": {"title": "Part", "type": "string"}, "parts": {
             "type": "array", "items": {"title": "Part", "type": "string"}}}}
     admin_upload = Endpoint(
-        "PUT", "/things/{name:[a-z]+}", "put_thing", _never, admin=True, tag="bots",
+        "PUT", "/things/{name:[a-z]+}", "put_thing", _never, access=MANAGE, tag="bots",
         summary="put a thing", description="*longer*",
         params=(Param("q", "query", {"type": "integer"}, "how many", True),
                 Param("X-Hint", "header", {"type": "string"})),
@@ -354,7 +355,7 @@ def test_the_rules_every_operation_gets():
                   encoding={"multipart/form-data": {"part": {"contentType": "text/plain"}}}),
         answers={201: Answer("made", {JSON: titled}, {"Location": ("where it is", True)})},
         errors=(400, 401))
-    plain = Endpoint("GET", "/things", "list_things", _never, answers=OK)
+    plain = Endpoint("GET", "/things", "list_things", _never, access=PUBLIC, answers=OK)
     doc = openapi.document([admin_upload, plain], version="1.2.3")
     assert (doc["openapi"], doc["info"]["title"], doc["info"]["version"]) == (
         "3.0.3", "multihead", "1.2.3")
@@ -400,7 +401,7 @@ def test_the_rules_every_operation_gets():
 def test_the_version_defaults_to_the_installed_package():
     from importlib import metadata
 
-    doc = openapi.document([Endpoint("GET", "/a", "a", _never, answers=OK)])
+    doc = openapi.document([Endpoint("GET", "/a", "a", _never, access=PUBLIC, answers=OK)])
     assert doc["info"]["version"] == metadata.version("multihead")
 
 
