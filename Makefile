@@ -71,8 +71,11 @@ test: lint system-deps
 demo: $(STAMP)
 	$(BIN)/multihead demo --store $(STORE)
 
+# The demo serves without API keys on loopback only, so that the page works as it is; any other
+# HOST serves with keys (docs/user-guide.md#tenants-and-keys).
+SERVE_AUTH := $(if $(filter 127.0.0.1 localhost ::1,$(HOST)),none,keys)
 serve: demo
-	$(BIN)/multihead serve --store $(STORE) --host $(HOST) --port $(PORT)
+	$(BIN)/multihead serve --store $(STORE) --host $(HOST) --port $(PORT) --auth $(SERVE_AUTH)
 
 # Mutation testing of the core modules with mutmut (its own target: about half an hour on 2
 # cores, not part of `make test` or CI). Fresh run each time, then a score per module (>= 85%).

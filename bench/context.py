@@ -97,10 +97,11 @@ class Context:
     def server(self, name: str, store: str | Path, *, log_level: str = "WARNING",
                **options: Any) -> ServerProcess:
         """A `multihead serve` process (not started) over `store` with the run's trunk, batch
-        size and wait, plus `options` (flag name without dashes -> value)."""
+        size and wait, without API keys, plus `options` (flag name without dashes -> value)."""
         from bench.load import ServerProcess
 
-        opts: dict[str, Any] = {"max-batch-size": self.plan.max_batch_size}
+        # NOTE: without API keys unless asked (`auth="keys"`): the load clients send none.
+        opts: dict[str, Any] = {"max-batch-size": self.plan.max_batch_size, "auth": "none"}
         if self.plan.max_wait_ms is not None:
             opts["max-wait-ms"] = self.plan.max_wait_ms
         opts.update(options)

@@ -340,11 +340,11 @@ async def post_image(session, url: str, data: bytes) -> int:
         return response.status
 
 
-def client_session(limit: int = 0):
+def client_session(limit: int = 0, headers: dict[str, str] | None = None):
     import aiohttp
 
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
-                                 timeout=aiohttp.ClientTimeout(total=300))
+                                 timeout=aiohttp.ClientTimeout(total=300), headers=headers)
 
 
 def _point_stats(records: list[Record], window: tuple[float, float] | None) -> dict:
@@ -371,20 +371,22 @@ def _point_stats(records: list[Record], window: tuple[float, float] | None) -> d
 
 
 async def closed_loop(url: str, workload: Workload, concurrency: int, requests: int,
-                      progress: Callable[[int], None] | None = None) -> dict:
+                      progress: Callable[[int], None] | None = None,
+                      headers: dict[str, str] | None = None) -> dict:
     """`concurrency` clients, each sending its next request as soon as the last one answered.
 
     The first `concurrency` requests warm the loop up; the window runs from the moment they
     have all completed to the moment the last request is sent (so neither the ramp-up nor the
     drain, when fewer clients are left, counts). Throughput = completions inside the window /
-    its length; latencies = every request sent inside it.
+    its length; latencies = every request sent inside it. `headers` go with every request
+    (an API key).
     """
     total = requests + concurrency
     records: list[Record] = []
     issued = 0
     last_issue = [0.0]
 
-    async with client_session(limit=concurrency) as session:
+    async with client_session(limit=concurrency, headers=headers) as session:
         async def client() -> None:
             nonlocal issued
             while issued < total:

@@ -57,6 +57,9 @@ class ServiceResult(Result):
     # "raw_trunk"} like a policy's entry plus its own raw trunk; {"same_as_serving_choice":
     # True} when the serving choice is TF fp32; {} when not measured.
     tf_fp32: dict = field(default_factory=dict)
+    # The serving choice with API keys (`--auth keys`, every request with a key) at 16 clients
+    # right after the mixed policy's points without keys: {"server", "point"}; {} when not run.
+    auth: dict = field(default_factory=dict)
 
     def point(self, policy: str, concurrency: int) -> Mapping:
         """The closed-loop point of `policy` at `concurrency` clients ({} when not measured)."""
@@ -93,13 +96,14 @@ def _measure_in_process(context: Context) -> Measure:
     return measure
 
 
-async def warm_up(context: Context, url: str, bots: Sequence[str]) -> None:
+async def warm_up(context: Context, url: str, bots: Sequence[str],
+                  headers: dict[str, str] | None = None) -> None:
     """One concurrent burst (not measured): connections, thread pools, batch shapes."""
     from bench.load import Workload, closed_loop
 
     workload = Workload(context.jpegs, bots, context.plan.zipf_s, seed=context.plan.seed + 99)
     await closed_loop(url, workload, concurrency=min(16, context.plan.max_batch_size),
-                      requests=0)
+                      requests=0, headers=headers)
 
 
 def _poisson_rate(context: Context, result: ServiceResult, data: dict) -> float:
@@ -236,6 +240,8 @@ def run(context: Context) -> ServiceResult:
             data["server"]["rss_bytes_end"] = server.rss_bytes()
         finally:
             server.stop()
+    if result.policies.get("mixed", {}).get("points"):
+        _run_with_keys(context, store, bots, result)
     if runtime == TF_FP32:
         result.tf_fp32 = {"same_as_serving_choice": True}
     elif runtime is not None:
@@ -253,6 +259,47 @@ def run(context: Context) -> ServiceResult:
         except Exception as exc:  # noqa: BLE001 - as above
             context.record_error("service-tf-fp32-raw-trunk", exc)
     return result
+
+
+AUTH_CONCURRENCY = 16
+AUTH_COST_MAX = 0.02  # the share of the 16-client throughput checking keys may cost
+
+
+def _run_with_keys(context: Context, store, bots: Sequence[str], result: ServiceResult) -> None:
+    """The mixed policy's 16-client closed loop again on a server with `--auth keys`, every
+    request carrying an API key of the bots' tenant: what checking keys costs."""
+    from bench.load import Workload, closed_loop
+    from heads import HeadStore
+
+    with HeadStore(store) as heads:
+        _, token = heads.add_key("default", "infer")
+    headers = {"Authorization": f"Bearer {token}"}
+    server = context.start(context.server("service-keys", store, **{
+        "batch-policy": "mixed", "feature-cache-size": 0, "auth": "keys"}))
+    try:
+        result.auth = {"server": _server_facts(server)}
+        asyncio.run(warm_up(context, server.url, bots, headers))
+        plan = context.plan
+        workload = Workload(context.jpegs, bots, plan.zipf_s, seed=plan.seed)
+        n = plan.closed_requests(AUTH_CONCURRENCY)
+        try:
+            with context.bar(n + AUTH_CONCURRENCY, "keys 16 client(s)") as bar:
+                point = asyncio.run(closed_loop(server.url, workload, AUTH_CONCURRENCY, n,
+                                                bar.update, headers=headers))
+            result.auth["point"] = point
+            say(f"with API keys {load_label(point)}: "
+                f"{point['throughput_images_per_s']:.2f} images/s, errors {point['errors']}")
+        except Exception as exc:  # noqa: BLE001 - the other points stand
+            context.record_error("service-keys", exc)
+    finally:
+        server.stop()
+
+
+def auth_cost(service: ServiceResult) -> float:
+    """1 - (16-client images/s with keys) / (without), nan when either is missing."""
+    with_keys = num((service.auth.get("point") or {}).get("throughput_images_per_s"))
+    without = num(service.point("mixed", AUTH_CONCURRENCY).get("throughput_images_per_s"))
+    return 1.0 - with_keys / without if without and without > 0 else math.nan
 
 
 def _run_tf_fp32(context: Context, store, bots: Sequence[str], result: ServiceResult) -> None:
@@ -398,6 +445,11 @@ def targets(service: ServiceResult, results: Results) -> list[Target]:
                         tf.get("raw_trunk") or {},
                         "the serving choice is TF fp32 (the targets above)"
                         if tf.get("same_as_serving_choice") else ""),
+        Target.of("auth_cost", f"checking API keys costs <= {AUTH_COST_MAX:.0%} of the "
+                  "16-client images/s (with vs without keys, same run)", ("service",),
+                  auth_cost(service), AUTH_COST_MAX, "<=", "",
+                  note("{:.2f} images/s with keys",
+                       num((service.auth.get("point") or {}).get("throughput_images_per_s")))),
         Target.of("batch_mixing", "mean batch at 16 clients, 100 Zipf bots >= 3 x per-bot "
                   "policy's", ("service",), ratio(mixed_batch, pg_batch), 3.0, ">=", "x",
                   note("mixed {:.2f} vs per-bot {:.2f} rows/batch", mixed_batch, pg_batch)),

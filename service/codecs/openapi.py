@@ -46,8 +46,10 @@ STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 TAGS = {
     "native": "Classify images with one bot or several (one trunk run per image, whatever the "
               "number of bots).",
-    "bots": "The registered bots; registering, replacing, rolling back and removing one needs "
-            "the admin token.",
+    "bots": "The registered bots of the caller's tenant; registering, replacing, rolling back "
+            "and removing one needs a manage key or the operator token.",
+    "tenants": "Tenants, API keys and the audit log (the operator's; a manage key reads its "
+               "tenant's audit log).",
     "operations": "Health, readiness and Prometheus metrics.",
     "oip-v2": "Open Inference Protocol v2 (KServe, Triton), with Triton's binary tensor and "
               "classification extensions. A bot is a model; only its active version is served.",
@@ -61,12 +63,16 @@ Many image classifiers ("bots") sharing one Inception-V4 trunk. Every protocol (
 Open Inference Protocol v2, TF Serving REST) runs on the same cross-bot batcher.
 
 **Errors** are JSON `{"error": "<message>", "code": "<code>"}` with the status that fits:
-400 malformed request or image, 401/403 admin token, 404 unknown bot or version, 413 too large,
+400 malformed request or image, 401/403 credentials, 404 unknown bot or version, 409 a taken
+id, 413 too large,
 415 unsupported content type, 422 unusable head upload, 503 loading or overloaded (with
 `Retry-After`), 504 deadline passed.
 
-**Admin routes** (`PUT`/`DELETE /bots/{bot_id}`, rollback) need `Authorization: Bearer <token>`
-(the server's `MULTIHEAD_ADMIN_TOKEN`; without one configured they answer 403).
+**Credentials**: `Authorization: Bearer <key>`, a tenant's API key (`multihead keys add`): scope
+infer calls and lists its tenant's bots, manage also changes them, metrics reads `/metrics`;
+another tenant's bot answers as an unknown one (404). The operator token
+(`MULTIHEAD_ADMIN_TOKEN`) manages tenants and keys and reaches every bot. With `--auth none`
+only the changes need the operator token.
 
 Not described here: the WebSocket route `GET /ws/classify/{bot_id}` and the web page `/`.
 """
@@ -117,7 +123,7 @@ def path_param_names(template: str) -> list[str]:
 def error_statuses(endpoint: Endpoint) -> list[int]:
     """Every status the endpoint answers with the JSON error body."""
     statuses = set(endpoint.errors)
-    if endpoint.admin:
+    if endpoint.access != PUBLIC:
         statuses.update(ADMIN_ERRORS)
     if endpoint.body is not None:
         statuses.update(BODY_ERRORS)
@@ -239,7 +245,7 @@ def operation(components: _Components, endpoint: Endpoint) -> dict[str, Any]:
                  for s in sorted(endpoint.answers)}
     responses.update({str(s): _error_answer(s) for s in errors})
     op["responses"] = dict(sorted(responses.items()))
-    if endpoint.admin:
+    if endpoint.access != PUBLIC:
         op["security"] = [{SECURITY_SCHEME: []}]
     return op
 
@@ -276,7 +282,8 @@ def document(endpoints: Sequence[Endpoint], *, version: str | None = None) -> di
             "schemas": dict(sorted(components.schemas.items())),
             "securitySchemes": {SECURITY_SCHEME: {
                 "type": "http", "scheme": "bearer",
-                "description": "the server's admin token (`MULTIHEAD_ADMIN_TOKEN`)"}},
+                "description": "a tenant's API key (`mhk_...`), or the operator token "
+                               "(`MULTIHEAD_ADMIN_TOKEN`)"}},
         },
     }
 

@@ -23,13 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo
-from heads.tenants import OPERATOR as OPERATOR_ACTOR
-
 from backbone.spec import FEATURE_DIM
 from backbone.tfimport import import_tensorflow
 from backbone.trunk import warm_up
 from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
+from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo
+from heads.tenants import OPERATOR as OPERATOR_ACTOR
 from service.core.admission import ByteBudget
 from service.core.auth import ANONYMOUS, PUBLIC, Authenticator, Principal
 from service.core.engine import Engine, Images, Prediction

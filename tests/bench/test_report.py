@@ -32,7 +32,7 @@ def _by_key(targets):
 
 def test_every_target_passes_on_good_results():
     targets = evaluate_targets(passing_results())
-    assert len(targets) == 22
+    assert len(targets) == 23
     assert [t.key for t in targets if t.status != PASS] == []
     assert not targets_failed(targets)
 
@@ -89,6 +89,7 @@ def _set(results, path, value):
     ("best_trunk_b1", "trunk.runtimes.openvino-bf16.images_per_s_b1", 17.0),
     ("best_trunk_b8", "trunk.runtimes.openvino-bf16.images_per_s_b8", 17.9),
     ("tf_bf16_b8", "trunk.runtimes.tf-bf16.images_per_s_b8", 14.9),
+    ("auth_cost", "service.auth.point.throughput_images_per_s", 9.0),
     ("int8_vs_fp32_b8", "trunk.runtimes.openvino-fp32.images_per_s_b8", 26.9),
     ("int8_vs_bf16_b8", "trunk.runtimes.openvino-bf16.images_per_s_b8", 28.8),
     ("int8_min_cosine", "trunk.int8.fidelity.min_cosine", 0.99881),
@@ -135,12 +136,12 @@ def test_reports_hold_the_numbers(tmp_path):
     data = json.loads(written["json"].read_text())
     assert data["trunk"]["best_images_per_s"] == 10.25
     assert data["service"]["policies"]["per_group"]["points"][1]["mean_batch_size"] == 1.5
-    assert [t["status"] for t in data["targets"]] == [PASS] * 22
+    assert [t["status"] for t in data["targets"]] == [PASS] * 23
     md = written["md"].read_text()
     assert "2026-01-02 03:04 UTC" in md and "Test CPU 9000" in md and "TensorFlow 2.21.0" in md
     for number in ("10.2", "302", "9.75", "1,500", "6,543", "8.4", "4.25", "265.0 MB", "83.5"):
         assert number in md, number
-    assert md.count("| PASS |") == 22
+    assert md.count("| PASS |") == 23
     png = written["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

@@ -174,7 +174,7 @@ class Route:
     path: str  # without the path parameters' regexes: /v2/models/{bot_id}/infer
     name: str
     protocol: str
-    admin: bool
+    access: str
     summary: str
 
 
@@ -189,8 +189,14 @@ def plain_path(path: str) -> str:
 def routes() -> list[Route]:
     from service.codecs.routes import ENDPOINTS
 
-    return [Route(e.method, plain_path(e.path), e.name, e.tag or "other", e.admin, e.summary)
+    return [Route(e.method, plain_path(e.path), e.name, e.tag or "other", e.access, e.summary)
             for e in ENDPOINTS]
+
+
+# Who may call an endpoint, by its access rule (service/core/auth.py), with --auth keys.
+WHO = {"public": "anyone", "infer": "infer or manage key, operator",
+       "manage": "manage key, operator", "metrics": "metrics key, operator",
+       "operator": "operator"}
 
 
 # -- Markdown -----------------------------------------------------------------------------------
@@ -261,8 +267,8 @@ def render_routes() -> list[str]:
     for route in routes():
         by_protocol.setdefault(route.protocol, []).append(route)
     for protocol, group in by_protocol.items():
-        rows = [(r.method, f"`{r.path}`", f"`{r.name}`", "admin token" if r.admin else "public",
-                 r.summary) for r in group]
+        rows = [(r.method, f"`{r.path}`", f"`{r.name}`", WHO[r.access], r.summary)
+                for r in group]
         lines += ["", f"*{protocol}*", ""] + table(
             ("method", "route", "operation", "who", "what"), rows)
     return lines[1:]

@@ -78,8 +78,9 @@ def test_admin_flow(location, files, capsys):
 
     code, out, _ = run(capsys, "bots", "list", "--store", store)
     lines = out.splitlines()
-    assert code == 0 and lines[0].split()[:4] == ["BOT", "VERSION", "CLASSES", "VERSIONS"]
-    assert lines[1].split()[:4] == ["acme", "2", "3", "1,2"]
+    assert code == 0 and lines[0].split()[:5] == ["BOT", "TENANT", "VERSION", "CLASSES",
+                                                   "VERSIONS"]
+    assert lines[1].split()[:5] == ["acme", "default", "2", "3", "1,2"]
     code, out, _ = run(capsys, "bots", "list", "--json", "--store", store)
     assert [(b["bot_id"], b["version"], b["labels"]) for b in json.loads(out)] == [
         ("acme", 2, ["cat", "dog", "bird"])]

@@ -29,6 +29,8 @@ from tests.heads.helpers import random_head, save_checkpoint, write_labels
 
 pytestmark = pytest.mark.timeout(900)
 
+OPERATOR_TOKEN = "ray-operator-token"
+OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}  # the replicas run with API keys
 PROPAGATION_S = 1.0
 SLACK_S = 1.0
 START_TIMEOUT_S = 300.0
@@ -57,11 +59,11 @@ class Deployment:
 
 
 async def replicas_ready(base: str, want: int, timeout_s: float,
-                         report: bool = False) -> dict[str, int]:
+                         report: bool = False, headers=OPERATOR) -> dict[str, int]:
     """Polls /readyz until `want` distinct ready replicas answered: {replica: pid}."""
     seen: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=headers) as session:
         while time.monotonic() < deadline:
             try:
                 async with session.get(base + "/readyz",
@@ -96,7 +98,8 @@ def deployment(pg, trunk_checkpoint, serving_graph_cache, tmp_path_factory):
             store.register(bot, w, b, labels)
     port = free_port()
     log = tmp_path_factory.mktemp("ray") / "serve.log"
-    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "MULTIHEAD_WARMUP": "true"}
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "MULTIHEAD_WARMUP": "true",
+           "MULTIHEAD_AUTH": "keys", "MULTIHEAD_ADMIN_TOKEN": OPERATOR_TOKEN}
     cmd = [sys.executable, "-m", "service.cli.main", "serve", "--ray", "--replicas", "2",
            "--store", url, "--trunk-checkpoint", trunk_checkpoint,
            "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "8",
@@ -145,7 +148,8 @@ def register_with_cli(url: str, bot: str, n: int, seed: int, tmp_path: Path) -> 
 
 
 async def first_seen(base: str, path: str, predicate, replicas: set[str],
-                     timeout_s: float = 10.0, pollers: int = 4) -> dict[str, float]:
+                     timeout_s: float = 10.0, pollers: int = 4,
+                     headers=OPERATOR) -> dict[str, float]:
     """Polls GET `path` from `pollers` clients until every replica in `replicas` has answered
     so that `predicate(status, body)` holds; {replica: seconds from the call}. A replica that
     answered so must not answer otherwise afterwards."""
@@ -163,7 +167,7 @@ async def first_seen(base: str, path: str, predicate, replicas: set[str],
                 elif replica in seen:
                     regressions.append(f"{replica}: {r.status} {body}")
 
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=headers) as session:
         await asyncio.gather(*(poll(session) for _ in range(pollers)))
     assert not regressions, f"a replica went back after answering the new state: {regressions}"
     assert set(seen) >= replicas, f"replicas that never answered the new state: " \
@@ -198,7 +202,7 @@ def test_both_replicas_answer_with_the_same_predictions(deployment):
 
     async def run():
         answers: dict[str, list] = {}
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
             for _ in range(10):
                 results = await asyncio.gather(*(classify(session, deployment.base, "alpha", image)
                                                  for _ in range(4)))
@@ -221,7 +225,7 @@ def test_a_request_no_endpoint_matches_is_answered_and_counted_by_a_replica(depl
     """404/405 as on every transport, counted under `unmatched` by the replica that answered
     (the replicas hold the metrics; /metrics is the answering replica's)."""
     async def run():
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
             async with session.get(f"{deployment.base}/nowhere") as resp:
                 assert resp.status == 404 and (await resp.json())["code"] == "not_found"
                 replica = resp.headers["X-Multihead-Replica"]
@@ -246,7 +250,7 @@ def test_registration_with_the_cli_reaches_every_replica_within_a_second(deploym
     assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
 
     async def answer():
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
             status, _, body = await classify(session, deployment.base, "gamma", png_bytes(2))
             assert status == 200, body
             return predictions(body)
@@ -276,6 +280,28 @@ def test_rollback_and_removal_reach_every_replica_within_a_second(deployment, tm
     assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
 
 
+def test_a_revoked_key_is_refused_by_every_replica_within_a_second(deployment):
+    replicas = set(asyncio.run(replicas_ready(deployment.base, 2, 30)))
+    with HeadStore(deployment.store_url) as store:
+        store.add_tenant("acme")
+        store.register("acme-bot", *random_head(3, seed=7), tenant="acme")
+        key, token = store.add_key("acme", "infer")
+    own = {"Authorization": f"Bearer {token}"}
+    asyncio.run(first_seen(deployment.base, "/bots/acme-bot",
+                           lambda status, body: status == 200 and body["tenant"] == "acme",
+                           replicas, headers=own))
+    asyncio.run(first_seen(deployment.base, "/bots/alpha",  # another tenant's: unknown
+                           lambda status, body: status == 404 and body["code"] == "unknown_bot",
+                           replicas, headers=own))
+    with HeadStore(deployment.store_url) as store:
+        store.revoke_key(key.id)
+    seen = asyncio.run(first_seen(
+        deployment.base, "/bots/acme-bot",
+        lambda status, body: status == 401 and body["code"] == "unauthorized", replicas,
+        headers=own))
+    assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
+
+
 def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deployment):
     """SIGKILL one replica under load: the requests it held are retried on the other one (or
     get an explicit 503), none gets a wrong answer or another error; Ray starts a new one."""
@@ -284,7 +310,7 @@ def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deploy
     victim, pid = sorted(pids.items())[0]
 
     async def run():
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
             status, _, body = await classify(session, deployment.base, "beta", image)
             assert status == 200, body
             reference = predictions(body)
@@ -330,7 +356,7 @@ def test_replicas_survive_a_postgresql_restart_and_see_later_registrations(deplo
     async def load(seconds: float) -> dict[str, int]:
         counts: dict[str, int] = {}
         stop = time.monotonic() + seconds
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
             async def client():
                 while time.monotonic() < stop:
                     status, _, body = await classify(session, deployment.base, "alpha", image)

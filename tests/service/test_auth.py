@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import json
+import os
+import random
+import string
 import uuid
 
 import aiohttp
@@ -407,3 +411,74 @@ def _string_tensor(data: bytes):
     tensor.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)]))
     return tensor
+
+
+# -- hostile Authorization headers ------------------------------------------------------------
+
+FUZZ_CASES = int(os.environ.get("MULTIHEAD_FUZZ_CASES", "2000"))
+
+
+def hostile_authorizations(seed: int, count: int, tokens: dict[str, str]) -> list[str]:
+    """Authorization values: random text, wrong schemes, near-misses of real keys (one
+    character changed, cut, doubled), of the operator token, and oversized ones."""
+    rng = random.Random(seed)
+    alphabet = string.printable + "é€\u200b\x00\x7f"
+    real = [tokens["own_infer"], tokens["own_manage"], OPERATOR_TOKEN]
+    out = []
+    for _ in range(count):
+        kind = rng.randrange(7)
+        if kind == 0:
+            value = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+        elif kind == 1:
+            value = rng.choice(["Basic", "bearer", "BEARER", "Token", "Bearer:", ""]) + " " + \
+                rng.choice(real)
+        elif kind == 2:
+            token = list(rng.choice(real))
+            i = rng.randrange(len(token))
+            token[i] = rng.choice(string.ascii_letters + string.digits + "_-")
+            value = "Bearer " + "".join(token)
+        elif kind == 3:
+            token = rng.choice(real)
+            value = "Bearer " + rng.choice([token[:rng.randrange(len(token))], token * 2,
+                                            token + " ", " " + token, token + " x"])
+        elif kind == 4:
+            value = "Bearer mhk_" + "".join(rng.choice("0123456789abcdef_-xyz")
+                                            for _ in range(rng.randrange(0, 70)))
+        elif kind == 5:
+            value = "Bearer " + "A" * rng.choice([1000, 7000])
+        else:
+            value = "Bearer " + "".join(rng.choice(alphabet) for _ in range(rng.randrange(80)))
+        out.append(value)
+    return out
+
+
+async def test_hostile_authorization_headers_get_401_json_and_never_a_5xx(world):
+    values = hostile_authorizations(0, FUZZ_CASES, world.tokens)
+    url = f"{world.server.url}/bots/{OWN_BOT}"
+    statuses: collections.Counter = collections.Counter()
+    bad, unsendable = [], 0
+    async with aiohttp.ClientSession() as session:
+        async def one(value: str) -> None:
+            nonlocal unsendable
+            try:
+                async with session.get(url, headers={"Authorization": value}) as resp:
+                    body = await resp.read()
+            except (ValueError, aiohttp.ClientError):
+                unsendable += 1  # the client refused to send it (a newline, a NUL)
+                return
+            statuses[resp.status] += 1
+            if resp.status >= 500:
+                bad.append(f"{value[:60]!r} -> {resp.status} {body[:100]!r}")
+            elif resp.status != 200:
+                error = json.loads(body)
+                if set(error) != {"error", "code"} or value[7:] and value[7:] in error["error"]:
+                    bad.append(f"{value[:60]!r} -> {resp.status} {body[:100]!r}")
+
+        for i in range(0, len(values), 16):
+            await asyncio.gather(*(one(v) for v in values[i:i + 16]))
+    assert not bad, bad[:10]
+    assert statuses[401] > FUZZ_CASES // 2, statuses  # most are refused; none crashes
+    assert set(statuses) <= {200, 400, 401, 431}, statuses
+    async with aiohttp.ClientSession(headers=world.headers["own_infer"]) as session:
+        async with session.get(url) as resp:  # and the server still answers a good key
+            assert resp.status == 200

@@ -7,6 +7,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from service.codecs.base import Endpoint, Reply
 from service.codecs.routes import ENDPOINTS
+from service.core.auth import PUBLIC
 from service.transports.common.router import Router, template_regex
 
 
@@ -34,9 +35,9 @@ def test_an_unbalanced_template_is_refused():
 
 
 def test_method_mismatch_lists_the_allowed_methods_and_unknown_paths_none():
-    router = Router([Endpoint("POST", "/x/{id}", "post_x", _noop),
-                     Endpoint("DELETE", "/x/{id}", "delete_x", _noop),
-                     Endpoint("GET", "/y", "get_y", _noop)])
+    router = Router([Endpoint("POST", "/x/{id}", "post_x", _noop, access=PUBLIC),
+                     Endpoint("DELETE", "/x/{id}", "delete_x", _noop, access=PUBLIC),
+                     Endpoint("GET", "/y", "get_y", _noop, access=PUBLIC)])
     assert router.match("POST", "/x/1").endpoint.name == "post_x"
     assert router.match("POST", "/x/1").params == {"id": "1"}
     miss = router.match("GET", "/x/1")

@@ -29,6 +29,12 @@ class _Store:
     def get(self, bot_id):
         raise self.exc
 
+    def key_table(self):
+        return {}
+
+    def mark_used(self, used):
+        pass
+
     def close(self):
         pass
 
