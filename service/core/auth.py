@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 from heads.tenants import OPERATOR as OPERATOR_ACTOR
 from heads.tenants import parse_token, token_hash
-
 from service.core.errors import Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)
