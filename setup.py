@@ -54,6 +54,9 @@ setup(
             "hypothesis==6.170.15",
             # Every operation of /openapi.json against a real server (test_openapi.py).
             "schemathesis==4.32.5",
+            # Triton's own HTTP client (`tritonclient.http`, from the grpc extra's
+            # tritonclient) needs it: tests/service/test_auth.py passes a key through it.
+            "geventhttpclient==2.6.1",
         ],
         # The trunk on OpenVINO (`--runtime openvino`), compiled in-process from the restored
         # tf-slim graph.

@@ -45,6 +45,29 @@ def _int8_files(root: Path) -> frozenset[str]:
     return frozenset(found)
 
 
+# The slowest test files (seconds each on 2 cores, mostly building trunks or starting servers),
+# run first: a worker that starts one late leaves the other idle at the end. The INT8 files
+# are one unit of work (`pytest_xdist_make_scheduler`); the rest follow in collection order.
+SLOW_FIRST = (
+    "tests/service/test_demo.py", "tests/backbone/test_int8.py", "tests/backbone/test_trunk.py",
+    "tests/backbone/test_runners.py", "tests/service/test_admin.py",
+    "tests/heads/test_tenants.py", "tests/backbone/test_compat.py",
+    "tests/backbone/test_preprocess.py", "tests/service/test_app.py",
+    "tests/service/test_interop.py", "tests/heads/test_slim_import.py",
+    "tests/service/test_openapi.py", "tests/service/test_auth.py",
+    "tests/backbone/test_tfimport.py", "tests/heads/test_writers.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The SLOW_FIRST files first (every worker orders its collection alike)."""
+    root = Path(config.rootpath)
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    order = {id(item): (rank.get(item.path.relative_to(root).as_posix(), len(rank)), i)
+             for i, item in enumerate(items)}
+    items.sort(key=lambda item: order[id(item)])
+
+
 def pytest_xdist_make_scheduler(config, log):
     """How `make test` spreads tests over its pytest-xdist workers (`--dist loadfile`): a test
     file runs whole in one worker (its module fixtures are built once), and the test files
@@ -63,6 +86,12 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "int8" if path in int8_files else path
+
+        def schedule(self) -> None:
+            # NOTE: in the collection's order (slow files first), not xdist's default of the
+            # units with the most tests first (which put the slowest files last).
+            self.config.option.loadscopereorder = False
+            super().schedule()
 
     return FilesAndInt8(config, log)
 

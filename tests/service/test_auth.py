@@ -482,3 +482,28 @@ async def test_hostile_authorization_headers_get_401_json_and_never_a_5xx(world)
     async with aiohttp.ClientSession(headers=world.headers["own_infer"]) as session:
         async with session.get(url) as resp:  # and the server still answers a good key
             assert resp.status == 200
+
+
+async def test_tritons_http_client_passes_the_key_as_a_header(world):
+    import tritonclient.http as triton_http
+
+    def check() -> None:
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{world.server.url.port}")
+        own = {"Authorization": f"Bearer {world.tokens['own_infer']}"}
+        other = {"Authorization": f"Bearer {world.tokens['other_infer']}"}
+        try:
+            assert client.is_model_ready(OWN_BOT, headers=own) is True
+            inp = triton_http.InferInput("image_bytes", [1], "BYTES")
+            inp.set_data_from_numpy(np.array([PNG], dtype=object))
+            result = client.infer(OWN_BOT, [inp], headers=own)
+            assert result.as_numpy("probabilities").shape == (1, 3)
+            for headers, status in ((other, "404"), ({}, "401")):
+                with pytest.raises(InferenceServerException) as error:
+                    client.infer(OWN_BOT, [inp], headers=headers)
+                assert str(error.value.status()) == status, error.value
+            assert client.is_model_ready(OWN_BOT, headers=other) is False
+            assert client.is_server_live()  # liveness is public
+        finally:
+            client.close()
+
+    await asyncio.get_running_loop().run_in_executor(None, check)
