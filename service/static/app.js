@@ -5,6 +5,31 @@
 
 const $ = (id) => document.getElementById(id);
 
+// -- the API key (servers with `--auth keys`) -------------------------------------------------
+// Kept for this tab only (sessionStorage), sent as `Authorization: Bearer <key>` on every call.
+const KEY_STORE = "multihead-api-key";
+
+function apiKey() {
+  return sessionStorage.getItem(KEY_STORE) || "";
+}
+
+function withKey(headers = {}) {
+  const key = apiKey();
+  return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+}
+
+function initKey() {
+  const input = $("api-key");
+  if (!input) return;
+  input.value = apiKey();
+  input.addEventListener("change", () => {
+    const key = input.value.trim();
+    if (key) sessionStorage.setItem(KEY_STORE, key);
+    else sessionStorage.removeItem(KEY_STORE);
+    location.reload();  // every list and status again, with the key
+  });
+}
+
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs)) {
@@ -38,13 +63,17 @@ async function apiError(response) {
     const retry = response.headers.get("Retry-After");
     if (retry) message += ` (retry in ${retry} s)`;
   }
+  if (response.status === 401) {
+    message += apiKey() ? " — check the API key above" : " — this server needs an API key: paste it above";
+    if ($("api-key")) $("api-key").focus();
+  }
   return new ApiError(message, response.status, code);
 }
 
 async function getJSON(url) {
   let response;
   try {
-    response = await fetch(url, { headers: { Accept: "application/json" } });
+    response = await fetch(url, { headers: withKey({ Accept: "application/json" }) });
   } catch (err) {
     throw new ApiError(`cannot reach the server (${err.message})`, 0, "network");
   }
@@ -71,7 +100,7 @@ async function showTrunk() {
   let body = null;
   try {
     // /readyz answers 503 while loading, with the same JSON body: read it either way.
-    const response = await fetch("/readyz", { headers: { Accept: "application/json" } });
+    const response = await fetch("/readyz", { headers: withKey({ Accept: "application/json" }) });
     body = await response.json();
   } catch (_) {
     node.textContent = "Trunk: server unreachable";
@@ -82,7 +111,10 @@ async function showTrunk() {
   const weights = (body.trunk && body.trunk.weights) || "unknown";
   node.dataset.weights = weights;
   node.dataset.state = body.status;
-  if (body.status === "ready") {
+  if (body.status === "ready" && !body.trunk) {
+    // The status alone: with API keys, the full report is for the operator and metrics keys.
+    node.textContent = "Trunk: ready";
+  } else if (body.status === "ready") {
     const runs = body.trunk.runtime ? ` · ${body.trunk.runtime} ${body.trunk.precision}` : "";
     // An int8 trunk: the images it was calibrated on, and when (the day; the rest in the title).
     const cal = body.trunk.calibration;
@@ -205,8 +237,8 @@ async function classify() {
       response = await fetch(url, {
         method: "POST",
         body: state.file,
-        headers: { "Content-Type": state.file.type || "application/octet-stream",
-                   Accept: "application/json" },
+        headers: withKey({ "Content-Type": state.file.type || "application/octet-stream",
+                           Accept: "application/json" }),
       });
     } catch (err) {
       throw new ApiError(`cannot reach the server (${err.message})`, 0, "network");
@@ -387,6 +419,7 @@ async function initBots() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  initKey();
   showTrunk();
   if (document.body.dataset.page === "classify") initClassify();
   else if (document.body.dataset.page === "bots") initBots();

@@ -311,6 +311,46 @@ async def test_the_page_shows_the_int8_trunks_calibration_set_and_date(browser, 
     assert calibration.date in title and f"float layers {int8_trunk.float_precision}" in title
 
 
+def classify_after_giving_the_key(driver, url, token, bot_id, image_path):
+    """On a server with API keys: the page says it needs a key; the key typed in, it lists
+    the key's tenant's bots and classifies. Returns (error shown first, bots offered, results)."""
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(url)
+    try:
+        error = _wait_for(driver, "#error:not([hidden])", "the refusal without a key")[0].text
+        _css(driver, "#api-key")[0].send_keys(token + Keys.TAB)  # change: the page reloads
+        _open_classify_page(driver, url)
+        offered = [li.get_attribute("data-bot") for li in _css(driver, "#bot-list li")]
+        _tick(driver, [bot_id], 2)
+        _css(driver, "#file")[0].send_keys(str(image_path))
+        rendered, _ = _read_results(driver, "the key's classification")
+        return error, offered, rendered
+    finally:
+        driver.execute_script("sessionStorage.clear()")  # the next test's page has no key
+
+
+async def test_with_api_keys_the_page_asks_for_a_key_and_shows_its_tenants_bots_only(
+        browser, make_client, store, tmp_path):
+    store.add_tenant("acme")
+    store.register("acme-bot", *random_head(3, seed=31), tenant="acme")
+    _, token = store.add_key("acme", "infer")
+    client = await make_client(auth="keys")
+    image = encode(pattern(43, size=(320, 240)), "PNG")
+    path = tmp_path / "pattern.png"
+    path.write_bytes(image)
+
+    error, offered, rendered = await asyncio.to_thread(
+        classify_after_giving_the_key, browser, str(client.make_url("/")), token, "acme-bot",
+        path)
+    assert "needs an API key" in error, error
+    assert offered == ["acme-bot"]  # the other tenant's five bots are not offered
+    resp = await client.post("/classify/acme-bot?top_k=2", data=image,
+                             headers={"Content-Type": "image/png",
+                                      "Authorization": f"Bearer {token}"})
+    assert_rendered(rendered["acme-bot"], _api_predictions(await resp.json()))
+
+
 async def test_the_page_and_its_assets_are_served(shared_client):
     client = shared_client
     for path, content_type in (("/", "text/html"), ("/static/bots.html", "text/html"),
