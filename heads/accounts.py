@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from heads.backend import utc_now
+from heads.errors import InvalidTenant, TenantExists, TenantNotEmpty, UnknownKey, UnknownTenant
 from heads.tenants import DEFAULT_TENANT, TOKEN_PREFIX, ApiKey, AuditRecord, TenantInfo
 
 _KEY_COLUMNS = "id, tenant, scope, hash, created, last_used, revoked"
@@ -173,3 +175,64 @@ class Rows:
         self._x(f"INSERT INTO {self.p}audit (at, actor, action, tenant, bot_id, version, digest, "
                 "detail) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                 (at, actor, action, tenant, bot_id, version, digest, detail))
+
+    # -- the changes: checks, rows and their audit record (inside a write transaction) ---------
+
+    def create_tenant(self, name: str, actor: str) -> TenantInfo:
+        """Adds tenant `name`. Raises TenantExists."""
+        if self.tenant_exists(name):
+            raise TenantExists(name)
+        at = utc_now()
+        self.add_tenant(name, at)
+        self.record(at=at, actor=actor, action="tenant_add", tenant=name)
+        return TenantInfo(name, at, 0)
+
+    def drop_tenant(self, name: str, *, force: bool, actor: str,
+                    remove_bot: Callable[[str, str], None]) -> list[str]:
+        """Removes tenant `name`, revoking its keys; with `force` also its bots (each through
+        the backend's `remove_bot(bot_id, at)`). Returns the bots removed.
+
+        Raises:
+            InvalidTenant (the default tenant), UnknownTenant, TenantNotEmpty (bots, no force).
+        """
+        if name == DEFAULT_TENANT:
+            raise InvalidTenant("the default tenant cannot be removed")
+        if not self.tenant_exists(name):
+            raise UnknownTenant(name)
+        bots = self.owned_bots(name)
+        if bots and not force:
+            raise TenantNotEmpty(name, len(bots))
+        at = utc_now()
+        for bot_id in bots:
+            remove_bot(bot_id, at)
+        keys = self.keys(name, live_only=True)
+        for key in keys:
+            self.revoke_key(key.id, at)
+            self.record(at=at, actor=actor, action="key_revoke", tenant=name,
+                        detail=f"key {key.id} scope {key.scope}")
+        self.delete_tenant(name)
+        self.record(at=at, actor=actor, action="tenant_remove", tenant=name,
+                    detail=f"with {len(bots)} bot(s) and {len(keys)} key(s)")
+        return bots
+
+    def create_key(self, key: ApiKey, actor: str) -> None:
+        """Stores `key` (its hash only). Raises UnknownTenant."""
+        if not self.tenant_exists(key.tenant):
+            raise UnknownTenant(key.tenant)
+        self.add_key(key)
+        self.record(at=key.created, actor=actor, action="key_add", tenant=key.tenant,
+                    detail=f"key {key.id} scope {key.scope}")
+
+    def revoke(self, key_id: str, actor: str) -> ApiKey:
+        """Revokes key `key_id` (an already revoked one is left as it is); returns it.
+        Raises UnknownKey."""
+        key = self.key(key_id)
+        if key is None:
+            raise UnknownKey(key_id)
+        if key.revoked is None:
+            at = utc_now()
+            self.revoke_key(key_id, at)
+            self.record(at=at, actor=actor, action="key_revoke", tenant=key.tenant,
+                        detail=f"key {key.id} scope {key.scope}")
+            key = self.key(key_id)
+        return key

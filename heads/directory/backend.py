@@ -31,9 +31,6 @@ from heads.directory.registry import Registry, Transaction
 from heads.errors import (
     BotOwnedElsewhere,
     HeadLoadError,
-    InvalidTenant,
-    TenantExists,
-    TenantNotEmpty,
     UnknownBot,
     UnknownKey,
     UnknownTenant,
@@ -200,12 +197,7 @@ class DirectoryBackend(StoreBackend):
 
     def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
         with self._registry.write() as tx:
-            if tx.rows.tenant_exists(name):
-                raise TenantExists(name)
-            at = utc_now()
-            tx.rows.add_tenant(name, at)
-            tx.rows.record(at=at, actor=actor, action="tenant_add", tenant=name)
-        return TenantInfo(name, at, 0)
+            return tx.rows.create_tenant(name, actor)
 
     def tenants(self) -> list[TenantInfo]:
         with self._registry.reading() as rows:
@@ -213,35 +205,16 @@ class DirectoryBackend(StoreBackend):
 
     def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:
         with self._registry.write() as tx:
-            if name == DEFAULT_TENANT:
-                raise InvalidTenant("the default tenant cannot be removed")
-            if not tx.rows.tenant_exists(name):
-                raise UnknownTenant(name)
-            bots = tx.rows.owned_bots(name)
-            if bots and not force:
-                raise TenantNotEmpty(name, len(bots))
-            at = utc_now()
-            for bot_id in bots:
-                self._remove_bot(tx, bot_id, at, actor)
-            keys = tx.rows.keys(name, live_only=True)
-            for key in keys:
-                tx.rows.revoke_key(key.id, at)
-                tx.rows.record(at=at, actor=actor, action="key_revoke", tenant=name,
-                               detail=f"key {key.id} scope {key.scope}")
-            tx.rows.delete_tenant(name)
-            tx.rows.record(at=at, actor=actor, action="tenant_remove", tenant=name,
-                           detail=f"with {len(bots)} bot(s) and {len(keys)} key(s)")
+            bots = tx.rows.drop_tenant(
+                name, force=force, actor=actor,
+                remove_bot=lambda bot_id, at: self._remove_bot(tx, bot_id, at, actor))
             tx.commit()
             for bot_id in bots:  # as in remove: under the writer lock, after the commit
                 shutil.rmtree(self.heads_dir / bot_id, ignore_errors=True)
 
     def add_key(self, key: ApiKey, *, actor: str) -> None:
         with self._registry.write() as tx:
-            if not tx.rows.tenant_exists(key.tenant):
-                raise UnknownTenant(key.tenant)
-            tx.rows.add_key(key)
-            tx.rows.record(at=key.created, actor=actor, action="key_add", tenant=key.tenant,
-                           detail=f"key {key.id} scope {key.scope}")
+            tx.rows.create_key(key, actor)
 
     def keys(self, tenant: str | None = None, *, live_only: bool = False) -> list[ApiKey]:
         with self._registry.reading() as rows:
@@ -255,16 +228,7 @@ class DirectoryBackend(StoreBackend):
         if key.revoked is not None:
             return key
         with self._registry.write() as tx:
-            key = tx.rows.key(key_id)
-            if key is None:
-                raise UnknownKey(key_id)
-            if key.revoked is None:
-                at = utc_now()
-                tx.rows.revoke_key(key_id, at)
-                tx.rows.record(at=at, actor=actor, action="key_revoke", tenant=key.tenant,
-                               detail=f"key {key.id} scope {key.scope}")
-                key = tx.rows.key(key_id)
-        return key
+            return tx.rows.revoke(key_id, actor)
 
     def mark_used(self, used: dict[str, str]) -> None:
         with self._registry.reading() as rows:

@@ -19,10 +19,7 @@ from heads.backend import POSTGRESQL, Step, StoreBackend, VersionRow, redact_url
 from heads.errors import (
     BotOwnedElsewhere,
     HeadLoadError,
-    InvalidTenant,
     StoreUnavailable,
-    TenantExists,
-    TenantNotEmpty,
     UnknownBot,
     UnknownKey,
     UnknownTenant,
@@ -299,51 +296,18 @@ class PgBackend(StoreBackend):
         return self._pool.run(lambda conn: read(_rows(conn)), read=True)
 
     def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
-        def change(conn, rows):
-            if rows.tenant_exists(name):
-                raise TenantExists(name)
-            at = utc_now()
-            rows.add_tenant(name, at)
-            rows.record(at=at, actor=actor, action="tenant_add", tenant=name)
-            return TenantInfo(name, at, 0)
-
-        return self._write(change)
+        return self._write(lambda conn, rows: rows.create_tenant(name, actor))
 
     def tenants(self) -> list[TenantInfo]:
         return self._read_rows(lambda rows: rows.tenants())
 
     def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:
-        def change(conn, rows):
-            if name == DEFAULT_TENANT:
-                raise InvalidTenant("the default tenant cannot be removed")
-            if not rows.tenant_exists(name):
-                raise UnknownTenant(name)
-            bots = rows.owned_bots(name)
-            if bots and not force:
-                raise TenantNotEmpty(name, len(bots))
-            at = utc_now()
-            for bot_id in bots:
-                self._remove_bot(conn, bot_id, at, actor)
-            keys = rows.keys(name, live_only=True)
-            for key in keys:
-                rows.revoke_key(key.id, at)
-                rows.record(at=at, actor=actor, action="key_revoke", tenant=name,
-                            detail=f"key {key.id} scope {key.scope}")
-            rows.delete_tenant(name)
-            rows.record(at=at, actor=actor, action="tenant_remove", tenant=name,
-                        detail=f"with {len(bots)} bot(s) and {len(keys)} key(s)")
-
-        self._write(change)
+        self._write(lambda conn, rows: rows.drop_tenant(
+            name, force=force, actor=actor,
+            remove_bot=lambda bot_id, at: self._remove_bot(conn, bot_id, at, actor)))
 
     def add_key(self, key: ApiKey, *, actor: str) -> None:
-        def change(conn, rows):
-            if not rows.tenant_exists(key.tenant):
-                raise UnknownTenant(key.tenant)
-            rows.add_key(key)
-            rows.record(at=key.created, actor=actor, action="key_add", tenant=key.tenant,
-                        detail=f"key {key.id} scope {key.scope}")
-
-        self._write(change)
+        self._write(lambda conn, rows: rows.create_key(key, actor))
 
     def keys(self, tenant: str | None = None, *, live_only: bool = False) -> list[ApiKey]:
         return self._read_rows(lambda rows: rows.keys(tenant, live_only=live_only))
@@ -354,20 +318,7 @@ class PgBackend(StoreBackend):
             raise UnknownKey(key_id)
         if key.revoked is not None:
             return key
-
-        def change(conn, rows):
-            key = rows.key(key_id)
-            if key is None:
-                raise UnknownKey(key_id)
-            if key.revoked is not None:
-                raise psycopg.Rollback()  # revoked meanwhile: nothing changes
-            at = utc_now()
-            rows.revoke_key(key_id, at)
-            rows.record(at=at, actor=actor, action="key_revoke", tenant=key.tenant,
-                        detail=f"key {key.id} scope {key.scope}")
-
-        self._write(change)
-        return self._read_rows(lambda rows: rows.key(key_id))
+        return self._write(lambda conn, rows: rows.revoke(key_id, actor))
 
     def mark_used(self, used: dict[str, str]) -> None:
         # Not a change other processes need to see: no writer lock, no change_seq, no NOTIFY.
