@@ -16,6 +16,7 @@ from pathlib import Path
 from heads.backend import redact_url
 from service.cli.options import (
     features_option,
+    open_store,
     store_dir,
     store_option,
     trunk_kwargs,
@@ -143,11 +144,6 @@ def _tenant(args: argparse.Namespace) -> dict:
     return {"tenant": args.tenant} if args.tenant else {}
 
 
-def _open_store(args: argparse.Namespace):
-    from heads.store import HeadStore
-
-    return HeadStore(store_dir(args))
-
 
 # -- register ------------------------------------------------------------------------------------
 
@@ -163,7 +159,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         args._parser.error("--force goes with --from-slim-checkpoint")
     labels = read_labels(args.labels)
     if args.weights_checkpoint:
-        with _open_store(args) as store:
+        with open_store(args) as store:
             version = store.register_checkpoint(
                 bot_id, args.weights_checkpoint, labels,
                 weights_name=args.weights_name or "weights",
@@ -185,7 +181,7 @@ def cmd_register(args: argparse.Namespace) -> int:
             print(f"warning: no serving trunk at '{serving}'; importing without comparing trunks",
                   file=sys.stderr)
             serving = None
-        with _open_store(args) as store:
+        with open_store(args) as store:
             version = store.register_from_slim(bot_id, args.from_slim_checkpoint, labels,
                                                serving_trunk_prefix=serving, force=args.force,
                                                **_tenant(args))
@@ -234,7 +230,7 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
                         val_fraction=args.val_fraction, epochs=args.epochs,
                         patience=args.patience, learning_rate=args.learning_rate)
     _print_accuracy(result)
-    with _open_store(args) as store:
+    with open_store(args) as store:
         version = store.register(bot_id, result.weights, result.biases, result.labels,
                                  source=f"train:{os.path.abspath(args.images)}",
                                  **_tenant(args))
@@ -267,7 +263,7 @@ def _print_accuracy(result) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         bots = store.list(args.tenant)
     if args.json:
         print(json.dumps([b.to_dict() for b in bots], indent=2))
@@ -288,7 +284,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from heads.head import validate_bot_id
 
     bot_id = validate_bot_id(args.bot)
-    with _open_store(args) as store:
+    with open_store(args) as store:
         info = store.info(bot_id)
         history = store.history(bot_id)
     if args.json:
@@ -316,7 +312,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
     from heads.head import validate_bot_id
 
     bot_id = validate_bot_id(args.bot)
-    with _open_store(args) as store:
+    with open_store(args) as store:
         versions = store.info(bot_id).versions
         store.remove(bot_id)
     print(f"removed bot '{bot_id}' (versions {', '.join(map(str, versions))})")
@@ -327,7 +323,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from heads.head import validate_bot_id
 
     bot_id = validate_bot_id(args.bot)
-    with _open_store(args) as store:
+    with open_store(args) as store:
         before = store.info(bot_id).version
         after = store.rollback(bot_id, to=args.to)
     if after == before:

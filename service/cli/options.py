@@ -62,6 +62,13 @@ def store_dir(args: argparse.Namespace, environ: Mapping[str, str] = os.environ)
     return Settings.resolve("store", getattr(args, "store", None), environ)
 
 
+def open_store(args: argparse.Namespace):
+    """The command's store (`store_dir`), opened (a `HeadStore`; use it in a `with`)."""
+    from heads.store import HeadStore
+
+    return HeadStore(store_dir(args))
+
+
 def trunk_prefix(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
     """The trunk of a command: --trunk-checkpoint, else $MULTIHEAD_TRUNK_CHECKPOINT, else the
     store's own trunk checkpoint."""

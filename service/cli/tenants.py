@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from service.cli.options import store_dir, store_option
+from service.cli.options import open_store, store_option
 
 SCOPE_HELP = ("infer: call and list the tenant's bots; manage: also register, replace, roll "
               "back and remove them; metrics: read /metrics and the full /readyz")
@@ -76,45 +76,42 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_audit)
 
 
-def _open_store(args: argparse.Namespace):
-    from heads.store import HeadStore
 
-    return HeadStore(store_dir(args))
-
-
-def _table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+def _show(items: list, as_json: bool, header: tuple[str, ...], row) -> int:
+    """Items as JSON (their `to_dict`), or as a table: `header`, then `row(item)` each."""
+    if as_json:
+        print(json.dumps([item.to_dict() for item in items], indent=2))
+        return 0
+    rows = [header, *(row(item) for item in items)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
 
 
 def cmd_tenants_add(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         info = store.add_tenant(args.name)
     print(f"added tenant '{info.name}'")
     return 0
 
 
 def cmd_tenants_list(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         tenants = store.tenants()
-    if args.json:
-        print(json.dumps([t.to_dict() for t in tenants], indent=2))
-        return 0
-    _table([("TENANT", "BOTS", "CREATED")]
-           + [(t.name, str(t.bots), t.created) for t in tenants])
-    return 0
+    return _show(tenants, args.json, ("TENANT", "BOTS", "CREATED"),
+                 lambda t: (t.name, str(t.bots), t.created or "-"))
 
 
 def cmd_tenants_remove(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         store.remove_tenant(args.name, force=args.force)
     print(f"removed tenant '{args.name}'")
     return 0
 
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         key, token = store.add_key(args.tenant, args.scope)
     print(f"added key {key.id} ({key.scope}) for tenant '{key.tenant}'; its secret, shown "
           f"only now:")
@@ -123,32 +120,25 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         keys = store.keys(args.tenant)
-    if args.json:
-        print(json.dumps([k.to_dict() for k in keys], indent=2))
-        return 0
-    _table([("ID", "PREFIX", "TENANT", "SCOPE", "CREATED", "LAST USED", "REVOKED")]
-           + [(k.id, k.prefix, k.tenant, k.scope, k.created, k.last_used or "-",
-               k.revoked or "-") for k in keys])
-    return 0
+    return _show(keys, args.json,
+                 ("ID", "PREFIX", "TENANT", "SCOPE", "CREATED", "LAST USED", "REVOKED"),
+                 lambda k: (k.id, k.prefix, k.tenant, k.scope, k.created, k.last_used or "-",
+                            k.revoked or "-"))
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         key = store.revoke_key(args.key_id)
     print(f"revoked key {key.id} of tenant '{key.tenant}'")
     return 0
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    with _open_store(args) as store:
+    with open_store(args) as store:
         records = store.audit(tenant=args.tenant, since=args.since, limit=args.limit)
-    if args.json:
-        print(json.dumps([r.to_dict() for r in records], indent=2))
-        return 0
-    _table([("AT", "ACTOR", "ACTION", "TENANT", "BOT", "VERSION", "DIGEST")]
-           + [(r.at, r.actor, r.action, r.tenant or "-", r.bot_id or "-",
-               "-" if r.version is None else str(r.version), (r.digest or "-")[:12])
-              for r in records])
-    return 0
+    return _show(records, args.json,
+                 ("AT", "ACTOR", "ACTION", "TENANT", "BOT", "VERSION", "DIGEST"),
+                 lambda r: (r.at, r.actor, r.action, r.tenant or "-", r.bot_id or "-",
+                            "-" if r.version is None else str(r.version), (r.digest or "-")[:12]))

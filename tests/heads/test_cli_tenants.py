@@ -57,6 +57,12 @@ def test_tenants_keys_and_audit_from_the_command_line(tmp_path, capsys):
 
     code, out, _ = run(capsys, "tenants", "list", "--json", "--store", store)
     assert {t["name"]: t["bots"] for t in json.loads(out)} == {"acme": 1, "default": 0}
+    code, out, _ = run(capsys, "tenants", "list", "--store", store)  # `default` has no date
+    assert code == 0 and [line.split()[:2] for line in out.splitlines()] == [
+        ["TENANT", "BOTS"], ["acme", "1"], ["default", "0"]]
+    code, out, _ = run(capsys, "keys", "list", "--store", store)
+    assert code == 0 and out.splitlines()[1].split()[:4] == [key_id, f"mhk_{key_id}", "acme",
+                                                             "manage"]
     code, _, err = run(capsys, "tenants", "remove", "acme", "--store", store)
     assert code == 2 and "acme" in err  # it owns a bot
     assert run(capsys, "keys", "revoke", key_id, "--store", store)[0] == 0
