@@ -151,6 +151,30 @@ class Authenticator:
         self._record_use(key.id)
         return Principal("key", tenant=key.tenant, scope=key.scope, key_id=key.id)
 
+    def admit(self, authorization: str | None, access: str) -> Principal:
+        """The caller of a call with this `Authorization` value to an endpoint with rule
+        `access`, once it may make it (a public route ignores an unusable header).
+
+        Raises:
+            Unauthorized, Forbidden: as `identify` and `authorize`.
+        """
+        try:
+            principal = self.identify(authorization)
+        except Unauthorized:
+            if access != PUBLIC:
+                raise
+            principal = ANONYMOUS
+        self.authorize(access, principal)
+        return principal
+
+    def allows(self, access: str, principal: Principal) -> bool:
+        """Whether `principal` may call an endpoint with rule `access`."""
+        try:
+            self.authorize(access, principal)
+        except (Unauthorized, Forbidden):
+            return False
+        return True
+
     def authorize(self, access: str, principal: Principal) -> None:
         """Raises unless `principal` may call an endpoint with rule `access`.
 

@@ -30,14 +30,13 @@ from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, Unk
 from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo
 from heads.tenants import OPERATOR as OPERATOR_ACTOR
 from service.core.admission import ByteBudget
-from service.core.auth import ANONYMOUS, PUBLIC, Authenticator, Principal
+from service.core.auth import Authenticator, Principal
 from service.core.engine import Engine, Images, Prediction
 from service.core.errors import (
     Forbidden,
     HeadUnavailable,
     NotReady,
     ServiceError,
-    Unauthorized,
 )
 from service.core.metrics import Metrics
 from service.core.settings import Settings
@@ -393,14 +392,7 @@ class Service:
         Raises:
             Unauthorized, Forbidden: see `Authenticator.identify` and `authorize`.
         """
-        try:
-            principal = self.auth.identify(authorization)
-        except Unauthorized:
-            if access != PUBLIC:
-                raise
-            principal = ANONYMOUS  # a public route answers whatever the header holds
-        self.auth.authorize(access, principal)
-        return Caller(self, principal)
+        return Caller(self, self.auth.admit(authorization, access))
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the default executor (parsing, registrations, file writes)."""
@@ -551,11 +543,7 @@ class Caller:
 
     def may(self, access: str) -> bool:
         """Whether this caller may call an endpoint with rule `access`."""
-        try:
-            self._service.auth.authorize(access, self.principal)
-        except ServiceError:
-            return False
-        return True
+        return self._service.auth.allows(access, self.principal)
 
     async def _own(self, bot_id: str) -> None:
         if self.tenant is None:

@@ -20,10 +20,10 @@ import numpy as np
 from backbone.spec import FEATURE_DIM
 from heads import BotInfo, Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
-from service.core.auth import ANONYMOUS, PUBLIC, Authenticator, Principal
+from service.core.auth import ANONYMOUS, Authenticator, Principal
 from service.core.context import FAILED, LOADING, READY, Readiness
 from service.core.engine import Images, Prediction, check_image_count
-from service.core.errors import HeadUnavailable, NotReady, ServiceError, Unauthorized
+from service.core.errors import HeadUnavailable, NotReady
 from service.core.settings import Settings
 
 
@@ -103,24 +103,14 @@ class FakeService:
     principal: Principal = ANONYMOUS
 
     def caller(self, authorization: str | None, access: str) -> FakeService:
-        auth = Authenticator(self.settings.auth, self.settings.admin_token)
-        try:
-            principal = auth.identify(authorization)
-        except Unauthorized:
-            if access != PUBLIC:
-                raise
-            principal = ANONYMOUS
-        auth.authorize(access, principal)
-        self.principal = principal
+        self.principal = self._auth().admit(authorization, access)
         return self
 
     def may(self, access: str) -> bool:
-        try:
-            Authenticator(self.settings.auth, self.settings.admin_token).authorize(
-                access, self.principal)
-        except ServiceError:
-            return False
-        return True
+        return self._auth().allows(access, self.principal)
+
+    def _auth(self) -> Authenticator:
+        return Authenticator(self.settings.auth, self.settings.admin_token)
 
     def require_ready(self) -> None:
         if not self.readiness.ready:
