@@ -104,7 +104,7 @@ ERROR_HEADERS = {
                           False)},
 }
 # Statuses of the auto rules (see the module docstring).
-ADMIN_ERRORS = (401, 403)
+CREDENTIAL_ERRORS = (401, 403)
 BODY_ERRORS = (413, 503)
 
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[^{}]*(?:\{[^{}]*\}[^{}]*)*)?\}")
@@ -124,7 +124,7 @@ def error_statuses(endpoint: Endpoint) -> list[int]:
     """Every status the endpoint answers with the JSON error body."""
     statuses = set(endpoint.errors)
     if endpoint.access != PUBLIC:
-        statuses.update(ADMIN_ERRORS)
+        statuses.update(CREDENTIAL_ERRORS)
     if endpoint.body is not None:
         statuses.update(BODY_ERRORS)
     return sorted(statuses)
