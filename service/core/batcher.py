@@ -10,13 +10,22 @@ A batch is flushed when `max_batch_size` rows are waiting or `max_wait_ms` after
 was queued, whichever comes first; the wait is measured from the oldest row's arrival, so rows
 that piled up while the previous batch ran go out at once.
 
+Which rows a batch takes is `service.core.fair.TenantQueue`'s: with the `fair` scheduler (the
+default) by the tenants' weighted virtual counters (VTC), FIFO within a tenant; with `fifo` in
+arrival order. Either way a batch takes whatever waits, up to its size. Under `fair` a tenant
+also queues at most its weighted share of `max_queue_rows` (429 `queue_share` beyond it), and a
+tenant within its share is never refused for another's flood: the flooder's newest requests are
+pushed out instead.
+
 The batcher knows nothing of TensorFlow, heads or HTTP; `group` (the bot id) is used only by the
-`per_group` policy and for stats. It is the same shape as Ray Serve's `_BatchQueue` and
-MLServer's adaptive batcher, and guards against the bugs those had: a wrong number of results,
-an exception in `run_batch`, futures whose client went away, a per-row failure.
+`per_group` policy and for stats, `tenant` by the fair scheduler and the shares. It is the same
+shape as Ray Serve's `_BatchQueue` and MLServer's adaptive batcher, and guards against the bugs
+those had: a wrong number of results, an exception in `run_batch`, futures whose client went
+away, a per-row failure.
 
     batcher = Batcher(run_batch, max_batch_size=16, max_wait_ms=5, max_queue_rows=256)
-    result = await batcher.submit(payload, group="acme-7", deadline=time.monotonic() + 30)
+    result = await batcher.submit(payload, group="acme-7", tenant="acme",
+                                  deadline=time.monotonic() + 30)
     ...
     await batcher.close()    # stop accepting, finish queued rows, stop the worker thread
 
@@ -42,9 +51,11 @@ from service.core.errors import (
     BatchError,
     DeadlineExceeded,
     Overloaded,
+    QueueShareExceeded,
     ShuttingDown,
     copy_for_waiter,
 )
+from service.core.fair import SCHEDULERS, TenantQueue
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +63,7 @@ POLICIES = ("mixed", "per_group")
 
 RunBatch = Callable[[list["Row"]], Sequence[Any]]
 OnBatch = Callable[[int, int, list[float], float], None]
+OnServed = Callable[[dict[str, int]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +75,17 @@ class Row:
         group: the bot id the row belongs to.
         deadline: `time.monotonic()` time after which the row is dropped unrun, or None.
         enqueued_s: `time.monotonic()` time at which the row was queued.
+        tenant: whom the row is charged to (fair order, queue shares, quotas).
+        cost: what the row costs its tenant's counter: 1 for a trunk image, 0 for a row
+            whose features are already known.
     """
 
     payload: Any
     group: str
     deadline: float | None
     enqueued_s: float
+    tenant: str = ""
+    cost: float = 1.0
 
 
 class Booking:
@@ -76,10 +93,11 @@ class Booking:
     queued (`Batcher.submit_many(..., booking=)`) or the booking is released (leaving its
     `with` block, or `release()`). Released twice or after use: nothing happens."""
 
-    __slots__ = ("rows", "_batcher")
+    __slots__ = ("rows", "tenant", "_batcher")
 
-    def __init__(self, batcher: Batcher, rows: int) -> None:
+    def __init__(self, batcher: Batcher, rows: int, tenant: str = "") -> None:
         self.rows = rows
+        self.tenant = tenant
         self._batcher: Batcher | None = batcher
 
     @property
@@ -90,7 +108,7 @@ class Booking:
         """Gives the room back (the rows will not come) and lets a waiting batch re-evaluate."""
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
-            batcher._unbook(self.rows)
+            batcher._unbook(self.rows, self.tenant)
             batcher.poke()
 
     def _use(self, batcher: Batcher, rows: int) -> None:
@@ -101,7 +119,7 @@ class Booking:
         if rows > self.rows:
             raise RuntimeError(f"{rows} rows queued on a booking of {self.rows}")
         self._batcher = None
-        batcher._unbook(self.rows)
+        batcher._unbook(self.rows, self.tenant)
 
     def __enter__(self) -> Booking:
         return self
@@ -113,12 +131,30 @@ class Booking:
 class _Entry:
     """A row and its future. Identity equality (no dataclass `__eq__`), for `deque.remove`."""
 
-    __slots__ = ("row", "future", "queued")
+    __slots__ = ("row", "future", "queued", "request")
 
     def __init__(self, row: Row, future: asyncio.Future) -> None:
         self.row = row
         self.future = future
-        self.queued = True  # in `Batcher._queue` exactly while True (`Batcher._forget`)
+        self.queued = True  # in `Batcher._queue` exactly while True
+        self.request: list[_Entry] = [self]  # the entries queued with it by one call
+
+    # what `TenantQueue` reads
+    @property
+    def tenant(self) -> str:
+        return self.row.tenant
+
+    @property
+    def group(self) -> str:
+        return self.row.group
+
+    @property
+    def cost(self) -> float:
+        return self.row.cost
+
+    @property
+    def enqueued_s(self) -> float:
+        return self.row.enqueued_s
 
 
 class Batcher:
@@ -146,6 +182,14 @@ class Batcher:
             it always waits up to max_wait_ms for more rows.
         clock: the monotonic clock of arrivals, waits, deadlines and batch times (tests pass
             a controlled one; a change of time is noticed on the next submit or `poke()`).
+        scheduler: "fair" (rows taken by the tenants' weighted counters, queue shares; see
+            `service.core.fair`) or "fifo" (arrival order, one bound for all). The
+            "per_group" policy takes one group's rows in arrival order either way.
+        weight: `weight(tenant) -> float` (default 1 for all), read at each batch and booking.
+        max_queued: `max_queued(tenant) -> int | None`: a tenant's own cap on queued and
+            booked rows (None: none), under either scheduler.
+        on_served: hook `on_served({tenant: rows})` called on the event loop with each
+            batch's rows per tenant. Errors in it are logged.
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -163,6 +207,10 @@ class Batcher:
         on_batch: OnBatch | None = None,
         wait_for_booked_only: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        scheduler: str = "fair",
+        weight: Callable[[str], float] = lambda tenant: 1.0,
+        max_queued: Callable[[str], int | None] = lambda tenant: None,
+        on_served: OnServed | None = None,
     ) -> None:
         if not callable(run_batch):
             raise TypeError("run_batch must be callable")
@@ -174,6 +222,9 @@ class Batcher:
             raise ValueError(f"max_queue_rows must be an int >= 1, got {max_queue_rows!r}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, "
+                             f"got {scheduler!r}")
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
         self._max_wait_s = float(max_wait_ms) / 1000.0
@@ -182,12 +233,14 @@ class Batcher:
         self._on_batch = on_batch
         self._wait_for_booked_only = wait_for_booked_only
         self._booked = 0  # rows of the bookings held (`book`)
+        self._tenant_booked: collections.Counter[str] = collections.Counter()
+        self._max_queued = max_queued
+        self._on_served = on_served
         self._clock = clock
         self._own_executor = executor is None
         self._executor: concurrent.futures.Executor = executor or _single_thread_executor()
 
-        self._queue: collections.deque[_Entry] = collections.deque()
-        self._group_rows: collections.Counter[str] = collections.Counter()
+        self._queue = TenantQueue(scheduler, weight=weight)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -227,6 +280,16 @@ class Batcher:
     def policy(self) -> str:
         return self._policy
 
+    @property
+    def scheduler(self) -> str:
+        return self._queue.scheduler
+
+    def tenant_state(self) -> dict[str, tuple[int, float]]:
+        """{tenant: (rows queued, its fair counter)} of the tenants with queued rows or a
+        counter (the counter is weighted trunk images served; 0 under fifo)."""
+        q = self._queue
+        return {t: (q.rows.get(t, 0), q.counter(t)) for t in {*q.rows, *q.counters}}
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -248,7 +311,7 @@ class Batcher:
 
     # -- submitting -----------------------------------------------------------------------------
 
-    def book(self, n: int) -> Booking:
+    def book(self, n: int, tenant: str = "") -> Booking:
         """Holds room for `n` rows in the queue bound (the one room check): counting the rows
         queued and the rows booked. A caller that prepares rows before submitting them books
         first (admission before work) and passes the booking to `submit_many`.
@@ -256,6 +319,8 @@ class Batcher:
         Raises:
             ShuttingDown: `close()` was called.
             BadRequest: `n` exceeds `max_queue_rows` (they could never fit).
+            QueueShareExceeded: `tenant` has rows queued and these would pass its share of
+                the queue (fair) or its own max_queued.
             Overloaded: no room now (with the time the queue needs to drain, as Retry-After).
         """
         if self._closing:
@@ -265,13 +330,54 @@ class Batcher:
                 f"{n} images in one request exceed the queue bound "
                 f"max_queue_rows={self._max_queue_rows}"
             )
+        mine = self._queue.rows.get(tenant, 0) + self._tenant_booked.get(tenant, 0)
+        cap = self._max_queued(tenant)
+        if mine and cap is not None and mine + n > cap:
+            raise QueueShareExceeded(self.retry_after_s(), (
+                f"tenant '{tenant}' has {mine} images waiting, its max_queued is {cap}; "
+                "retry when they are served"))
+        share = None
+        if self._queue.fair:
+            share = self._queue.share(tenant, self._max_queue_rows, self._max_batch_size,
+                                      self._tenant_booked)
+            if mine and mine + n > share:
+                raise QueueShareExceeded(self.retry_after_s(), (
+                    f"tenant '{tenant}' has {mine} images waiting, its share of the queue is "
+                    f"{share} now; retry when they are served"))
+        if len(self._queue) + self._booked + n > self._max_queue_rows and share is not None:
+            self._push_out(tenant, len(self._queue) + self._booked + n - self._max_queue_rows)
         if len(self._queue) + self._booked + n > self._max_queue_rows:
             raise Overloaded(retry_after_s=self.retry_after_s())
         self._booked += n
-        return Booking(self, n)
+        self._tenant_booked[tenant] += n
+        return Booking(self, n, tenant)
 
-    def _unbook(self, n: int) -> None:
+    def _unbook(self, n: int, tenant: str = "") -> None:
         self._booked -= n
+        self._tenant_booked[tenant] -= n
+        if self._tenant_booked[tenant] <= 0:
+            del self._tenant_booked[tenant]
+
+    def _push_out(self, tenant: str, need: int) -> None:
+        """Makes room for `need` rows of `tenant` (within its share) by failing the newest
+        queued requests of the tenants most over their shares, with QueueShareExceeded."""
+        q = self._queue
+        while need > 0:
+            victims = q.victims(tenant, self._max_queue_rows, self._max_batch_size,
+                                self._tenant_booked)
+            newest = next((e for e in map(q.newest_of, victims) if e is not None), None)
+            if newest is None:
+                return
+            request = [e for e in newest.request if e.queued]
+            error = QueueShareExceeded(self.retry_after_s(), (
+                f"tenant '{newest.tenant}' is over its share of the queue: its newest images "
+                "made room for a tenant within its share; retry later"))
+            q.remove_many(request)
+            for e in request:
+                e.queued = False
+                if not e.future.done():
+                    e.future.set_exception(copy_for_waiter(error))
+            need -= len(request)
 
     def poke(self) -> None:
         """Re-evaluate the waiting batch now (e.g. a clock moved, or rows booked will not
@@ -279,7 +385,8 @@ class Batcher:
         if self._wakeup is not None:
             self._wakeup.set()
 
-    async def submit(self, payload: Any, *, group: str, deadline: float | None = None) -> Any:
+    async def submit(self, payload: Any, *, group: str, deadline: float | None = None,
+                     tenant: str = "", cost: float = 1.0) -> Any:
         """Queue one row and wait for its result.
 
         Raises:
@@ -290,7 +397,7 @@ class Batcher:
         If the caller is cancelled (client went away) before the row runs, the row is removed
         from the queue and costs nothing.
         """
-        (entry,) = self._enqueue((payload,), group, deadline)
+        (entry,) = self._enqueue((payload,), group, deadline, tenant=tenant, costs=(cost,))
         try:
             return await entry.future
         except asyncio.CancelledError:
@@ -305,6 +412,8 @@ class Batcher:
         deadline: float | None = None,
         return_exceptions: bool = False,
         booking: Booking | None = None,
+        tenant: str = "",
+        costs: Sequence[float] | None = None,
     ) -> list[Any]:
         """Queue several rows atomically (all or none: the queue bound never splits them).
 
@@ -314,8 +423,12 @@ class Batcher:
         Raises `BadRequest` if there are more rows than `max_queue_rows` (they could never fit),
         `Overloaded` if they do not fit now (see `book`), unless `booking` holds their room:
         the caller booked it before preparing them, so they fit (one check per request).
+        The rows are `tenant`'s (a booking's own tenant wins), each costing `costs[i]`
+        (default 1). Under the fair scheduler they may be pushed out of the queue for a tenant
+        within its share: then QueueShareExceeded.
         """
-        entries = self._enqueue(tuple(payloads), group, deadline, booking)
+        entries = self._enqueue(tuple(payloads), group, deadline, booking, tenant=tenant,
+                                costs=costs)
         if not entries:
             return []
         futures = [e.future for e in entries]
@@ -357,17 +470,21 @@ class Batcher:
             self._task.add_done_callback(self._on_task_done)
 
     def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None,
-                 booking: Booking | None = None) -> list[_Entry]:
+                 booking: Booking | None = None, *, tenant: str = "",
+                 costs: Sequence[float] | None = None) -> list[_Entry]:
         self._ensure_started()
         if self._closing:  # also for booked rows: close() may have begun since their booking
             if booking is not None:
                 booking.release()
             raise ShuttingDown("the service is shutting down and accepts no new requests")
         n = len(payloads)
+        if costs is not None and len(costs) != n:
+            raise ValueError(f"{len(costs)} costs for {n} rows")
         if booking is None:
             if n == 0:
                 return []
-            booking = self.book(n)
+            booking = self.book(n, tenant)
+        tenant = booking.tenant
         booking._use(self, n)
         if n == 0:
             return []
@@ -378,10 +495,13 @@ class Batcher:
         assert self._loop is not None and self._wakeup is not None
         was_empty = not self._queue
         entries = [
-            _Entry(Row(p, group, deadline, now), self._loop.create_future()) for p in payloads
+            _Entry(Row(p, group, deadline, now, tenant, 1.0 if costs is None else costs[i]),
+                   self._loop.create_future())
+            for i, p in enumerate(payloads)
         ]
-        self._queue.extend(entries)
-        self._group_rows[group] += n
+        for e in entries:
+            e.request = entries
+        self._queue.push(entries)
         # Wake the batching task only when it may have something to do: the queue just became
         # non-empty (it may be idle), a batch may now be full, or the last booked rows came
         # (nothing more to wait for). Its timer covers the rest.
@@ -394,21 +514,13 @@ class Batcher:
         """Remove a still-queued entry (its caller went away)."""
         if entry.queued:
             self._queue.remove(entry)
-            self._forget(entry)
+            entry.queued = False
 
     def _withdraw(self, entries: Iterable[_Entry]) -> None:
         for e in entries:
             if not e.future.done():
                 e.future.cancel()
             self._discard(e)
-
-    def _forget(self, entry: _Entry) -> None:
-        """Bookkeeping of an entry that has just left the queue."""
-        entry.queued = False
-        g = entry.row.group
-        self._group_rows[g] -= 1
-        if self._group_rows[g] <= 0:
-            del self._group_rows[g]
 
     def retry_after_s(self) -> float:
         """Estimate of when the queue will have room: batches ahead x the recent batch time."""
@@ -420,7 +532,7 @@ class Batcher:
 
     def _ready_group(self, now: float) -> tuple[bool, str | None, float]:
         """Is a batch ready? Returns (ready, group or None for mixed, seconds until it will be)."""
-        oldest = self._queue[0].row
+        oldest = self._queue.oldest().row
         due_in = oldest.enqueued_s + self._max_wait_s - now
         if self._wait_for_booked_only and self._booked == 0:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
@@ -431,37 +543,32 @@ class Batcher:
         # per_group: the oldest row's group when its time is up (or when closing); otherwise any
         # group that already has a full batch, oldest-first. The earliest timer of all groups is
         # the oldest row's, so `due_in` is the right sleep either way.
-        if self._closing or due_in <= 0 or self._group_rows[oldest.group] >= self._max_batch_size:
+        groups = self._queue.groups
+        if self._closing or due_in <= 0 or groups[oldest.group] >= self._max_batch_size:
             return True, oldest.group, due_in
-        if any(count >= self._max_batch_size for count in self._group_rows.values()):
-            for e in self._queue:  # the full group whose first row is oldest
-                if self._group_rows[e.row.group] >= self._max_batch_size:
+        if any(count >= self._max_batch_size for count in groups.values()):
+            for e in self._queue.entries:  # the full group whose first row is oldest
+                if groups[e.row.group] >= self._max_batch_size:
                     return True, e.row.group, due_in
         return False, None, due_in
 
     def _take(self, group: str | None, now: float) -> list[_Entry]:
-        """Remove up to max_batch_size live rows (of `group`, if given) from the queue, failing
-        those whose deadline passed."""
-        batch: list[_Entry] = []
-        kept: list[_Entry] = []
-        queue = self._queue
-        while queue and len(batch) < self._max_batch_size:
-            e = queue.popleft()
-            if group is not None and e.row.group != group:
-                kept.append(e)
-                continue
-            self._forget(e)
+        """Remove up to max_batch_size live rows (of `group`, if given) from the queue, in the
+        scheduler's order, failing those whose deadline passed."""
+
+        def live(e: _Entry) -> bool:
+            e.queued = False
             if e.future.done():  # cancelled by a caller without running _discard yet
-                continue
+                return False
             if e.row.deadline is not None and e.row.deadline <= now:
                 self._rows_expired += 1
                 e.future.set_exception(
                     DeadlineExceeded("the request's deadline passed while it waited for the trunk")
                 )
-                continue
-            batch.append(e)
-        queue.extendleft(reversed(kept))  # other groups' rows keep their place and order
-        return batch
+                return False
+            return True
+
+        return self._queue.take(self._max_batch_size, live, group)
 
     async def _next_batch(self) -> list[_Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""
@@ -518,6 +625,12 @@ class Batcher:
                 self._on_batch(len(rows), len({r.group for r in rows}), queue_wait_s, run_s)
             except Exception:  # noqa: BLE001 - stats must never break serving
                 log.exception("on_batch hook failed")
+        if self._on_served is not None:
+            served = collections.Counter(r.tenant for r in rows if r.cost > 0)
+            try:
+                self._on_served(dict(served))
+            except Exception:  # noqa: BLE001 - stats must never break serving
+                log.exception("on_served hook failed")
 
     def _deliver(self, batch: list[_Entry], results: Any) -> None:
         try:
@@ -556,9 +669,8 @@ class Batcher:
             self._fail_queued(BatchError("the batcher failed; please retry"))
 
     def _fail_queued(self, exc: BaseException) -> None:
-        while self._queue:
-            e = self._queue.popleft()
-            self._forget(e)
+        for e in self._queue.pop_all():
+            e.queued = False
             if not e.future.done():
                 e.future.set_exception(copy_for_waiter(exc))
 

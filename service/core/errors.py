@@ -64,6 +64,17 @@ class Overloaded(ServiceError):
         return (type(self), (self.retry_after_s, str(self)))
 
 
+class RateLimited(Overloaded):
+    """A tenant's quota (a token bucket of trunk images, `service.core.quota`) does not hold
+    the request now; it will in `retry_after_s` seconds (429 + Retry-After)."""
+
+
+class QueueShareExceeded(Overloaded):
+    """A tenant's queued images would pass its weighted share of the queue (or its own
+    `max_queued`), or were pushed out of the queue to make room for a tenant within its share
+    (429 + Retry-After). The server as a whole may still have room: other tenants are served."""
+
+
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its rows reached the trunk."""
 
@@ -93,7 +104,7 @@ class BatchError(ServiceError):
 # (HTTP status, code, gRPC status code name) per error class; most specific first is NOT required:
 # lookup walks the MRO. The gRPC column follows the HTTP one: 400/415/422 INVALID_ARGUMENT, 404
 # NOT_FOUND (an unknown operation UNIMPLEMENTED), 413 RESOURCE_EXHAUSTED as gRPC's own message
-# size limit (but an image over the pixel limit is INVALID_ARGUMENT: no retry can help), 503
+# size limit (but an image over the pixel limit is INVALID_ARGUMENT: no retry can help), 429 and 503
 # overloaded RESOURCE_EXHAUSTED and 503 not ready / shutting down UNAVAILABLE (retry elsewhere or
 # later), 504 DEADLINE_EXCEEDED, 5xx INTERNAL.
 _TABLE: Mapping[str, tuple[int, str, str]] = {
@@ -105,6 +116,9 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     f"{__name__}.PayloadTooLarge": (413, "payload_too_large", "RESOURCE_EXHAUSTED"),
     f"{__name__}.UnsupportedMediaType": (415, "unsupported_media_type", "INVALID_ARGUMENT"),
     f"{__name__}.Overloaded": (503, "overloaded", "RESOURCE_EXHAUSTED"),
+    # One tenant over its own quota or queue share: the client's doing (429), not the server's.
+    f"{__name__}.RateLimited": (429, "rate_limited", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.QueueShareExceeded": (429, "queue_share", "RESOURCE_EXHAUSTED"),
     f"{__name__}.ShuttingDown": (503, "shutting_down", "UNAVAILABLE"),
     f"{__name__}.ReplicaLost": (503, "replica_lost", "UNAVAILABLE"),
     f"{__name__}.NotReady": (503, "not_ready", "UNAVAILABLE"),

@@ -1,0 +1,166 @@
+"""Per-tenant quotas: a token bucket of trunk images for each tenant with a rate.
+
+A tenant's bucket holds at most `burst` tokens and fills at `rate` tokens per second; a request
+of n images needs the bucket to hold min(n, burst) tokens and then takes n (a request larger
+than the burst empties a full bucket and leaves a debt that the rate pays back, so every request
+can pass, and the long-run rate is `rate` whatever the request sizes). A request the bucket
+does not hold is refused with `RateLimited` (429) and a Retry-After of the time until it will:
+nothing is taken, so a client that waits that long (and is the tenant's only client) is then
+accepted.
+
+What costs a token: a trunk image. A request's images are taken when it is admitted, before any
+image is decoded; the images whose trunk features come from the feature cache are given back
+(`refund`) once known, so a cache hit costs nothing; one image scored by several bots (fan out)
+costs one.
+
+    quotas = Quotas(lambda tenant: (rate, burst), clock=time.monotonic)
+    quotas.check("acme")          # before the body is read: RateLimited if not even 1 token
+    quotas.take("acme", 8)        # before decoding: RateLimited if the bucket lacks them
+    quotas.refund("acme", 3)      # 3 of them were feature-cache hits
+
+A tenant without a rate has no bucket (unlimited). Limits are read on every call, so a change
+(`multihead tenants set`) applies at the next request: the tokens are kept, capped at the new
+burst. With N processes sharing the traffic (Ray replicas), each divides rate and burst by N
+(`divisor`). Memory: one small bucket per tenant with a rate that called recently; a bucket
+that has refilled to its burst is dropped (a new one is the same).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from service.core.errors import RateLimited
+
+# (rate in images per second or None for unlimited, burst in images or None for the default)
+Limits = Callable[[str], tuple[float | None, int | None]]
+
+_PRUNE_EVERY = 256  # calls between sweeps of full buckets
+
+
+def default_burst(rate: float) -> int:
+    """The burst of a rate without one: one second of it, at least one image."""
+    return max(1, math.ceil(rate))
+
+
+class _Bucket:
+    __slots__ = ("tokens", "stamp")
+
+    def __init__(self, tokens: float, stamp: float) -> None:
+        self.tokens = tokens
+        self.stamp = stamp
+
+
+class Quotas:
+    """Token buckets by tenant. Thread-safe.
+
+    Args:
+        limits: `limits(tenant) -> (rate, burst)`: images per second (None: unlimited) and
+            bucket size (None: `default_burst(rate)`), as configured for the whole service.
+        divisor: processes sharing one tenant's traffic; each enforces rate / divisor and
+            burst / divisor (rounded up, at least 1).
+        clock: monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(self, limits: Limits, *, divisor: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not isinstance(divisor, int) or divisor < 1:
+            raise ValueError(f"divisor must be an int >= 1, got {divisor!r}")
+        self._limits = limits
+        self._divisor = divisor
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._lock = threading.Lock()
+        self._calls = 0
+
+    def limits_of(self, tenant: str) -> tuple[float, int] | None:
+        """The (rate, burst) this process enforces for `tenant`, or None (unlimited)."""
+        rate, burst = self._limits(tenant)
+        if rate is None:
+            return None
+        if burst is None:
+            burst = default_burst(rate)
+        return rate / self._divisor, max(1, math.ceil(burst / self._divisor))
+
+    def _bucket(self, tenant: str, rate: float, burst: int, now: float) -> _Bucket:
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            bucket = self._buckets[tenant] = _Bucket(float(burst), now)
+        else:
+            elapsed = max(0.0, now - bucket.stamp)
+            bucket.tokens = min(float(burst), bucket.tokens + elapsed * rate)
+            bucket.stamp = now
+        return bucket
+
+    def _refuse(self, tenant: str, need: float, tokens: float, rate: float) -> RateLimited:
+        wait = (need - tokens) / rate
+        return RateLimited(wait, f"tenant '{tenant}' is over its quota of {rate:g} images/s; "
+                                 f"retry after {wait:.2f} s")
+
+    def check(self, tenant: str, n: int = 1) -> None:
+        """Raises RateLimited unless the bucket holds min(n, burst) tokens now (takes none)."""
+        limits = self.limits_of(tenant)
+        if limits is None:
+            return
+        rate, burst = limits
+        with self._lock:
+            bucket = self._bucket(tenant, rate, burst, self._clock())
+            need = min(n, burst)
+            if bucket.tokens < need:
+                raise self._refuse(tenant, need, bucket.tokens, rate)
+
+    def take(self, tenant: str, n: int) -> None:
+        """Takes `n` tokens if the bucket holds min(n, burst) now, else raises RateLimited
+        (taking nothing)."""
+        limits = self.limits_of(tenant)
+        if limits is None:
+            return
+        rate, burst = limits
+        with self._lock:
+            now = self._clock()
+            bucket = self._bucket(tenant, rate, burst, now)
+            need = min(n, burst)
+            if bucket.tokens < need:
+                raise self._refuse(tenant, need, bucket.tokens, rate)
+            bucket.tokens -= n
+            self._calls += 1
+            if self._calls % _PRUNE_EVERY == 0:
+                self._prune(now)
+
+    def refund(self, tenant: str, n: int) -> None:
+        """Gives back `n` tokens taken for images that did not need the trunk (capped at the
+        burst)."""
+        if n <= 0:
+            return
+        limits = self.limits_of(tenant)
+        if limits is None:
+            return
+        rate, burst = limits
+        with self._lock:
+            bucket = self._bucket(tenant, rate, burst, self._clock())
+            bucket.tokens = min(float(burst), bucket.tokens + n)
+
+    def tokens(self, tenant: str) -> float | None:
+        """The tokens `tenant` holds now (None: unlimited)."""
+        limits = self.limits_of(tenant)
+        if limits is None:
+            return None
+        rate, burst = limits
+        with self._lock:
+            return self._bucket(tenant, rate, burst, self._clock()).tokens
+
+    def _prune(self, now: float) -> None:
+        """Drops the buckets that have refilled to their burst (held: the lock)."""
+        for tenant in list(self._buckets):
+            limits = self.limits_of(tenant)
+            bucket = self._buckets[tenant]
+            if limits is None:
+                del self._buckets[tenant]
+                continue
+            rate, burst = limits
+            if bucket.tokens + max(0.0, now - bucket.stamp) * rate >= burst:
+                del self._buckets[tenant]
+
+    def __len__(self) -> int:
+        return len(self._buckets)

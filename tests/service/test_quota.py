@@ -1,0 +1,122 @@
+"""Token buckets per tenant (`service.core.quota`) on a fake clock."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.core.errors import RateLimited, error_status, grpc_status
+from service.core.quota import Quotas, default_burst
+from tests.support.fakes import FakeClock
+
+
+def quotas(limits: dict, *, divisor: int = 1, clock=None) -> Quotas:
+    return Quotas(lambda tenant: limits.get(tenant, (None, None)), divisor=divisor,
+                  clock=clock or FakeClock())
+
+
+def test_a_tenant_without_a_rate_is_never_limited():
+    q = quotas({})
+    for _ in range(1000):
+        q.take("free", 32)
+    assert q.tokens("free") is None and len(q) == 0
+
+
+def test_the_burst_passes_then_the_rate():
+    clock = FakeClock()
+    q = quotas({"t": (2.0, 4)}, clock=clock)
+    for _ in range(4):
+        q.take("t", 1)
+    with pytest.raises(RateLimited) as refused:
+        q.take("t", 1)
+    assert refused.value.retry_after_s == pytest.approx(0.5)
+    assert error_status(refused.value) == (429, "rate_limited", {"Retry-After": "1"})
+    assert grpc_status(refused.value) == ("RESOURCE_EXHAUSTED", "rate_limited")
+    clock.advance(0.5)
+    q.take("t", 1)  # honouring Retry-After is accepted
+
+
+def test_a_refusal_takes_nothing_and_its_retry_after_is_enough():
+    clock = FakeClock()
+    q = quotas({"t": (3.0, 10)}, clock=clock)
+    q.take("t", 9)
+    with pytest.raises(RateLimited) as refused:
+        q.take("t", 5)
+    assert q.tokens("t") == pytest.approx(1.0)
+    clock.advance(refused.value.retry_after_s)
+    q.take("t", 5)
+
+
+def test_a_request_over_the_burst_empties_a_full_bucket_and_leaves_a_debt():
+    clock = FakeClock()
+    q = quotas({"t": (4.0, 8)}, clock=clock)
+    q.take("t", 20)  # needs a full bucket (8), takes 20
+    assert q.tokens("t") == pytest.approx(-12.0)
+    with pytest.raises(RateLimited) as refused:
+        q.check("t")
+    assert refused.value.retry_after_s == pytest.approx(13 / 4)
+
+
+def test_cache_hits_are_given_back_up_to_the_burst():
+    q = quotas({"t": (1.0, 4)})
+    q.take("t", 4)
+    q.refund("t", 3)
+    assert q.tokens("t") == pytest.approx(3.0)
+    q.refund("t", 100)
+    assert q.tokens("t") == pytest.approx(4.0)
+
+
+def test_check_takes_nothing():
+    q = quotas({"t": (1.0, 2)})
+    for _ in range(10):
+        q.check("t")
+    assert q.tokens("t") == pytest.approx(2.0)
+
+
+def test_limits_are_read_at_each_call_and_a_smaller_burst_caps_the_tokens():
+    limits = {"t": (1.0, 10)}
+    q = quotas(limits)
+    assert q.tokens("t") == pytest.approx(10.0)
+    limits["t"] = (1.0, 3)
+    assert q.tokens("t") == pytest.approx(3.0)
+    limits["t"] = (None, None)
+    q.take("t", 100)  # unlimited now
+
+
+def test_processes_sharing_a_tenant_each_enforce_their_part():
+    q = quotas({"t": (10.0, 5)}, divisor=2)
+    assert q.limits_of("t") == (5.0, 3)
+    assert default_burst(0.2) == 1 and default_burst(7.5) == 8
+    with pytest.raises(ValueError):
+        quotas({}, divisor=0)
+
+
+def test_full_buckets_are_dropped():
+    clock = FakeClock()
+    q = quotas({f"t{i}": (100.0, 1) for i in range(600)}, clock=clock)
+    for i in range(600):
+        q.take(f"t{i}", 1)
+        clock.advance(0.02)  # refills 2 tokens: every older bucket is full again
+    assert len(q) < 300
+
+
+@settings(max_examples=200, deadline=None)
+@given(rate=st.floats(0.5, 50), burst=st.integers(1, 40),
+       requests=st.lists(st.tuples(st.integers(1, 32), st.floats(0, 2)), min_size=1,
+                         max_size=60))
+def test_over_any_run_a_tenant_gets_at_most_burst_plus_rate_times_time(rate, burst, requests):
+    """Every accepted image is paid for: accepted <= burst + rate * elapsed (+ the debt of the
+    last request, which the rate pays back), and a refused request is accepted after waiting
+    its Retry-After."""
+    clock = FakeClock()
+    q = quotas({"t": (rate, burst)}, clock=clock)
+    start, accepted = clock.now, 0
+    for n, gap in requests:
+        clock.advance(gap)
+        try:
+            q.take("t", n)
+        except RateLimited as refused:
+            clock.advance(refused.retry_after_s + 1e-9)
+            q.take("t", n)
+        accepted += n
+        assert accepted <= burst + rate * (clock.now - start) + max(0, n - burst) + 1e-6
