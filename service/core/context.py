@@ -36,9 +36,11 @@ from service.core.errors import (
     Forbidden,
     HeadUnavailable,
     NotReady,
+    RateLimited,
     ServiceError,
 )
 from service.core.metrics import Metrics
+from service.core.quota import Quotas
 from service.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -206,7 +208,8 @@ class Service:
     def __init__(self, settings: Settings, *, trunk=None, store: HeadStore | None = None,
                  metrics: Metrics | None = None) -> None:
         self.settings = settings
-        self.metrics = metrics or Metrics(top_bots=settings.metrics_top_bots)
+        self.metrics = metrics or Metrics(top_bots=settings.metrics_top_bots,
+                                          top_tenants=settings.metrics_top_tenants)
         self._own_store = store is None
         pinned = settings.pinned_bots
         if store is not None and set(store.pinned) != set(pinned):
@@ -217,6 +220,9 @@ class Service:
             settings.store, heads_memory_mb=settings.heads_memory_mb, pinned=pinned)
         self.auth = Authenticator(settings.auth, settings.admin_token,
                                   keys=self.store.key_table, mark_used=self.store.mark_used)
+        # Fair sharing: each tenant's settings from the store (read from memory, re-read when
+        # the store changes), the serve flags for what a tenant leaves unset.
+        self.quotas = Quotas(self.tenant_rate, divisor=settings.quota_divisor)
         self.preloaded = Preloaded()
         self.metrics.set_pinned_bots(pinned)
         self.metrics.bind_pinned_heads(
@@ -328,7 +334,8 @@ class Service:
         sizes = warmup_batch_sizes(settings.max_batch_size, trunk.device) if settings.warmup else ()
         readiness.timings["warmup_s"] = await loop.run_in_executor(
             None, warm_up, trunk.features, sizes)
-        self.engine = Engine(trunk, settings, self.metrics)
+        self.engine = Engine(trunk, settings, self.metrics, quotas=self.quotas,
+                             weight=self.tenant_weight, max_queued=self.tenant_max_queued)
         await self.engine.batcher.start()
 
     async def close(self) -> None:
@@ -381,6 +388,45 @@ class Service:
         if self.identity:
             body["replica"] = dict(self.identity)
         return body
+
+    # -- tenants' shares of the trunk (from memory: called per request and per batch) --------
+
+    def _tenant_limits(self, tenant: str):
+        try:
+            return self.store.tenant_limits().get(tenant)
+        except Exception:  # noqa: BLE001 - an unreadable store keeps the serve defaults
+            log.exception("tenant settings unreadable; using the serve defaults")
+            return None
+
+    def tenant_weight(self, tenant: str) -> float:
+        """`tenant`'s weight: its own, else --tenant-weight."""
+        limits = self._tenant_limits(tenant)
+        own = limits.weight if limits is not None else None
+        return own if own is not None else self.settings.tenant_weight
+
+    def tenant_rate(self, tenant: str) -> tuple[float | None, int | None]:
+        """`tenant`'s quota (images per second or None, burst or None), field by field its
+        own, else --tenant-rate / --tenant-burst."""
+        limits = self._tenant_limits(tenant)
+        rate = limits.rate if limits is not None and limits.rate is not None else None
+        burst = limits.burst if limits is not None and limits.burst is not None else None
+        return (rate if rate is not None else self.settings.tenant_rate,
+                burst if burst is not None else self.settings.tenant_burst)
+
+    def tenant_max_queued(self, tenant: str) -> int | None:
+        """`tenant`'s own cap on images waiting: its own, else --tenant-max-queued."""
+        limits = self._tenant_limits(tenant)
+        own = limits.max_queued if limits is not None else None
+        return own if own is not None else self.settings.tenant_max_queued
+
+    def admit_tenant(self, tenant: str) -> None:
+        """A call of `tenant` may go on only if its quota holds at least one image now:
+        checked before the request's body is read. Raises RateLimited."""
+        try:
+            self.quotas.check(tenant)
+        except RateLimited:
+            self.metrics.observe_refusal(tenant, "rate_limited")
+            raise
 
     # -- the store, off the event loop -----------------------------------------------------------
 
@@ -502,8 +548,9 @@ class Service:
         return time.monotonic() + self.settings.request_timeout_s
 
     async def classify(self, images: Images, heads: Sequence[Head], *,
-                       top_k: int) -> list[list[Prediction]]:
-        """Every image under every head: result[i][j] is image i under heads[j].
+                       top_k: int, tenant: str = DEFAULT_TENANT) -> list[list[Prediction]]:
+        """Every image under every head: result[i][j] is image i under heads[j], charged to
+        `tenant` (quota, fair share).
 
         `heads` come from `heads_for()` / `head()`, which checked readiness for the request: the
         engine exists from then on (it is started before readiness says ready, and readiness
@@ -513,9 +560,9 @@ class Service:
         assert engine is not None, "heads_for() checks readiness before a request is scored"
         if images.arrays is not None:
             return await engine.classify_arrays(images.arrays, heads, top_k=top_k,
-                                                deadline=self.deadline())
+                                                deadline=self.deadline(), tenant=tenant)
         return await engine.classify(images.encoded, heads, top_k=top_k,
-                                     deadline=self.deadline())
+                                     deadline=self.deadline(), tenant=tenant)
 
 
 class Caller:
@@ -527,11 +574,16 @@ class Caller:
     new bot goes into the key's tenant. The operator (and anyone with --auth none) reaches
     every bot; a new bot goes into the tenant asked for, else `default`. Changes are recorded
     in the audit log under the caller's name. Everything else is the `Service`'s own.
+
+    A classification is charged to the tenant that owns the bots (a key's own tenant; for the
+    operator, the tenant of the first bot named): its quota is checked when the bots are
+    looked up (`heads_for`), before the body is read, and taken by `classify`.
     """
 
     def __init__(self, service: Service, principal: Principal) -> None:
         self._service = service
         self.principal = principal
+        self._charged: str | None = None  # the tenant of this call's classification
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._service, name)
@@ -556,7 +608,25 @@ class Caller:
         self._service.require_ready()
         for bot_id in bot_ids:
             await self._own(bot_id)
-        return await self._service.heads_for(bot_ids)
+        heads = await self._service.heads_for(bot_ids)
+        self._charged = self._charge_to(heads)
+        self._service.admit_tenant(self._charged)
+        return heads
+
+    def _charge_to(self, heads: Sequence[Head]) -> str:
+        if self.tenant is not None:
+            return self.tenant
+        if not heads:
+            return DEFAULT_TENANT
+        try:
+            return self._service.store.owner(heads[0].bot_id)
+        except UnknownBot:  # removed since its head was resolved: the request still runs
+            return DEFAULT_TENANT
+
+    async def classify(self, images: Images, heads: Sequence[Head], *,
+                       top_k: int) -> list[list[Prediction]]:
+        tenant = self._charged if self._charged is not None else self._charge_to(heads)
+        return await self._service.classify(images, heads, top_k=top_k, tenant=tenant)
 
     async def head(self, bot_id: str) -> Head:
         (head,) = await self.heads_for([bot_id])

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,9 +25,17 @@ import numpy as np
 from backbone import preprocess
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
+from heads.tenants import DEFAULT_TENANT
 from service.core.batcher import Batcher, Row
-from service.core.errors import BadRequest, PayloadTooLarge
+from service.core.errors import (
+    BadRequest,
+    Overloaded,
+    PayloadTooLarge,
+    QueueShareExceeded,
+    error_status,
+)
 from service.core.metrics import Metrics
+from service.core.quota import Quotas
 from service.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -160,12 +168,22 @@ def score(features: np.ndarray, items: Sequence[Item]) -> list[list[Prediction] 
 
 
 class Engine:
-    """Owns the batcher, the feature cache and the preprocessing pool for one trunk."""
+    """Owns the batcher, the feature cache and the preprocessing pool for one trunk.
 
-    def __init__(self, trunk, settings: Settings, metrics: Metrics):
+    Args:
+        quotas: the tenants' token buckets (default: no tenant limited).
+        weight, max_queued: a tenant's weight and own cap on queued images, for the batcher
+            (default: 1 and none).
+    """
+
+    def __init__(self, trunk, settings: Settings, metrics: Metrics, *,
+                 quotas: Quotas | None = None,
+                 weight: Callable[[str], float] = lambda tenant: 1.0,
+                 max_queued: Callable[[str], int | None] = lambda tenant: None):
         self.trunk = trunk
         self.settings = settings
         self.metrics = metrics
+        self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
         self.cache = FeatureCache(settings.feature_cache_size)
         self.decode_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.preprocess_threads, thread_name_prefix="multihead-decode")
@@ -174,8 +192,11 @@ class Engine:
                                max_queue_rows=settings.max_queue_rows,
                                policy=settings.batch_policy, on_batch=metrics.observe_batch,
                                # Rows booked are being decoded: only then is waiting worth it.
-                               wait_for_booked_only=True)
+                               wait_for_booked_only=True,
+                               scheduler=settings.scheduler, weight=weight,
+                               max_queued=max_queued, on_served=metrics.observe_tenant_images)
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
+        metrics.bind_tenant_state(self.batcher.tenant_state)
 
     # -- the worker thread ------------------------------------------------------------------
 
@@ -237,19 +258,22 @@ class Engine:
         return Item(image, None, digest, heads, top_k)
 
     async def classify(self, images: Sequence[bytes], heads: Sequence[Head], *,
-                       top_k: int, deadline: float | None = None) -> list[list[Prediction]]:
-        """Scores every image with every head: result[i][j] is image i under heads[j].
+                       top_k: int, deadline: float | None = None,
+                       tenant: str = DEFAULT_TENANT) -> list[list[Prediction]]:
+        """Scores every image with every head: result[i][j] is image i under heads[j], charged
+        to `tenant` (its quota, its fair share of the trunk).
 
         Raises:
-          InvalidImage / ImageTooLarge (first bad image, before anything is queued),
-          Overloaded, DeadlineExceeded, ShuttingDown, or a head's error.
+          RateLimited (the tenant's quota, before any image is decoded), QueueShareExceeded,
+          Overloaded, InvalidImage / ImageTooLarge (first bad image, before anything is
+          queued), DeadlineExceeded, ShuttingDown, or a head's error.
         """
         check_image_count(len(images), self.settings.max_images_per_request)
-        return await self._run(self._prepare, images, tuple(heads), top_k, deadline)
+        return await self._run(self._prepare, images, tuple(heads), top_k, deadline, tenant)
 
     async def classify_arrays(self, images: np.ndarray, heads: Sequence[Head], *,
-                              top_k: int, deadline: float | None = None
-                              ) -> list[list[Prediction]]:
+                              top_k: int, deadline: float | None = None,
+                              tenant: str = DEFAULT_TENANT) -> list[list[Prediction]]:
         """Like `classify`, for images already preprocessed: float32 [N, 299, 299, 3] in [-1, 1].
 
         Same batcher, limits and deadlines; features are cached by a digest of each image's
@@ -265,10 +289,11 @@ class Engine:
                              f"{', '.join(map(str, INPUT.shape))}], got {list(images.shape)}")
         check_image_count(images.shape[0], self.settings.max_images_per_request)
         images = np.ascontiguousarray(images, dtype=np.float32)
-        return await self._run(self._prepare_array, images, tuple(heads), top_k, deadline)
+        return await self._run(self._prepare_array, images, tuple(heads), top_k, deadline,
+                               tenant)
 
     async def _run(self, prepare, inputs, heads: tuple[Head, ...], top_k: int,
-                   deadline: float | None) -> list[list[Prediction]]:
+                   deadline: float | None, tenant: str) -> list[list[Prediction]]:
         """`prepare` of every input in the decode pool, then the heads (and the trunk for the
         images not cached); raises the first failed row's error.
 
@@ -277,23 +302,54 @@ class Engine:
         (Overloaded) before any work, and the rows are queued on that booking without another
         check. While rows are booked the batcher knows more are coming and waits for them (up to
         max_wait_ms); the booking is released when the rows are queued or will not be.
+
+        Before that, the tenant's quota takes one token per image (`Quotas.take`); those of the
+        images whose features come from the cache are given back once known, and the whole
+        request's if it is refused or fails before its rows are queued, or is pushed out of
+        the queue (nothing of it ran).
         """
         loop = asyncio.get_running_loop()
-        with self.batcher.book(len(inputs)) as booking:
-            items = await asyncio.gather(*(
-                loop.run_in_executor(self.decode_pool, prepare, x, heads, top_k) for x in inputs))
-            group = ",".join(sorted({h.bot_id for h in heads}))
-            for head in heads:
-                self.metrics.observe_bot(head.bot_id, len(items))
-            if all(item.features is not None for item in items):
-                booking.release()
-                # Every image seen before: no trunk, no queue; the heads' numpy still runs off
-                # the event loop (a 1001-class head on 32 rows is milliseconds).
-                features = np.stack([item.features for item in items])
-                results = await loop.run_in_executor(self.decode_pool, score, features, items)
-            else:
-                results = await self.batcher.submit_many(list(items), group=group,
-                                                         deadline=deadline, booking=booking)
+        n = len(inputs)
+        try:
+            self.quotas.take(tenant, n)
+        except Overloaded as exc:
+            self.metrics.observe_refusal(tenant, error_status(exc)[1])
+            raise
+        charged = n  # tokens to give back if the request fails here
+        try:
+            with self.batcher.book(n, tenant) as booking:
+                items = await asyncio.gather(*(
+                    loop.run_in_executor(self.decode_pool, prepare, x, heads, top_k)
+                    for x in inputs))
+                hits = sum(item.features is not None for item in items)
+                self.quotas.refund(tenant, hits)
+                charged -= hits
+                group = ",".join(sorted({h.bot_id for h in heads}))
+                for head in heads:
+                    self.metrics.observe_bot(head.bot_id, len(items))
+                if hits == n:
+                    booking.release()
+                    # Every image seen before: no trunk, no queue; the heads' numpy still runs
+                    # off the event loop (a 1001-class head on 32 rows is milliseconds).
+                    features = np.stack([item.features for item in items])
+                    results = await loop.run_in_executor(self.decode_pool, score, features,
+                                                         items)
+                else:
+                    costs = [0.0 if item.features is not None else 1.0 for item in items]
+                    try:
+                        results = await self.batcher.submit_many(
+                            items, group=group, deadline=deadline, booking=booking,
+                            tenant=tenant, costs=costs)
+                    except QueueShareExceeded:
+                        raise  # pushed out of the queue: nothing ran, `charged` goes back
+                    except BaseException:
+                        charged = 0  # queued: some rows may have run
+                        raise
+        except BaseException as exc:
+            self.quotas.refund(tenant, charged)
+            if isinstance(exc, Overloaded):
+                self.metrics.observe_refusal(tenant, error_status(exc)[1])
+            raise
         for result in results:
             if isinstance(result, Exception):
                 raise result

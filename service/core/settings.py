@@ -32,6 +32,7 @@ from heads import InvalidBotId, validate_bot_id
 from heads.backend import redact_url
 from service.core.auth import AUTH_MODES
 from service.core.batcher import POLICIES as BATCH_POLICIES
+from service.core.fair import SCHEDULERS
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,37 @@ class Settings:
         "mixed: one trunk batch holds any mix of bots; per_group: one bot per batch "
         "(what per-model servers do; for comparison)",
         choices=BATCH_POLICIES)
+    # -- fair sharing between tenants (service.core.fair, service.core.quota) ------------------
+    scheduler: str = setting(
+        "fair",
+        "fair: when more images wait than a batch holds, take them by the tenants' weighted "
+        "counters of trunk images served (VTC), FIFO within a tenant, and keep each tenant "
+        "within its weighted share of max_queue_rows (429 queue_share beyond it); fifo: "
+        "arrival order and one queue bound for all (for comparison)",
+        choices=SCHEDULERS)
+    tenant_weight: float = setting(
+        1.0, "a tenant's weight when its own is unset (`multihead tenants set NAME --weight`)",
+        above=0, at_most=1000)
+    tenant_rate: float | None = setting(
+        None,
+        "a tenant's quota in trunk images per second when its own is unset (429 "
+        "rate_limited + Retry-After beyond it; a feature-cache hit costs nothing); unset: "
+        "no quota. Under --ray each replica enforces rate / replicas (max-replicas when "
+        "autoscaling)",
+        above=0, at_most=1_000_000)
+    tenant_burst: int | None = setting(
+        None,
+        "a tenant's quota bucket size in images when its own is unset; unset: one second of "
+        "its rate",
+        at_least=1, at_most=1_000_000)
+    tenant_max_queued: int | None = setting(
+        None,
+        "most images one tenant may have waiting when its own is unset (429 queue_share "
+        "beyond it); unset: only its weighted share of max_queue_rows (fair)",
+        at_least=1, at_most=1_000_000)
+    metrics_top_tenants: int = setting(
+        20, "busiest tenants that get their own /metrics label; the rest are 'other'",
+        at_least=0)
     metrics_top_bots: int = setting(
         20, "busiest bots that get their own /metrics label; the rest are 'other'", at_least=0)
     warmup: bool = setting(
@@ -330,6 +362,16 @@ class Settings:
     def pinned_bots(self) -> tuple[str, ...]:
         """The bot ids of `pin`, in order, without duplicates."""
         return _bot_ids(self.pin or "")
+
+    @property
+    def quota_divisor(self) -> int:
+        """The processes sharing one tenant's traffic, each enforcing rate / this: the Ray
+        replicas (the most of the autoscaling range, so the sum never passes the rate), else 1.
+        """
+        if not self.ray:
+            return 1
+        d = self.deployment
+        return d.max_replicas if d.max_replicas is not None else d.replicas
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (validated again)."""
