@@ -36,7 +36,6 @@ from service.core.errors import (
     Forbidden,
     HeadUnavailable,
     NotReady,
-    RateLimited,
     ServiceError,
 )
 from service.core.metrics import Metrics
@@ -419,15 +418,6 @@ class Service:
         own = limits.max_queued if limits is not None else None
         return own if own is not None else self.settings.tenant_max_queued
 
-    def admit_tenant(self, tenant: str) -> None:
-        """A call of `tenant` may go on only if its quota holds at least one image now:
-        checked before the request's body is read. Raises RateLimited."""
-        try:
-            self.quotas.check(tenant)
-        except RateLimited:
-            self.metrics.observe_refusal(tenant, "rate_limited")
-            raise
-
     # -- the store, off the event loop -----------------------------------------------------------
 
     def caller(self, authorization: str | None, access: str) -> Caller:
@@ -576,8 +566,7 @@ class Caller:
     in the audit log under the caller's name. Everything else is the `Service`'s own.
 
     A classification is charged to the tenant that owns the bots (a key's own tenant; for the
-    operator, the tenant of the first bot named): its quota is checked when the bots are
-    looked up (`heads_for`), before the body is read, and taken by `classify`.
+    operator, the tenant of the first bot named): its quota and fair share (`Engine`).
     """
 
     def __init__(self, service: Service, principal: Principal) -> None:
@@ -610,7 +599,6 @@ class Caller:
             await self._own(bot_id)
         heads = await self._service.heads_for(bot_ids)
         self._charged = self._charge_to(heads)
-        self._service.admit_tenant(self._charged)
         return heads
 
     def _charge_to(self, heads: Sequence[Head]) -> str:

@@ -223,19 +223,21 @@ class Engine:
 
     # -- the event loop ---------------------------------------------------------------------
 
-    def _prepare(self, data: bytes, heads: tuple[Head, ...], top_k: int) -> Item:
-        """Digest, cache lookup and (on a miss) decode + preprocess. Decode pool thread."""
+    def _look(self, data: bytes) -> tuple[bytes, np.ndarray | None]:
+        """Digest and feature-cache lookup of one encoded image. Decode pool thread."""
         digest = hashlib.blake2b(data, digest_size=20).digest()
         cached = self.cache.get(digest)
         self.metrics.observe_cache(hit=cached is not None)
-        if cached is not None:
-            return Item(None, cached, digest, heads, top_k)
+        return digest, cached
+
+    def _decode(self, data: bytes) -> np.ndarray:
+        """Decode + preprocess of one encoded image (a cache miss). Decode pool thread."""
         start = time.perf_counter()
         image = preprocess(data, max_pixels=self.settings.max_image_pixels)
         self.metrics.decode_seconds.observe(time.perf_counter() - start)
-        return Item(image, None, digest, heads, top_k)
+        return image
 
-    def _prepare_array(self, image: np.ndarray, heads: tuple[Head, ...], top_k: int) -> Item:
+    def _look_array(self, image: np.ndarray) -> tuple[bytes, np.ndarray | None]:
         """Range check, digest and cache lookup of one preprocessed image. Decode pool thread.
 
         Args:
@@ -253,9 +255,11 @@ class Engine:
         digest = hashlib.blake2b(image, digest_size=20, person=_ARRAY_DIGEST_PERSON).digest()
         cached = self.cache.get(digest)
         self.metrics.observe_cache(hit=cached is not None)
-        if cached is not None:
-            return Item(None, cached, digest, heads, top_k)
-        return Item(image, None, digest, heads, top_k)
+        return digest, cached
+
+    @staticmethod
+    def _as_is(image: np.ndarray) -> np.ndarray:
+        return image
 
     async def classify(self, images: Sequence[bytes], heads: Sequence[Head], *,
                        top_k: int, deadline: float | None = None,
@@ -265,11 +269,12 @@ class Engine:
 
         Raises:
           RateLimited (the tenant's quota, before any image is decoded), QueueShareExceeded,
-          Overloaded, InvalidImage / ImageTooLarge (first bad image, before anything is
-          queued), DeadlineExceeded, ShuttingDown, or a head's error.
+          Overloaded (both before decoding), InvalidImage / ImageTooLarge (first bad image,
+          before anything is queued), DeadlineExceeded, ShuttingDown, or a head's error.
         """
         check_image_count(len(images), self.settings.max_images_per_request)
-        return await self._run(self._prepare, images, tuple(heads), top_k, deadline, tenant)
+        return await self._run(self._look, self._decode, images, tuple(heads), top_k, deadline,
+                               tenant)
 
     async def classify_arrays(self, images: np.ndarray, heads: Sequence[Head], *,
                               top_k: int, deadline: float | None = None,
@@ -289,71 +294,75 @@ class Engine:
                              f"{', '.join(map(str, INPUT.shape))}], got {list(images.shape)}")
         check_image_count(images.shape[0], self.settings.max_images_per_request)
         images = np.ascontiguousarray(images, dtype=np.float32)
-        return await self._run(self._prepare_array, images, tuple(heads), top_k, deadline,
-                               tenant)
+        return await self._run(self._look_array, self._as_is, images, tuple(heads), top_k,
+                               deadline, tenant)
 
-    async def _run(self, prepare, inputs, heads: tuple[Head, ...], top_k: int,
+    async def _run(self, look, decode, inputs, heads: tuple[Head, ...], top_k: int,
                    deadline: float | None, tenant: str) -> list[list[Prediction]]:
-        """`prepare` of every input in the decode pool, then the heads (and the trunk for the
-        images not cached); raises the first failed row's error.
+        """`look` (digest, feature cache) of every input in the decode pool, then `decode` of
+        the misses, then the heads (and the trunk for the misses); raises the first failed
+        row's error.
 
-        Admission before work, the request's one queue-room check: the rows' room is booked in
-        the batcher (`Batcher.book`) before they are decoded, so a full queue refuses a request
-        (Overloaded) before any work, and the rows are queued on that booking without another
-        check. While rows are booked the batcher knows more are coming and waits for them (up to
-        max_wait_ms); the booking is released when the rows are queued or will not be.
-
-        Before that, the tenant's quota takes one token per image (`Quotas.take`); those of the
-        images whose features come from the cache are given back once known, and the whole
-        request's if it is refused or fails before its rows are queued, or is pushed out of
-        the queue (nothing of it ran).
+        Admission before work, in order, all before any image is decoded:
+        - the tenant's quota takes one token per cache miss (`Quotas.take`: a hit costs
+          nothing); refused, RateLimited;
+        - the request's one queue-room check: the rows' room is booked in the batcher
+          (`Batcher.book`: the queue bound, the tenant's share), so a full queue refuses a
+          request (Overloaded, QueueShareExceeded) before any decoding, and the rows are
+          queued on that booking without another check. While rows are booked the batcher
+          knows more are coming and waits for them (up to max_wait_ms); the booking is
+          released when the rows are queued or will not be.
+        The tokens are given back if the request fails before its rows are queued, or is
+        pushed out of the queue (nothing of it ran).
         """
         loop = asyncio.get_running_loop()
-        n = len(inputs)
-        try:
-            self.quotas.take(tenant, n)
-        except Overloaded as exc:
-            self.metrics.observe_refusal(tenant, error_status(exc)[1])
-            raise
-        charged = n  # tokens to give back if the request fails here
-        try:
-            with self.batcher.book(n, tenant) as booking:
-                items = await asyncio.gather(*(
-                    loop.run_in_executor(self.decode_pool, prepare, x, heads, top_k)
-                    for x in inputs))
-                hits = sum(item.features is not None for item in items)
-                self.quotas.refund(tenant, hits)
-                charged -= hits
-                group = ",".join(sorted({h.bot_id for h in heads}))
-                for head in heads:
-                    self.metrics.observe_bot(head.bot_id, len(items))
-                if hits == n:
-                    booking.release()
-                    # Every image seen before: no trunk, no queue; the heads' numpy still runs
-                    # off the event loop (a 1001-class head on 32 rows is milliseconds).
-                    features = np.stack([item.features for item in items])
-                    results = await loop.run_in_executor(self.decode_pool, score, features,
-                                                         items)
-                else:
-                    costs = [0.0 if item.features is not None else 1.0 for item in items]
-                    try:
-                        results = await self.batcher.submit_many(
-                            items, group=group, deadline=deadline, booking=booking,
-                            tenant=tenant, costs=costs)
-                    except QueueShareExceeded:
-                        raise  # pushed out of the queue: nothing ran, `charged` goes back
-                    except BaseException:
-                        charged = 0  # queued: some rows may have run
-                        raise
-        except BaseException as exc:
-            self.quotas.refund(tenant, charged)
-            if isinstance(exc, Overloaded):
+        looked = await asyncio.gather(*(loop.run_in_executor(self.decode_pool, look, x)
+                                        for x in inputs))
+        misses = [i for i, (_, cached) in enumerate(looked) if cached is None]
+        group = ",".join(sorted({h.bot_id for h in heads}))
+        if not misses:
+            items = [Item(None, cached, digest, heads, top_k) for digest, cached in looked]
+            self._observe_bots(heads, len(items))
+            # Every image seen before: no quota, no trunk, no queue; the heads' numpy still
+            # runs off the event loop (a 1001-class head on 32 rows is milliseconds).
+            features = np.stack([item.features for item in items])
+            results = await loop.run_in_executor(self.decode_pool, score, features, items)
+        else:
+            try:
+                self.quotas.take(tenant, len(misses))
+            except Overloaded as exc:
                 self.metrics.observe_refusal(tenant, error_status(exc)[1])
-            raise
+                raise
+            queued = False
+            try:
+                with self.batcher.book(len(inputs), tenant) as booking:
+                    images = await asyncio.gather(*(
+                        loop.run_in_executor(self.decode_pool, decode, inputs[i])
+                        for i in misses))
+                    decoded = dict(zip(misses, images))
+                    items = [Item(decoded.get(i), cached, digest, heads, top_k)
+                             for i, (digest, cached) in enumerate(looked)]
+                    self._observe_bots(heads, len(items))
+                    costs = [0.0 if item.features is not None else 1.0 for item in items]
+                    queued = True
+                    results = await self.batcher.submit_many(
+                        items, group=group, deadline=deadline, booking=booking, tenant=tenant,
+                        costs=costs)
+            except BaseException as exc:
+                # Refused, failed before queueing, or pushed out of the queue: nothing ran.
+                if not queued or isinstance(exc, QueueShareExceeded):
+                    self.quotas.refund(tenant, len(misses))
+                if isinstance(exc, Overloaded):
+                    self.metrics.observe_refusal(tenant, error_status(exc)[1])
+                raise
         for result in results:
             if isinstance(result, Exception):
                 raise result
         return results
+
+    def _observe_bots(self, heads: Sequence[Head], n: int) -> None:
+        for head in heads:
+            self.metrics.observe_bot(head.bot_id, n)
 
     async def close(self) -> None:
         """Stops accepting, finishes the queued rows, then stops the pools."""

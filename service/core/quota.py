@@ -8,15 +8,14 @@ does not hold is refused with `RateLimited` (429) and a Retry-After of the time 
 nothing is taken, so a client that waits that long (and is the tenant's only client) is then
 accepted.
 
-What costs a token: a trunk image. A request's images are taken when it is admitted, before any
-image is decoded; the images whose trunk features come from the feature cache are given back
-(`refund`) once known, so a cache hit costs nothing; one image scored by several bots (fan out)
-costs one.
+What costs a token: a trunk image. The engine takes a request's cache misses once its images
+are digested, before any is decoded (a feature-cache hit costs nothing; one image scored by
+several bots costs one), and gives them back (`refund`) if the request is refused or fails
+before its images are queued.
 
     quotas = Quotas(lambda tenant: (rate, burst), clock=time.monotonic)
-    quotas.check("acme")          # before the body is read: RateLimited if not even 1 token
-    quotas.take("acme", 8)        # before decoding: RateLimited if the bucket lacks them
-    quotas.refund("acme", 3)      # 3 of them were feature-cache hits
+    quotas.take("acme", 8)        # the request's cache misses, before decoding: or RateLimited
+    quotas.refund("acme", 8)      # it was refused by the queue: nothing ran
 
 A tenant without a rate has no bucket (unlimited). Limits are read on every call, so a change
 (`multihead tenants set`) applies at the next request: the tokens are kept, capped at the new
@@ -97,18 +96,6 @@ class Quotas:
         wait = (need - tokens) / rate
         return RateLimited(wait, f"tenant '{tenant}' is over its quota of {rate:g} images/s; "
                                  f"retry after {wait:.2f} s")
-
-    def check(self, tenant: str, n: int = 1) -> None:
-        """Raises RateLimited unless the bucket holds min(n, burst) tokens now (takes none)."""
-        limits = self.limits_of(tenant)
-        if limits is None:
-            return
-        rate, burst = limits
-        with self._lock:
-            bucket = self._bucket(tenant, rate, burst, self._clock())
-            need = min(n, burst)
-            if bucket.tokens < need:
-                raise self._refuse(tenant, need, bucket.tokens, rate)
 
     def take(self, tenant: str, n: int) -> None:
         """Takes `n` tokens if the bucket holds min(n, burst) now, else raises RateLimited

@@ -53,7 +53,7 @@ def test_a_request_over_the_burst_empties_a_full_bucket_and_leaves_a_debt():
     q.take("t", 20)  # needs a full bucket (8), takes 20
     assert q.tokens("t") == pytest.approx(-12.0)
     with pytest.raises(RateLimited) as refused:
-        q.check("t")
+        q.take("t", 1)
     assert refused.value.retry_after_s == pytest.approx(13 / 4)
 
 
@@ -64,13 +64,6 @@ def test_cache_hits_are_given_back_up_to_the_burst():
     assert q.tokens("t") == pytest.approx(3.0)
     q.refund("t", 100)
     assert q.tokens("t") == pytest.approx(4.0)
-
-
-def test_check_takes_nothing():
-    q = quotas({"t": (1.0, 2)})
-    for _ in range(10):
-        q.check("t")
-    assert q.tokens("t") == pytest.approx(2.0)
 
 
 def test_limits_are_read_at_each_call_and_a_smaller_burst_caps_the_tokens():

@@ -51,5 +51,8 @@ async def _serve(service: Service, request: web.Request, bot_id: str,
             await ws.send_json(render_bot_result([results[0][0]]))
         except Exception as exc:  # noqa: BLE001 - answer this message, keep the socket
             reply = error_reply(exc)
-            await ws.send_json({**json.loads(reply.body), "status": reply.status})
+            answer = {**json.loads(reply.body), "status": reply.status}
+            if "Retry-After" in reply.headers:  # 429 / 503: what HTTP says in the header
+                answer["retry_after_s"] = int(reply.headers["Retry-After"])
+            await ws.send_json(answer)
     return ws
