@@ -1,19 +1,20 @@
 """Prometheus metrics of one app, in the app's own `CollectorRegistry`.
 
 Each `Metrics` owns its registry (never the global one), so several apps can live in one process
-(tests build many). Per-bot series are bounded: only the busiest `top_bots` bots get their own
-`bot` label, every other bot counts under `bot="other"`, so thousands of bots cannot explode
-label cardinality.
+(tests build many). Per-bot and per-tenant series are bounded: only the busiest `top_bots` bots
+get their own `bot` label and the busiest `top_tenants` tenants their own `tenant` label, every
+other one counts under "other", so thousands of bots or tenants cannot explode label cardinality.
 
     metrics = Metrics(top_bots=settings.metrics_top_bots)
     batcher = Batcher(..., on_batch=metrics.observe_batch)
     metrics.bind_queue_depth(lambda: batcher.queue_depth)
+    metrics.bind_tenant_state(read)  # read() -> {tenant: (queued rows, virtual counter)}
     body, content_type = metrics.render()
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -26,6 +27,10 @@ from prometheus_client import (
 
 OTHER = "other"
 NAMESPACE = "multihead"
+# Why a tenant's request was refused (`Metrics.observe_refusal`): its token bucket was empty, it
+# already held its share of the queue, or the queue as a whole was full. A closed set: each one
+# is a series per labelled tenant.
+REFUSAL_CODES = ("rate_limited", "queue_share", "overloaded")
 
 # Seconds: from a cached-feature request (~1 ms) to a full CPU batch of 16 (several seconds).
 LATENCY_BUCKETS_S = (
@@ -34,40 +39,48 @@ LATENCY_BUCKETS_S = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
-class TopBots:
-    """Which bots deserve their own label: the `n` busiest by request count so far.
+class TopN:
+    """Which keys (bot ids, tenant names) deserve their own label: the `n` busiest so far.
 
-    Counts are kept for at most `capacity` bots with the space-saving algorithm (Metwally et
-    al. 2005): a new bot arriving at a full table replaces the least-counted one and inherits
-    its count + 1, so memory is bounded however many ids appear, and any bot that is truly among
+    Counts are kept for at most `capacity` keys with the space-saving algorithm (Metwally et
+    al. 2005): a new key arriving at a full table replaces the least-counted one and inherits
+    its count + 1, so memory is bounded however many keys appear, and any key that is truly among
     the busiest keeps a count at least as large as its real one.
 
-    A bot outside the labelled set replaces the least busy labelled bot only once its count
-    exceeds that bot's by a margin (10 %, at least 1), so two bots of equal traffic at the
-    boundary do not swap labels on every request.
+    A key outside the labelled set replaces the least busy labelled key only once its count
+    exceeds that key's by a margin (10 %, at least 1), so two keys of equal traffic at the
+    boundary do not swap labels on every observation.
+
+    A key literally named "other" (`OTHER`) never gets a label: it is always counted under the
+    "other" aggregate, which it would otherwise be indistinguishable from.
 
     Not thread-safe by itself; `Metrics` holds a lock around it.
+
+    Args:
+        n: how many keys may be labelled at once (0: none, everything is "other").
+        capacity: how many keys are counted (default: 64 n, at least 1024; never below n).
+        name: the argument's name in the error for a negative `n` (`top_bots`, `top_tenants`).
     """
 
-    def __init__(self, n: int, capacity: int | None = None) -> None:
+    def __init__(self, n: int, capacity: int | None = None, *, name: str = "n") -> None:
         if n < 0:
-            raise ValueError(f"top_bots must be >= 0, got {n}")
+            raise ValueError(f"{name} must be >= 0, got {n}")
         self.n = n
         self.capacity = max(capacity if capacity is not None else max(64 * n, 1024), n)
         self.counts: dict[str, int] = {}
         self.labelled: set[str] = set()
 
-    def observe(self, bot_id: str, n: int = 1) -> tuple[str, str | None]:
-        """Count `n` requests for `bot_id`.
+    def observe(self, key: str, n: int = 1) -> tuple[str, str | None]:
+        """Count `n` for `key` (requests of a bot, images and refusals of a tenant).
 
         Returns:
-            (label to use for this request, bot that just lost its label or None).
+            (label to use for this observation, key that just lost its label or None).
         """
-        count = self.counts.get(bot_id)
+        count = self.counts.get(key)
         if count is None:
             if len(self.counts) >= self.capacity:
                 victim = min(
-                    (b for b in self.counts if b not in self.labelled),
+                    (k for k in self.counts if k not in self.labelled),
                     key=self.counts.__getitem__,
                     default=None,
                 )
@@ -77,31 +90,44 @@ class TopBots:
             else:
                 count = 0
         count += n
-        self.counts[bot_id] = count
+        self.counts[key] = count
 
-        if bot_id in self.labelled:
-            return bot_id, None
-        if bot_id == OTHER or self.n == 0:
-            # A bot literally named "other" is never given a label of its own: it would merge
+        if key in self.labelled:
+            return key, None
+        if key == OTHER or self.n == 0:
+            # A key literally named "other" is never given a label of its own: it would merge
             # with the overflow series.
             return OTHER, None
         if len(self.labelled) < self.n:
-            self.labelled.add(bot_id)
-            return bot_id, None
+            self.labelled.add(key)
+            return key, None
         weakest = min(self.labelled, key=self.counts.__getitem__)
         weakest_count = self.counts[weakest]
         if count > weakest_count + max(1, weakest_count // 10):
             self.labelled.discard(weakest)
-            self.labelled.add(bot_id)
-            return bot_id, weakest
+            self.labelled.add(key)
+            return key, weakest
         return OTHER, None
+
+
+# Its name from before tenants shared it (tests/service/test_metrics.py still uses it).
+TopBots = TopN
 
 
 class Metrics:
     """All metrics of one app.
 
+    Per-tenant series share one labelled set: the `top_tenants` busiest tenants by traffic
+    (trunk images plus refusals, `TopN`) have their own `tenant` label, the others count under
+    `tenant="other"`; a tenant really named "other" is always among those. A tenant that loses
+    its label (another one overtook it) loses its counter series too, like a bot in
+    `bot_requests_total`: from then on its traffic counts under "other", and the labels' sum is
+    what was counted since each series appeared (`batch_size`'s sum keeps the exact total).
+
     Args:
         top_bots: bots with their own `bot` label in `bot_requests_total`; the rest are "other".
+        top_tenants: tenants with their own `tenant` label in the tenant_* metrics; the rest are
+            "other".
         registry: where to register (default: a new `CollectorRegistry` of this object's own).
 
     Attributes (prometheus_client objects, usable directly):
@@ -110,10 +136,19 @@ class Metrics:
         queue_wait_seconds, trunk_seconds, heads_seconds, batch_size, batch_bots, queue_depth,
         resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
         feature_cache_hits_total,
-        feature_cache_misses_total, bot_requests_total{bot}.
+        feature_cache_misses_total, bot_requests_total{bot},
+        tenant_images_total{tenant}, tenant_refusals_total{tenant,code} (code: one of
+        `REFUSAL_CODES`), tenant_queued_rows{tenant}, tenant_counter{tenant} (the last two set
+        from `bind_tenant_state` at each `render`).
     """
 
-    def __init__(self, top_bots: int = 20, *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        top_bots: int = 20,
+        top_tenants: int = 20,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         ns = NAMESPACE
@@ -191,8 +226,34 @@ class Metrics:
             "bot_requests", f"classification requests per bot (busiest {top_bots}; rest '{OTHER}')",
             ["bot"], namespace=ns, registry=r,
         )
-        self._top = TopBots(top_bots)
+        tenants = f"busiest {top_tenants} tenants by images and refusals; rest '{OTHER}'"
+        self.tenant_images_total = Counter(
+            "tenant_images", f"trunk images served per tenant: rows that ran in a trunk batch "
+            f"({tenants})", ["tenant"], namespace=ns, registry=r,
+        )
+        self.tenant_refusals_total = Counter(
+            "tenant_refusals", f"requests refused per tenant by error code: "
+            f"{', '.join(REFUSAL_CODES)} ({tenants})", ["tenant", "code"],
+            namespace=ns, registry=r,
+        )
+        self.tenant_queued_rows = Gauge(
+            "tenant_queued_rows", f"rows waiting in the batcher queue per tenant ({tenants}: "
+            "their sum)", ["tenant"], namespace=ns, registry=r,
+        )
+        self.tenant_counter = Gauge(
+            "tenant_counter", f"the fair scheduler's virtual counter per tenant: weighted trunk "
+            f"images served ({tenants}: the largest among them)", ["tenant"],
+            namespace=ns, registry=r,
+        )
+        self._top = TopN(top_bots, name="top_bots")
+        self._top_tenants = TopN(top_tenants, name="top_tenants")
+        self._tenant_state: Callable[[], Mapping[str, tuple[int, float]]] | None = None
         self._lock = threading.Lock()
+        # NOTE: held around a whole render so that two scrapes never interleave the clearing and
+        # refilling of the tenant gauges; never taken by the observe_* methods, and the bound
+        # tenant-state callback runs outside `_lock` (it may take the scheduler's own lock, and
+        # the scheduler calls observe_* holding it).
+        self._render_lock = threading.Lock()
 
     # -- recording ------------------------------------------------------------------------------
 
@@ -234,6 +295,57 @@ class Metrics:
         for wait in queue_wait_s:
             self.queue_wait_seconds.observe(wait)
 
+    def observe_tenant_images(self, counts: Mapping[str, int]) -> None:
+        """Count the trunk images of one batch per tenant (`{tenant: rows}`), once per batch.
+
+        Raises:
+            ValueError: a negative row count (nothing of the batch is counted then).
+        """
+        for tenant, rows in counts.items():
+            if rows < 0:
+                raise ValueError(f"rows must be >= 0, got {rows} for tenant {tenant!r}")
+        batch = [(tenant, rows) for tenant, rows in counts.items() if rows]
+        with self._lock:
+            for (_, rows), label in zip(batch, self._observe_tenants(batch)):
+                self.tenant_images_total.labels(tenant=label).inc(rows)
+
+    def observe_refusal(self, tenant: str, code: str) -> str:
+        """Count one request of `tenant` refused with `code` (one of `REFUSAL_CODES`); returns
+        the tenant label used (`tenant` or "other").
+
+        Raises:
+            ValueError: `code` is not in `REFUSAL_CODES`.
+        """
+        if code not in REFUSAL_CODES:
+            raise ValueError(
+                f"unknown refusal code {code!r}; expected one of {', '.join(REFUSAL_CODES)}")
+        with self._lock:
+            [label] = self._observe_tenants([(tenant, 1)])
+            self.tenant_refusals_total.labels(tenant=label, code=code).inc()
+        return label
+
+    def _observe_tenants(self, traffic: Sequence[tuple[str, int]]) -> list[str]:
+        """Count each `(tenant, n)` of traffic in the labelled set and return their labels, as
+        the labelled set stands after all of them; the caller holds the lock.
+
+        A tenant that lost its label here loses its counter series (bounded cardinality), like
+        a demoted bot; the gauges follow at the next render. Resolving labels only once the
+        whole batch is counted means a tenant labelled by one row of a batch and overtaken by
+        a later one never gets a series that vanishes before any scrape could see it.
+        """
+        top = self._top_tenants
+        labels, demoted = [], set()
+        for tenant, n in traffic:
+            label, lost = top.observe(tenant, n)
+            labels.append(label)
+            if lost is not None:
+                demoted.add(lost)
+        for tenant in demoted - top.labelled:
+            self.tenant_images_total.remove(tenant)
+            for code in REFUSAL_CODES:
+                self.tenant_refusals_total.remove(tenant, code)
+        return [label if label in top.labelled else OTHER for label in labels]
+
     def observe_cache(self, hit: bool, n: int = 1) -> None:
         (self.feature_cache_hits_total if hit else self.feature_cache_misses_total).inc(n)
 
@@ -273,14 +385,51 @@ class Metrics:
         """Read the queue depth at scrape time (e.g. `lambda: batcher.queue_depth`)."""
         self.queue_depth.set_function(read)
 
+    def bind_tenant_state(self, read: Callable[[], Mapping[str, tuple[int, float]]]) -> None:
+        """Read `{tenant: (queued rows, virtual counter)}` from the fair scheduler at each
+        `render`, into `tenant_queued_rows` and `tenant_counter`.
+
+        Labelled tenants get their own series; the others are folded into `tenant="other"`
+        (queued rows summed, the largest counter), present only when there are such tenants. A
+        tenant missing from what `read` returns has no gauge series at all (no stale labels).
+        """
+        self._tenant_state = read
+
     @property
     def labelled_bots(self) -> frozenset[str]:
         """Bots that have their own label right now."""
         with self._lock:
             return frozenset(self._top.labelled)
 
+    @property
+    def labelled_tenants(self) -> frozenset[str]:
+        """Tenants that have their own label right now."""
+        with self._lock:
+            return frozenset(self._top_tenants.labelled)
+
     # -- exposition -----------------------------------------------------------------------------
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type, for `GET /metrics`."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        with self._render_lock:
+            if self._tenant_state is not None:
+                self._set_tenant_gauges(self._tenant_state())
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def _set_tenant_gauges(self, state: Mapping[str, tuple[int, float]]) -> None:
+        """The tenant gauges from scratch: labelled tenants of `state`, then "other"."""
+        labelled = self.labelled_tenants
+        rows: dict[str, float] = {}
+        counters: dict[str, float] = {}
+        for tenant, (queued_rows, counter) in state.items():
+            label = tenant if tenant in labelled else OTHER
+            if label in rows:  # only ever "other": labelled tenants are distinct keys
+                rows[label] += queued_rows
+                counters[label] = max(counters[label], counter)
+            else:
+                rows[label], counters[label] = queued_rows, counter
+        self.tenant_queued_rows.clear()
+        self.tenant_counter.clear()
+        for label in rows:
+            self.tenant_queued_rows.labels(tenant=label).set(rows[label])
+            self.tenant_counter.labels(tenant=label).set(counters[label])
