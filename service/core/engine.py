@@ -32,6 +32,7 @@ from service.core.errors import (
     Overloaded,
     PayloadTooLarge,
     QueueShareExceeded,
+    ShuttingDown,
     error_status,
 )
 from service.core.metrics import Metrics
@@ -315,6 +316,8 @@ class Engine:
         The tokens are given back if the request fails before its rows are queued, or is
         pushed out of the queue (nothing of it ran).
         """
+        if self.batcher.closing:  # refused before any work, even a digest
+            raise ShuttingDown("the service is shutting down and accepts no new requests")
         loop = asyncio.get_running_loop()
         looked = await asyncio.gather(*(loop.run_in_executor(self.decode_pool, look, x)
                                         for x in inputs))
