@@ -221,11 +221,16 @@ def validate_limits(**values: object) -> dict[str, float | int | None]:
     return {name: validate_limit(name, value) for name, value in values.items()}
 
 
+def format_limit(value: float | int | None) -> str:
+    """A limit as listings show it: "2", "0.5", "default" (None: the serve default)."""
+    return "default" if value is None else _number_text(value)
+
+
 def describe_limits(values: Mapping[str, float | int | None]) -> str:
     """"weight=2 rate=10 burst=default": the audit detail of a limits change (in LIMITS
     order)."""
-    return " ".join(f"{name}={'default' if values[name] is None else _number_text(values[name])}"
-                    for name in LIMIT_NAMES if name in values)
+    return " ".join(f"{name}={format_limit(values[name])}" for name in LIMIT_NAMES
+                    if name in values)
 
 
 @dataclass(frozen=True)
