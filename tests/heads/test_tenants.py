@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import numbers
 import re
 import secrets
 import subprocess
@@ -18,7 +17,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -52,6 +50,7 @@ from heads.tenants import (
     validate_tenant,
 )
 from tests.heads.helpers import is_pg, listening, pg_execute, random_head, stored_entries
+from tests.support.limits import LIMIT_VALUES, accepted_limit
 from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,40 +225,17 @@ def test_a_bad_limit_is_refused_in_one_line_naming_it(name, value, message):
         TenantLimits(**{name: value}) if name in LIMITS else validate_limits(**{name: value})
 
 
-def _accepted(name: str, value: object) -> bool:
-    """What the limits accept, said once more: None, or a real number (not a bool) in
-    (0, maximum], whole for a whole number limit."""
-    if value is None:
-        return True
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    limit = LIMITS[name]
-    in_range = 0 < value <= limit.maximum  # False for NaN
-    return in_range and (not limit.integer or value == math.floor(value))
-
-
-LIMIT_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(min_value=-3, max_value=2 * 10**6),
-    st.floats(), st.floats(min_value=-1.0, max_value=2e6),
-    st.sampled_from([0, 0.0, -0.0, 1, 1.0, 0.5, 1000, 1000.0, 1000.5, 1e6, 1e6 + 0.5, 10**6 + 1,
-                     10**400, math.nan, math.inf, -math.inf, 5e-324]),
-    st.builds(np.float32, st.floats(width=32)), st.builds(np.int64, st.integers(-5, 10**7)),
-    st.fractions(), st.decimals(allow_nan=True), st.text(max_size=12), st.binary(max_size=4),
-    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.none(),
-                                                         max_size=1))
-
-
 @given(st.sampled_from(LIMIT_NAMES), LIMIT_VALUES)
 def test_any_value_is_a_limit_or_refused_in_one_line_naming_it(name, value):
     try:
         kept = validate_limit(name, value)
     except InvalidLimits as exc:
-        assert not _accepted(name, value), value
+        assert not accepted_limit(name, value), value
         message = str(exc)
         assert message.startswith(f"{name} must be ") and "\n" not in message, message
         assert len(message) < 120, message
         return
-    assert _accepted(name, value), value
+    assert accepted_limit(name, value), value
     if value is None:
         assert kept is None
         return
