@@ -154,13 +154,11 @@ class Limit:
 LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("weight", False, 1000.0, "",
           "the tenant's share of the trunk relative to the other tenants' weights (fair "
-          "batching and queue shares): a tenant of weight 2 gets twice the trunk time of one of "
-          "weight 1 when both have work queued"),
+          "batching and queue shares)"),
     Limit("rate", False, 1_000_000.0, "images/s",
-          "sustained trunk images per second (a token bucket); unset: unlimited"),
+          "sustained trunk images per second (a token bucket; none set: unlimited)"),
     Limit("burst", True, 1_000_000, "images",
-          "the token bucket's size: how many images may go to the trunk at once above the "
-          "rate (used with a rate)"),
+          "the token bucket's size: how far above its rate the tenant may go at once"),
     Limit("max_queued", True, 1_000_000, "rows",
           "a cap on the tenant's queued rows (images x bots waiting for the trunk), besides "
           "its weighted share of the queue"),

@@ -83,7 +83,8 @@ def limit_options() -> argparse.ArgumentParser:
         unit = f" {limit.unit}" if limit.unit else ""
         group.add_argument(limit_flag(name), dest=name, metavar=LIMIT_METAVARS[name],
                            type=limit_value(name), default=argparse.SUPPRESS,
-                           help=f"{limit.meaning}: {limit.range_text}{unit}")
+                           help=f"{limit.meaning}: {limit.range_text}{unit}, or "
+                                f"'{DEFAULT_WORD}'")
     return parent
 
 
@@ -114,7 +115,8 @@ def add_commands(sub) -> None:
         "set", parents=[store, limits], help="change a tenant's limits",
         description="Change a tenant's limits ('default' too): each flag given sets its "
                     f"limit ('{DEFAULT_WORD}': back to the server's setting), the others stay "
-                    "as they are. Every server process uses the new limits within a second.")
+                    "as they are. Every server process on the store reads the new limits within a "
+                    "second.")
     p.add_argument("name", metavar="NAME", help="the tenant")
     p.set_defaults(func=cmd_tenants_set)
     p = tenants_sub.add_parser("list", parents=[store],

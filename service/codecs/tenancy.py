@@ -226,7 +226,7 @@ NEW_KEY_BODY = Body(
 
 ENDPOINTS = [
     Endpoint("GET", "/tenants", "list_tenants", list_tenants, access=OPERATOR,
-             summary="every tenant, with its bot count", tag="tenants",
+             summary="every tenant, with its bot count and limits", tag="tenants",
              answers={200: json_answer("the tenants, by name", {
                  "type": "object", "additionalProperties": False, "required": ["tenants"],
                  "properties": {"tenants": {"type": "array", "items": TENANT_INFO_SCHEMA}}})}),
@@ -238,7 +238,7 @@ ENDPOINTS = [
     Endpoint("PATCH", "/tenants/{tenant}", "patch_tenant", patch_tenant, access=OPERATOR,
              summary="change a tenant's limits (`default` too; null: back to the serve default)",
              tag="tenants", path_params={"tenant": TENANT_SCHEMA}, body=LIMITS_CHANGE_BODY,
-             description="Every server process on the store uses the new limits within a "
+             description="Every server process on the store reads the new limits within a "
                          "second.",
              answers={200: json_answer("the tenant's limits now", {
                  "type": "object", "additionalProperties": False,
