@@ -224,6 +224,9 @@ class Rows:
             raise TenantExists(name)
         at = utc_now()
         self.add_tenant(name, at)
+        # NOTE: a version before limits removed tenants without their limits row: a new tenant
+        # of the same name must not inherit it.
+        self._x(f"DELETE FROM {self.p}tenant_limits WHERE name = %s", (name,))
         given = {} if limits is None else {n: v for n, v in limits.to_dict().items()
                                            if v is not None}
         if given:

@@ -12,6 +12,7 @@ import logging
 import math
 import re
 import secrets
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -298,6 +299,25 @@ def test_tenant_limits_are_given_changed_and_put_back_to_the_defaults(any_store)
     if is_pg(s.location):
         assert pg_execute(s.location, "SELECT name FROM multihead.tenant_limits "
                                       "ORDER BY name") == [("default",)]
+
+
+def test_a_new_tenant_never_inherits_a_leftover_limits_row(any_store):
+    """A version before limits removed tenants without their limits row (the store was shared
+    by both versions): a tenant added again under that name starts from the defaults."""
+    s = any_store
+    s.add_tenant("t0")  # the store exists from here on
+    sql = ("INSERT INTO {p}tenant_limits (name, weight, rate, burst, max_queued, updated) "
+           "VALUES ('t9', 7, NULL, 3, NULL, '2026-01-01')")
+    if is_pg(s.location):
+        pg_execute(s.location, sql.format(p="multihead."))
+    else:
+        with sqlite3.connect(s.root / "registry.sqlite") as conn:
+            conn.execute(sql.format(p=""))
+        conn.close()
+    assert "t9" not in s.tenant_limits()  # not a tenant: not listed
+    assert s.add_tenant("t9").limits == TenantLimits()
+    assert s.tenant_limits()["t9"] == TenantLimits()
+    assert s.set_tenant_limits("t9", rate=1) == TenantLimits(rate=1)
 
 
 def test_a_limits_change_and_its_audit_record_commit_together(any_store, monkeypatch):
