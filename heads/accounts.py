@@ -1,4 +1,5 @@
-"""The rows of tenants, API keys, bot owners and the audit log: the SQL both backends run.
+"""The rows of tenants, their limits, API keys, bot owners and the audit log: the SQL both
+backends run.
 
 `Rows` wraps one connection of either backend (a sqlite3 connection in a `Registry.write()` or
 read transaction, a psycopg connection inside `conn.transaction()` or in autocommit for reads);
@@ -14,10 +15,20 @@ from collections.abc import Callable, Sequence
 
 from heads.backend import utc_now
 from heads.errors import InvalidTenant, TenantExists, TenantNotEmpty, UnknownKey, UnknownTenant
-from heads.tenants import DEFAULT_TENANT, TOKEN_PREFIX, ApiKey, AuditRecord, TenantInfo
+from heads.tenants import (
+    DEFAULT_TENANT,
+    LIMIT_NAMES,
+    TOKEN_PREFIX,
+    ApiKey,
+    AuditRecord,
+    TenantInfo,
+    TenantLimits,
+    describe_limits,
+)
 
 _KEY_COLUMNS = "id, tenant, scope, hash, created, last_used, revoked"
 _AUDIT_COLUMNS = "id, at, actor, action, tenant, bot_id, version, digest, detail"
+_LIMIT_COLUMNS = ", ".join(LIMIT_NAMES)
 
 
 def _api_key(row: Sequence) -> ApiKey:
@@ -86,8 +97,26 @@ class Rows:
                     if tenant == DEFAULT_TENANT else [])
         return [r[0] for r in rows]
 
+    def limits(self) -> dict[str, TenantLimits]:
+        """The limits of the tenants that have a limits row (the others have every default)."""
+        return {row[0]: TenantLimits(*row[1:]) for row in self._read(
+            f"SELECT name, {_LIMIT_COLUMNS} FROM {self.p}tenant_limits")}
+
+    def limits_of(self, name: str) -> TenantLimits:
+        rows = self._read(f"SELECT {_LIMIT_COLUMNS} FROM {self.p}tenant_limits WHERE name = %s",
+                          (name,))
+        return TenantLimits(*rows[0]) if rows else TenantLimits()
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        """{tenant: its limits} of every tenant, DEFAULT_TENANT always."""
+        limits = self.limits()
+        names = {DEFAULT_TENANT, *(r[0] for r in self._read(f"SELECT name FROM {self.p}tenants"))}
+        return {name: limits.get(name, TenantLimits()) for name in sorted(names)}
+
     def tenants(self) -> list[TenantInfo]:
-        """Every tenant with its live bot count, ordered by name; DEFAULT_TENANT always."""
+        """Every tenant with its live bot count and limits, ordered by name; DEFAULT_TENANT
+        always."""
+        limits = self.limits()
         created = dict(self._read(f"SELECT name, created FROM {self.p}tenants"))
         try:
             counts = dict(self._x(
@@ -100,7 +129,8 @@ class Rows:
             counts = dict((DEFAULT_TENANT, n) for (n,) in
                           self._read(f"SELECT count(*) FROM {self.p}bots"))
         names = sorted({DEFAULT_TENANT, *created}, key=lambda n: n.encode())
-        return [TenantInfo(n, created.get(n), int(counts.get(n, 0))) for n in names]
+        return [TenantInfo(n, created.get(n), int(counts.get(n, 0)),
+                           limits.get(n, TenantLimits())) for n in names]
 
     def keys(self, tenant: str | None = None, *, live_only: bool = False) -> list[ApiKey]:
         """Keys ordered by (created, id); only `tenant`'s if given, only unrevoked ones if
@@ -144,6 +174,14 @@ class Rows:
 
     def delete_tenant(self, name: str) -> None:
         self._x(f"DELETE FROM {self.p}tenants WHERE name = %s", (name,))
+        self._x(f"DELETE FROM {self.p}tenant_limits WHERE name = %s", (name,))
+
+    def write_limits(self, name: str, limits: TenantLimits, at: str) -> None:
+        values = limits.to_dict()
+        self._x(f"INSERT INTO {self.p}tenant_limits (name, {_LIMIT_COLUMNS}, updated) "
+                f"VALUES (%s, {', '.join(['%s'] * len(values))}, %s) ON CONFLICT (name) DO UPDATE "
+                f"SET {', '.join(f'{n} = excluded.{n}' for n in values)}, "
+                "updated = excluded.updated", (name, *values.values(), at))
 
     def set_owner(self, bot_id: str, tenant: str) -> None:
         self._x(f"INSERT INTO {self.p}owners (bot_id, tenant) VALUES (%s, %s) "
@@ -178,14 +216,42 @@ class Rows:
 
     # -- the changes: checks, rows and their audit record (inside a write transaction) ---------
 
-    def create_tenant(self, name: str, actor: str) -> TenantInfo:
-        """Adds tenant `name`. Raises TenantExists."""
+    def create_tenant(self, name: str, actor: str,
+                      limits: TenantLimits | None = None) -> TenantInfo:
+        """Adds tenant `name`, with `limits` if given (the audit record's detail names them).
+        Raises TenantExists."""
         if self.tenant_exists(name):
             raise TenantExists(name)
         at = utc_now()
         self.add_tenant(name, at)
-        self.record(at=at, actor=actor, action="tenant_add", tenant=name)
-        return TenantInfo(name, at, 0)
+        # NOTE: a version before limits removed tenants without their limits row: a new tenant
+        # of the same name must not inherit it.
+        self._x(f"DELETE FROM {self.p}tenant_limits WHERE name = %s", (name,))
+        given = {} if limits is None else {n: v for n, v in limits.to_dict().items()
+                                           if v is not None}
+        if given:
+            self.write_limits(name, limits, at)
+        self.record(at=at, actor=actor, action="tenant_add", tenant=name,
+                    detail=describe_limits(given) or None)
+        return TenantInfo(name, at, 0, limits if limits is not None else TenantLimits())
+
+    def set_limits(self, name: str, changes: dict, actor: str) -> TenantLimits:
+        """Changes the limits of tenant `name` (DEFAULT_TENANT too): each limit in `changes`
+        takes its value (None: back to the serve default), the others keep theirs; audited as
+        "tenant_set" with the changes as detail. Returns the limits now.
+
+        Raises:
+            UnknownTenant; InvalidLimits (a value or name `heads.tenants.validate_limit`
+            refuses).
+        """
+        if not self.tenant_exists(name):
+            raise UnknownTenant(name)
+        limits = self.limits_of(name).changed(**changes)
+        at = utc_now()
+        self.write_limits(name, limits, at)
+        self.record(at=at, actor=actor, action="tenant_set", tenant=name,
+                    detail=describe_limits({n: getattr(limits, n) for n in changes}))
+        return limits
 
     def drop_tenant(self, name: str, *, force: bool, actor: str,
                     remove_bot: Callable[[str, str], None]) -> list[str]:

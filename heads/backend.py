@@ -28,7 +28,7 @@ import numpy as np
 
 from heads.errors import InvalidStoreLocation
 from heads.head import Head
-from heads.tenants import DEFAULT_TENANT, OPERATOR, ApiKey, AuditRecord, TenantInfo
+from heads.tenants import DEFAULT_TENANT, OPERATOR, ApiKey, AuditRecord, TenantInfo, TenantLimits
 
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"
@@ -182,12 +182,23 @@ class StoreBackend(ABC):
     # -- tenants, keys, audit (rows: heads.accounts) -----------------------------------------
 
     @abstractmethod
-    def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
-        """Raises TenantExists."""
+    def add_tenant(self, name: str, *, actor: str,
+                   limits: TenantLimits | None = None) -> TenantInfo:
+        """Add a tenant, with its limits if given (audited). Raises TenantExists."""
 
     @abstractmethod
     def tenants(self) -> list[TenantInfo]:
-        """Every tenant (DEFAULT_TENANT always) with its live bot count, ordered by name."""
+        """Every tenant (DEFAULT_TENANT always) with its live bot count and limits, ordered by
+        name."""
+
+    @abstractmethod
+    def set_limits(self, name: str, changes: dict, *, actor: str) -> TenantLimits:
+        """Change a tenant's limits (`heads.accounts.Rows.set_limits`), as a change every
+        process sees (audited). Raises UnknownTenant, InvalidLimits."""
+
+    @abstractmethod
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        """{tenant: limits} of every tenant (DEFAULT_TENANT always), read now."""
 
     @abstractmethod
     def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:

@@ -59,6 +59,11 @@ class InvalidTenant(HeadsError, ValueError):
     the default tenant does not allow (removing it)."""
 
 
+class InvalidLimits(HeadsError, ValueError):
+    """A tenant limit that is not a number in its range (`heads.tenants.LIMITS`), or a limit
+    name that does not exist. The message names the limit."""
+
+
 class UnknownTenant(HeadsError, LookupError):
     """No tenant of this name exists."""
 

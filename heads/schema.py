@@ -1,9 +1,11 @@
 """The store's tables, described once as data; each backend renders its DDL from here.
 
-    TABLES          bots, versions, history, tenants, api_keys, owners, audit (both backends);
-                    state, blobs (PostgreSQL only: its writer lock and change counter, and the
-                    tensors that a directory store keeps as files)
+    TABLES          bots, versions, history, tenants, tenant_limits, api_keys, owners, audit
+                    (both backends); state, blobs (PostgreSQL only: its writer lock and change
+                    counter, and the tensors that a directory store keeps as files)
     create_statements(dialect, prefix="")   the CREATE statements of one dialect
+    GROWING_CHECKS, stale_check(...)        checks whose allowed values grow with the code
+    rebuild_statements(table)               SQLite: a table made again under its new checks
 
 Column types are logical (`KEY`, `TEXT`, `INT`, ...) and `DIALECTS` maps them to each
 database's: a bot id is `TEXT` in SQLite (whose default collation already orders by bytes) and
@@ -17,9 +19,15 @@ Every statement is `CREATE ... IF NOT EXISTS`: running them on an existing store
 nothing, so stores written by earlier versions open as they are (tests/heads/test_schema.py
 keeps such stores, verbatim, and checks the live schemas of both backends against `TABLES`).
 That is also the whole migration to tenants: a store written before them gains the empty
-tables tenants, api_keys, owners and audit at its next write, and a live bot without an owners
-row belongs to `heads.tenants.DEFAULT_TENANT` (no row is rewritten). Until that write, readers
-take the missing tables as empty.
+tables tenants, tenant_limits, api_keys, owners and audit at its next write, and a live bot
+without an owners row belongs to `heads.tenants.DEFAULT_TENANT` (no row is rewritten). Until
+that write, readers take the missing tables as empty.
+
+One migration rewrites something: the check on `audit.action` lists `AUDIT_ACTIONS`, so a store
+written before an action existed ("tenant_set", with tenant limits) refuses it. Its first writer
+of this version replaces the check, in the transaction that creates the missing tables
+(`GROWING_CHECKS`, `stale_check`): PostgreSQL drops and adds the constraint; SQLite, which
+cannot alter a check, makes the table again (`rebuild_statements`: rows and ids kept).
 """
 from __future__ import annotations
 
@@ -27,12 +35,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from heads.backend import POSTGRESQL, SQLITE
-from heads.tenants import AUDIT_ACTIONS, SCOPES
+from heads.tenants import AUDIT_ACTIONS, LIMITS, SCOPES
 
 # Logical column types.
 KEY = "key"        # an id compared and ordered byte by byte
 TEXT = "text"
 INT = "int"        # 32 bits
+REAL = "real"      # a 64-bit float
 BIGINT = "bigint"  # 64 bits
 SERIAL = "serial"  # a growing 64-bit id, given by the database: the table's primary key
 JSON = "json"
@@ -82,6 +91,14 @@ ACTIONS = ("register", "rollback", "remove")
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _limit_column(name: str) -> Column:
+    """A column of tenant_limits: NULL (the serve default) or a value in the limit's range."""
+    limit = LIMITS[name]
+    maximum = int(limit.maximum) if limit.integer else float(limit.maximum)
+    return Column(name, INT if limit.integer else REAL, nullable=True,
+                  check=f"{name} > 0 AND {name} <= {maximum!r}")
 
 
 TABLES: tuple[Table, ...] = (
@@ -134,6 +151,13 @@ TABLES: tuple[Table, ...] = (
         Column("name", KEY),
         Column("created", TEXT),
     ), primary_key=("name",)),
+    # The limits of a tenant (fair sharing: heads.tenants.TenantLimits); a NULL is the serve
+    # default, a tenant without a row has every default. The default tenant may have a row.
+    Table("tenant_limits", (
+        Column("name", KEY),
+        *(_limit_column(name) for name in LIMITS),
+        Column("updated", TEXT),
+    ), primary_key=("name",)),
     # API keys: only the sha256 of each token (see heads.tenants). No foreign key to tenants:
     # the default tenant has no row, and a removed tenant's keys stay listed, revoked.
     Table("api_keys", (
@@ -180,13 +204,13 @@ class Dialect:
 
 DIALECTS = {
     SQLITE: Dialect(
-        types={KEY: "TEXT", TEXT: "TEXT", INT: "INTEGER", BIGINT: "INTEGER", JSON: "TEXT",
-               BYTES: "BLOB", BOOL: "BOOLEAN"},
+        types={KEY: "TEXT", TEXT: "TEXT", INT: "INTEGER", REAL: "REAL", BIGINT: "INTEGER",
+               JSON: "TEXT", BYTES: "BLOB", BOOL: "BOOLEAN"},
         serial="INTEGER PRIMARY KEY AUTOINCREMENT",
         foreign_keys=False, storage_hint=None),
     POSTGRESQL: Dialect(
-        types={KEY: 'text COLLATE "C"', TEXT: "text", INT: "integer", BIGINT: "bigint",
-               JSON: "jsonb", BYTES: "bytea", BOOL: "boolean"},
+        types={KEY: 'text COLLATE "C"', TEXT: "text", INT: "integer", REAL: "double precision",
+               BIGINT: "bigint", JSON: "jsonb", BYTES: "bytea", BOOL: "boolean"},
         serial="bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
         foreign_keys=True, storage_hint="SET STORAGE EXTERNAL"),
 }
@@ -216,6 +240,26 @@ def _column_sql(d: Dialect, column: Column) -> str:
     return " ".join(parts)
 
 
+def _create_table(d: Dialect, table: Table, prefix: str, name: str | None = None) -> str:
+    lines = [_column_sql(d, c) for c in table.columns]
+    if not any(c.type == SERIAL for c in table.columns):
+        lines.append(f"PRIMARY KEY ({', '.join(table.primary_key)})")
+    if d.foreign_keys:
+        for fk in table.foreign_keys:
+            target = next(t for t in TABLES if t.name == fk.table)
+            lines.append(
+                f"FOREIGN KEY ({', '.join(fk.columns)}) REFERENCES {prefix}{fk.table} "
+                f"({', '.join(target.primary_key)})"
+                + (" ON DELETE CASCADE" if fk.on_delete_cascade else ""))
+    body = ",\n    ".join(lines)
+    return f"CREATE TABLE IF NOT EXISTS {prefix}{name or table.name} (\n    {body}\n)"
+
+
+def _create_indexes(table: Table, prefix: str) -> list[str]:
+    return [f"CREATE INDEX IF NOT EXISTS {index.name} ON {prefix}{table.name} "
+            f"({', '.join(index.columns)})" for index in table.indexes]
+
+
 def create_statements(dialect: str, prefix: str = "",
                       only: Collection[str] | None = None) -> list[str]:
     """CREATE TABLE / CREATE INDEX (and storage hints) for every table of `dialect`.
@@ -229,21 +273,57 @@ def create_statements(dialect: str, prefix: str = "",
     for table in tables(dialect):
         if only is not None and table.name not in only:
             continue
-        lines = [_column_sql(d, c) for c in table.columns]
-        if not any(c.type == SERIAL for c in table.columns):
-            lines.append(f"PRIMARY KEY ({', '.join(table.primary_key)})")
-        if d.foreign_keys:
-            for fk in table.foreign_keys:
-                target = next(t for t in TABLES if t.name == fk.table)
-                lines.append(
-                    f"FOREIGN KEY ({', '.join(fk.columns)}) REFERENCES {prefix}{fk.table} "
-                    f"({', '.join(target.primary_key)})"
-                    + (" ON DELETE CASCADE" if fk.on_delete_cascade else ""))
-        body = ",\n    ".join(lines)
-        out.append(f"CREATE TABLE IF NOT EXISTS {prefix}{table.name} (\n    {body}\n)")
+        out.append(_create_table(d, table, prefix))
         if d.storage_hint is not None:
             out += [f"ALTER TABLE {prefix}{table.name} ALTER COLUMN {c.name} {d.storage_hint}"
                     for c in table.columns if not c.compressible]
-        out += [f"CREATE INDEX IF NOT EXISTS {index.name} ON {prefix}{table.name} "
-                f"({', '.join(index.columns)})" for index in table.indexes]
+        out += _create_indexes(table, prefix)
+    return out
+
+
+# -- checks whose allowed values grow ------------------------------------------------------------
+
+# table -> (column, the values its check allows now): a store written by an earlier version may
+# hold a check that lacks some of them.
+GROWING_CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {"audit": ("action", AUDIT_ACTIONS)}
+
+
+def stale_check(table: str, definition: str) -> bool:
+    """Whether the SQL text of `table`'s check (PostgreSQL: `pg_get_constraintdef`; SQLite: the
+    table's CREATE statement) lacks a value the check must allow now (`GROWING_CHECKS`)."""
+    _, values = GROWING_CHECKS[table]
+    return any(f"'{value}'" not in definition for value in values)
+
+
+def check_constraint(table: str) -> tuple[str, str]:
+    """(the name PostgreSQL gives a column check, its expression) of a `GROWING_CHECKS` table:
+    what an existing store's stale check is replaced by."""
+    column, _ = GROWING_CHECKS[table]
+    (col,) = [c for c in next(t for t in TABLES if t.name == table).columns if c.name == column]
+    return f"{table}_{column}_check", col.check
+
+
+def rebuild_statements(table_name: str) -> list[str]:
+    """SQLite: make `table_name` again as the description says (its checks now), keeping its rows
+    and their ids (and the AUTOINCREMENT counter); run them in one write transaction.
+
+    SQLite cannot alter a check: the table is created under a new name, filled, the old one
+    dropped and the new one renamed (https://www.sqlite.org/lang_altertable.html, "making
+    other kinds of table schema changes"); the indexes go with the old table and are made again.
+    """
+    d = DIALECTS[SQLITE]
+    table = next(t for t in tables(SQLITE) if t.name == table_name)
+    new = f"{table.name}_new"
+    columns = ", ".join(c.name for c in table.columns)
+    out = [f"DROP TABLE IF EXISTS {new}", _create_table(d, table, "", name=new),
+           f"INSERT INTO {new} ({columns}) SELECT {columns} FROM {table.name}"]
+    serial = any(c.type == SERIAL for c in table.columns)
+    if serial:  # the counter outlives deleted rows: keep it, not just max(id)
+        old_seq = f"(SELECT seq FROM sqlite_sequence WHERE name = '{table.name}')"
+        out += [f"INSERT INTO sqlite_sequence (name, seq) SELECT '{new}', 0 WHERE NOT EXISTS "
+                f"(SELECT 1 FROM sqlite_sequence WHERE name = '{new}')",
+                f"UPDATE sqlite_sequence SET seq = max(seq, COALESCE({old_seq}, 0)) "
+                f"WHERE name = '{new}'"]
+    out += [f"DROP TABLE {table.name}", f"ALTER TABLE {new} RENAME TO {table.name}",
+            *_create_indexes(table, "")]
     return out

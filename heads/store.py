@@ -23,8 +23,10 @@ version numbers are never reused (also after a removal).
 Tenants (`heads.tenants`): every bot belongs to one tenant (`default` unless registered into
 another; a store written before tenants existed has all its bots in `default`), an id live under
 one tenant cannot be registered by another, and API keys belong to tenants. Every change to
-bots, tenants and keys appends an audit record in the change's own transaction; `key_table()`
-serves the live keys from memory, re-read like the bots when another process changed the store.
+bots, tenants, their limits and keys appends an audit record in the change's own transaction;
+`key_table()` serves the live keys and `tenant_limits()` every tenant's limits (fair sharing:
+`heads.tenants.TenantLimits`) from memory, re-read like the bots when another process changed
+the store.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from heads.directory.backend import DirectoryBackend
 from heads.errors import (
     HeadLoadError,
     InvalidHead,
+    InvalidLimits,
     InvalidTenant,
     StoreUnavailable,
     TrunkMismatch,
@@ -62,14 +65,17 @@ from heads.errors import (
 from heads.head import Head, validate_bot_id, validate_head_arrays, validate_labels
 from heads.tenants import (
     DEFAULT_TENANT,
+    LIMIT_NAMES,
     OPERATOR,
     TOKEN_PREFIX,
     ApiKey,
     AuditRecord,
     TenantInfo,
+    TenantLimits,
     new_token,
     normalize_actor,
     token_hash,
+    validate_limits,
     validate_scope,
     validate_tenant,
 )
@@ -181,6 +187,8 @@ class HeadStore:
         self._owners: dict[str, str] = {}
         self._keys: dict[str, ApiKey] | None = None  # read once key_table() was asked for
         self._want_keys = False
+        self._limits: dict[str, TenantLimits] | None = None  # once tenant_limits() was asked
+        self._want_limits = False
         self._data_version: object = object()  # never equal: the first call loads
         self._next_check_s = 0.0
         self._refresh_lock = threading.Lock()
@@ -238,17 +246,21 @@ class HeadStore:
             try:
                 version = self._backend.data_version()
                 if (force or version != self._data_version
-                        or (self._want_keys and self._keys is None)):
+                        or (self._want_keys and self._keys is None)
+                        or (self._want_limits and self._limits is None)):
                     # Read the version before the rows: a commit in between is seen twice,
                     # never missed.
                     state = self._backend.active_map()
                     keys = ({k.id: k for k in self._backend.keys(live_only=True)}
                             if self._want_keys else None)
+                    limits = self._backend.tenant_limits() if self._want_limits else None
                     active = {b: v for b, (v, _) in state.items()}
                     self._owners = {b: t for b, (_, t) in state.items()}
                     self._active = active
                     if keys is not None:
                         self._keys = keys
+                    if limits is not None:
+                        self._limits = limits
                     self._data_version = version
                     self._cache.retain(lambda h: active.get(h.bot_id) == h.version)
             except self._backend.read_errors as exc:
@@ -450,18 +462,60 @@ class HeadStore:
 
     # -- tenants, keys, audit ------------------------------------------------------------------
 
-    def add_tenant(self, name: str, *, actor: str = OPERATOR) -> TenantInfo:
-        """Create a tenant (audited). Raises InvalidTenant, TenantExists (also for "default",
-        which always exists)."""
+    def add_tenant(self, name: str, *, actor: str = OPERATOR,
+                   limits: TenantLimits | None = None) -> TenantInfo:
+        """Create a tenant, with its `limits` if given (else every serve default), audited.
+        Raises InvalidTenant, TenantExists (also for "default", which always exists),
+        InvalidLimits (`limits` not a TenantLimits)."""
         name = validate_tenant(name)
         actor = normalize_actor(actor)
-        info = self._backend.add_tenant(name, actor=actor)
+        if limits is not None and not isinstance(limits, TenantLimits):
+            raise InvalidLimits(f"limits must be a TenantLimits, got {type(limits).__name__}")
+        info = self._backend.add_tenant(name, actor=actor, limits=limits)
         self._refresh(force=True)
         return info
 
     def tenants(self) -> list[TenantInfo]:
-        """Every tenant with its count of live bots, ordered by name ("default" always)."""
+        """Every tenant with its count of live bots and its limits, ordered by name ("default"
+        always)."""
         return self._backend.tenants()
+
+    def set_tenant_limits(self, name: str, *, actor: str = OPERATOR,
+                          **changes: float | int | None) -> TenantLimits:
+        """Change a tenant's limits (fair sharing; `heads.tenants.TenantLimits`), audited as
+        "tenant_set". "default" is a tenant like the others here.
+
+        Args:
+            changes: weight, rate, burst, max_queued: each given takes its value, None putting
+                it back to the serve default; the ones not given keep theirs.
+        Returns:
+            The tenant's limits now. Every store open on this location serves them from
+            `tenant_limits()` within `change_poll_s` of learning of the change.
+        Raises:
+            InvalidTenant, UnknownTenant; InvalidLimits (a ValueError: no change given, an
+            unknown name, a value out of its range), before anything is written.
+        """
+        name = validate_tenant(name)
+        actor = normalize_actor(actor)
+        if not changes:
+            raise InvalidLimits(f"no limit to change: give one or more of "
+                                f"{', '.join(LIMIT_NAMES)}")
+        changes = validate_limits(**changes)
+        limits = self._backend.set_limits(name, changes, actor=actor)
+        self._refresh(force=True)
+        return limits
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        """{tenant: its limits} of every tenant ("default" always; a None limit is the serve
+        default), from memory: re-read only when the store changed (like `key_table()`), so a
+        change made in another process is seen within `change_poll_s` of the backend learning
+        of it, with no store round trip per call. Do not mutate it."""
+        if not self._want_limits:
+            self._want_limits = True
+            self._refresh(force=True)
+        else:
+            self._refresh()
+        return self._limits if self._limits is not None else {DEFAULT_TENANT: TenantLimits()}
 
     def remove_tenant(self, name: str, *, force: bool = False, actor: str = OPERATOR) -> None:
         """Delete a tenant and revoke its keys, in one transaction, each change audited.

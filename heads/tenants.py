@@ -9,6 +9,8 @@ tenants and keys is appended to the store's audit log in the same transaction as
                      existed (no owners row) belongs to it
     SCOPES           what a key may do: "infer", "manage", "metrics"
     OPERATOR         the actor name of the operator credential and of the CLI
+    LIMITS           the per-tenant settings of fair sharing (`TenantLimits`): weight, rate,
+                     burst, max_queued, each with its range
 
 A token is `mhk_<key id: 12 hex>_<43 urlsafe characters>` (256 random bits). It is shown once,
 when its key is made; the store keeps only `token_hash(token)`, and nothing here ever puts the
@@ -16,12 +18,15 @@ token or its hash into a repr, a `to_dict()` or a log line.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import numbers
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from heads.errors import InvalidBotId, InvalidTenant
+from heads.errors import InvalidBotId, InvalidLimits, InvalidTenant
 from heads.head import validate_bot_id
 
 DEFAULT_TENANT = "default"
@@ -30,7 +35,7 @@ OPERATOR = "operator"
 TOKEN_PREFIX = "mhk_"
 
 AUDIT_ACTIONS = ("register", "replace", "rollback", "remove", "tenant_add", "tenant_remove",
-                 "key_add", "key_revoke")
+                 "tenant_set", "key_add", "key_revoke")
 
 _KEY_ID_BYTES = 6  # 12 hex characters
 _SECRET_BYTES = 32  # token_urlsafe(32): 43 characters
@@ -124,16 +129,161 @@ class ApiKey:
                 "revoked": self.revoked}
 
 
+# -- limits: the per-tenant settings of fair sharing ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One per-tenant limit: its name, whether it is a whole number, its range
+    (`0 < value <= maximum`; a whole number is then >= 1), its unit and what it means."""
+
+    name: str
+    integer: bool
+    maximum: float
+    unit: str
+    meaning: str
+
+    @property
+    def range_text(self) -> str:
+        """The accepted values, as messages and help texts say them."""
+        if self.integer:
+            return f"a whole number from 1 to {_number_text(self.maximum)}"
+        return f"a number > 0 and <= {_number_text(self.maximum)}"
+
+
+LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
+    Limit("weight", False, 1000.0, "",
+          "the tenant's share of the trunk relative to the other tenants' weights (fair "
+          "batching and queue shares)"),
+    Limit("rate", False, 1_000_000.0, "images/s",
+          "sustained trunk images per second (a token bucket; none set: unlimited)"),
+    Limit("burst", True, 1_000_000, "images",
+          "the token bucket's size: how far above its rate the tenant may go at once"),
+    Limit("max_queued", True, 1_000_000, "rows",
+          "a cap on the tenant's queued rows (images x bots waiting for the trunk), besides "
+          "its weighted share of the queue"),
+)}
+LIMIT_NAMES = tuple(LIMITS)
+
+
+def _number_text(value: float | int) -> str:
+    """2.0 -> "2", 0.5 -> "0.5", 1e6 -> "1000000" (the audit detail, messages)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
+def _shown(value: object) -> str:
+    """A value for a one-line message: numbers and text as repr (escaped, cut short), any other
+    object by its type."""
+    if isinstance(value, (str, numbers.Real)):
+        try:
+            text = repr(value)
+        except ValueError:  # an int of more than sys.get_int_max_str_digits() digits
+            return "a huge number"
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a {type(value).__name__}"
+
+
+def validate_limit(name: object, value: object) -> float | int | None:
+    """`value` as limit `name` keeps it: a float (weight, rate) or an int (burst, max_queued),
+    or None (the serve default).
+
+    Accepted: None; an int or float (numpy's too) in the limit's range (`LIMITS`); for a whole
+    number limit, a float without a fraction (2.0). Refused with InvalidLimits (a ValueError),
+    one line naming the limit: an unknown name; a bool, str or any other non-number; NaN,
+    +-inf; zero or negative; above the maximum; a fraction for a whole number limit.
+    """
+    limit = LIMITS.get(name) if isinstance(name, str) else None
+    if limit is None:
+        raise InvalidLimits(f"unknown limit {_shown(name)}: the limits are "
+                            f"{', '.join(LIMIT_NAMES)}")
+    if value is None:
+        return None
+    # NOTE: bool is an int to Python (True == 1), never a limit.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidLimits(f"{name} must be {limit.range_text}, got {_shown(value)}")
+    # Compared before any conversion: NaN fails both, a huge int never becomes an inf.
+    if not (value > 0 and value <= limit.maximum):
+        raise InvalidLimits(f"{name} must be {limit.range_text}, got {_shown(value)}")
+    if not limit.integer:
+        return float(value)
+    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+        raise InvalidLimits(f"{name} must be {limit.range_text}, got {_shown(value)}")
+    return int(value)
+
+
+def validate_limits(**values: object) -> dict[str, float | int | None]:
+    """{name: validated value} of the limits given (see `validate_limit`); None stays None (the
+    serve default). Raises InvalidLimits naming the first bad limit."""
+    return {name: validate_limit(name, value) for name, value in values.items()}
+
+
+def format_limit(value: float | int | None) -> str:
+    """A limit as listings show it: "2", "0.5", "default" (None: the serve default)."""
+    return "default" if value is None else _number_text(value)
+
+
+def describe_limits(values: Mapping[str, float | int | None]) -> str:
+    """"weight=2 rate=10 burst=default": the audit detail of a limits change (in LIMITS
+    order)."""
+    return " ".join(f"{name}={format_limit(values[name])}" for name in LIMIT_NAMES
+                    if name in values)
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """A tenant's settings for fair sharing of the trunk. None: the serve default, which the
+    server fills in (`filled`); every value is checked on construction (`validate_limit`).
+
+    Attributes:
+        weight: the tenant's share of the trunk relative to the other tenants (fair batching:
+            batches are filled from the tenants' queues in proportion to their weights; also
+            their share of the queue). Float in (0, 1000].
+        rate: sustained trunk images per second (a token bucket; unset and no serve default:
+            unlimited). Float in (0, 1_000_000] images/s.
+        burst: the bucket's size in images: how far the tenant may go above its rate for a
+            moment (when a rate is set and no burst, the serve default). Int in
+            [1, 1_000_000].
+        max_queued: a cap on the tenant's queued rows (images x bots waiting for the trunk),
+            besides its weighted share of the queue. Int in [1, 1_000_000].
+    """
+
+    weight: float | None = None
+    rate: float | None = None
+    burst: int | None = None
+    max_queued: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in validate_limits(**self.to_dict()).items():
+            object.__setattr__(self, name, value)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {name: getattr(self, name) for name in LIMIT_NAMES}
+
+    def changed(self, **changes: object) -> TenantLimits:
+        """These limits with `changes` applied (a value of None: back to the serve default).
+        Raises InvalidLimits."""
+        return dataclasses.replace(self, **validate_limits(**changes))
+
+    def filled(self, defaults: TenantLimits) -> TenantLimits:
+        """Each limit that is None here taken from `defaults` (the serve defaults)."""
+        return TenantLimits(**{name: defaults.to_dict()[name] if value is None else value
+                               for name, value in self.to_dict().items()})
+
+
 @dataclass(frozen=True)
 class TenantInfo:
-    """A tenant and how many live bots it owns."""
+    """A tenant, how many live bots it owns, and its limits."""
 
     name: str
     created: str | None  # None for DEFAULT_TENANT while no row was ever written for it
     bots: int
+    limits: TenantLimits = field(default_factory=TenantLimits)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "created": self.created, "bots": self.bots}
+        return {"name": self.name, "created": self.created, "bots": self.bots,
+                "limits": self.limits.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -153,7 +303,9 @@ class AuditRecord:
             sha256s; so the same head has a different digest in a directory and in PostgreSQL).
         detail: free text: register and replace: the source (as `BotInfo.source`: it may be
             a path on the server); rollback: "from v<N>"; key_add, key_revoke: "key <id>
-            scope <scope>"; remove_tenant with force: how many bots and keys went with it.
+            scope <scope>"; tenant_remove: how many bots and keys went with it; tenant_set,
+            and tenant_add with limits: the limits given ("weight=2 rate=10 burst=default",
+            `describe_limits`).
     """
 
     id: int

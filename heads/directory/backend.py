@@ -42,6 +42,7 @@ from heads.tenants import (
     ApiKey,
     AuditRecord,
     TenantInfo,
+    TenantLimits,
     combine_digests,
 )
 
@@ -195,13 +196,23 @@ class DirectoryBackend(StoreBackend):
 
     # -- tenants, keys, audit ------------------------------------------------------------------
 
-    def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
+    def add_tenant(self, name: str, *, actor: str,
+                   limits: TenantLimits | None = None) -> TenantInfo:
         with self._registry.write() as tx:
-            return tx.rows.create_tenant(name, actor)
+            return tx.rows.create_tenant(name, actor, limits)
 
     def tenants(self) -> list[TenantInfo]:
         with self._registry.reading() as rows:
             return rows.tenants() if rows is not None else [TenantInfo(DEFAULT_TENANT, None, 0)]
+
+    def set_limits(self, name: str, changes: dict, *, actor: str) -> TenantLimits:
+        with self._registry.write() as tx:
+            return tx.rows.set_limits(name, changes, actor)
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        with self._registry.reading() as rows:
+            return rows.tenant_limits() if rows is not None \
+                else {DEFAULT_TENANT: TenantLimits()}
 
     def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:
         with self._registry.write() as tx:

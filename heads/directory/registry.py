@@ -8,9 +8,11 @@ Tables (`registry.sqlite` in the store), rendered from `heads.schema`:
     history(id, bot_id, action, version, previous, at, source)      append-only audit trail;
                                                                     also keeps version numbers
                                                                     from ever being reused
-    tenants, api_keys, owners, audit        tenants, keys, bot owners and the audit log
-                                            (`heads.accounts`); a registry made before them
-                                            gains them at its next write
+    tenants, tenant_limits, api_keys,       tenants, their limits, keys, bot owners and the
+    owners, audit                           audit log (`heads.accounts`); a registry made
+                                            before them gains them at its next write, and an
+                                            audit table whose check lacks a newer action is
+                                            made again then (`heads.schema.rebuild_statements`)
 
 Readers and the writer use separate connections: WAL lets readers go on while a registration
 writes, and `PRAGMA data_version` on the reader connection changes whenever another connection
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -32,8 +35,10 @@ from pathlib import Path
 
 from heads.accounts import Rows
 from heads.backend import SQLITE, VersionRow
-from heads.schema import create_statements
+from heads.schema import GROWING_CHECKS, create_statements, rebuild_statements, stale_check
 from heads.tenants import DEFAULT_TENANT
+
+log = logging.getLogger(__name__)
 
 _BUSY_TIMEOUT_S = 30.0
 
@@ -274,8 +279,13 @@ class Registry:
             try:
                 conn.execute("PRAGMA journal_mode=WAL")  # persistent; a no-op once set
                 conn.execute("BEGIN IMMEDIATE")
-                for statement in create_statements(SQLITE):
-                    conn.execute(statement)
+                try:
+                    for statement in create_statements(SQLITE):
+                        conn.execute(statement)
+                    self._renew_checks(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
                 conn.execute("COMMIT")
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
@@ -283,6 +293,18 @@ class Registry:
             conn.execute("PRAGMA synchronous=FULL")
             self._writer = conn
         return self._writer
+
+    def _renew_checks(self, conn: sqlite3.Connection) -> None:
+        """Make again each table whose check lacks a value this version writes (the audit
+        table of a registry written before "tenant_set"): in the caller's write transaction."""
+        for table in GROWING_CHECKS:
+            row = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               (table,)).fetchone()
+            if row is not None and stale_check(table, row[0]):
+                for statement in rebuild_statements(table):
+                    conn.execute(statement)
+                log.info("registry %s: table %s made again, its check allowing what this "
+                         "version writes (rows kept)", self.db_path, table)
 
     def close(self) -> None:
         with self._write_lock, self._read_lock:

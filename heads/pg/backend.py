@@ -37,6 +37,7 @@ from heads.tenants import (
     ApiKey,
     AuditRecord,
     TenantInfo,
+    TenantLimits,
     combine_digests,
 )
 
@@ -295,11 +296,18 @@ class PgBackend(StoreBackend):
     def _read_rows(self, read: Callable[[Rows], object]) -> object:
         return self._pool.run(lambda conn: read(_rows(conn)), read=True)
 
-    def add_tenant(self, name: str, *, actor: str) -> TenantInfo:
-        return self._write(lambda conn, rows: rows.create_tenant(name, actor))
+    def add_tenant(self, name: str, *, actor: str,
+                   limits: TenantLimits | None = None) -> TenantInfo:
+        return self._write(lambda conn, rows: rows.create_tenant(name, actor, limits))
 
     def tenants(self) -> list[TenantInfo]:
         return self._read_rows(lambda rows: rows.tenants())
+
+    def set_limits(self, name: str, changes: dict, *, actor: str) -> TenantLimits:
+        return self._write(lambda conn, rows: rows.set_limits(name, changes, actor))
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        return self._read_rows(lambda rows: rows.tenant_limits())
 
     def remove_tenant(self, name: str, *, force: bool, actor: str) -> None:
         self._write(lambda conn, rows: rows.drop_tenant(

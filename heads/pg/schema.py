@@ -10,17 +10,24 @@ one row of `state`, and creating them once, by the first writer.
     bots(bot_id, active_version, updated)          one row per live bot
     history(id, bot_id, action, version, previous, at, source)   append-only audit trail; also
                                                    keeps version numbers from being reused
-    tenants, api_keys, owners, audit               tenants, their keys and bots, and the audit
-                                                   log (see `heads.tenants`); added to a store
-                                                   made before them by its next writer
+    tenants, tenant_limits, api_keys, owners,      tenants, their limits, keys and bots, and
+    audit                                          the audit log (see `heads.tenants`); added to
+                                                   a store made before them by its next writer,
+                                                   which also replaces a check on audit.action
+                                                   that lacks a newer action (`_stale_checks`)
 """
 from __future__ import annotations
 
+import logging
+
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 
 from heads.backend import POSTGRESQL
-from heads.schema import create_statements, tables
+from heads.schema import GROWING_CHECKS, check_constraint, create_statements, stale_check, tables
+
+log = logging.getLogger(__name__)
 
 SCHEMA = "multihead"
 SCHEMA_VERSION = 1
@@ -40,10 +47,11 @@ def ddl(only: set[str] | None = None) -> list[str]:
 
 
 def ensure_schema(conn: psycopg.Connection) -> None:
-    """Create the schema unless it exists (on an autocommit connection)."""
+    """Create the schema unless it exists, and renew its stale checks (on an autocommit
+    connection)."""
     # DDL is transactional: the tables exist all together or not at all. Check first, so that a
     # role allowed to write rows but not to create schemas works once they exist.
-    if not _missing(conn):
+    if not _missing(conn) and not _stale_checks(conn):
         return
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
@@ -56,6 +64,34 @@ def ensure_schema(conn: psycopg.Connection) -> None:
             everything = missing == {t.name for t in tables(POSTGRESQL)}
             for statement in ddl(None if everything else missing):
                 conn.execute(statement)
+        for table, old in _stale_checks(conn).items():
+            # A store written before an audit action existed refuses it: replace the check
+            # (ADD CONSTRAINT checks the rows there are, which the old check allowed already).
+            name, check = check_constraint(table)
+            conn.execute(sql.SQL("ALTER TABLE {}.{} DROP CONSTRAINT {}, ADD CONSTRAINT {} "
+                                 "CHECK ({})").format(
+                sql.Identifier(SCHEMA), sql.Identifier(table), sql.Identifier(old),
+                sql.Identifier(name), sql.SQL(check)))
+            log.info("PostgreSQL store: the check of %s.%s replaced, allowing what this version "
+                     "writes", SCHEMA, table)
+
+
+def _stale_checks(conn: psycopg.Connection) -> dict[str, str]:
+    """{table: the name of its check} of each `GROWING_CHECKS` table whose check lacks a value
+    this version writes (a store written before "tenant_set": its audit.action check)."""
+    out = {}
+    for table, (column, _) in GROWING_CHECKS.items():
+        for name, definition in conn.execute(
+                "SELECT c.conname, pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c "
+                "JOIN pg_catalog.pg_class r ON r.oid = c.conrelid "
+                "JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace "
+                "JOIN pg_catalog.pg_attribute a ON a.attrelid = r.oid "
+                "AND a.attnum = ANY (c.conkey) "
+                "WHERE n.nspname = %s AND r.relname = %s AND c.contype = 'c' AND a.attname = %s",
+                (SCHEMA, table, column)):
+            if stale_check(table, definition):
+                out[table] = name
+    return out
 
 
 def _missing(conn: psycopg.Connection) -> set[str]:

@@ -1,11 +1,25 @@
-"""Tenants, API keys and the audit log over HTTP: what `multihead tenants|keys|audit` do on
-the CLI. The operator's (`OPERATOR` access), except `GET /audit`, which a manage key may call
-for its own tenant (`MANAGE`; `Caller.audit` narrows it)."""
+"""Tenants, their limits, API keys and the audit log over HTTP: what `multihead
+tenants|keys|audit` do on the CLI. The operator's (`OPERATOR` access), except `GET /audit`,
+which a manage key may call for its own tenant (`MANAGE`; `Caller.audit` narrows it).
+
+A tenant's limits (fair sharing, `heads.tenants.LIMITS`) are a JSON object
+`{"weight": .., "rate": .., "burst": .., "max_queued": ..}`: in the optional body of
+`PUT /tenants/{tenant}`, and the body of `PATCH /tenants/{tenant}`, where a field given sets
+its limit (null: back to the serve default) and the others stay. An unknown field is 400
+`bad_request`, a value out of its range 400 `invalid_limits`, each naming the field.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from heads.tenants import SCOPES
+from heads.tenants import (
+    LIMIT_NAMES,
+    LIMITS,
+    SCOPES,
+    TenantLimits,
+    validate_limits,
+    validate_tenant,
+)
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_PATTERN, is_number, parse_json_object
 from service.core.auth import MANAGE, OPERATOR
@@ -31,9 +45,42 @@ async def list_tenants(service: Service, request: Request) -> Reply:
     return json_reply({"tenants": [t.to_dict() for t in await service.tenants()]})
 
 
+def parse_limits(raw: bytes | bytearray) -> dict[str, float | int | None]:
+    """The limits of a JSON object body ({name: value}, null for the serve default), checked
+    by the store's validator (`heads.tenants.validate_limits`: InvalidLimits naming the
+    field); an unknown field is BadRequest."""
+    body = parse_json_object(bytes(raw), "the request body")
+    unknown = sorted(set(body) - set(LIMIT_NAMES))
+    if unknown:
+        names = ", ".join(repr(name) for name in unknown)
+        shown = names if len(names) <= 64 else names[:61] + "..."
+        raise BadRequest(f"unknown field(s) {shown}: the limits are {', '.join(LIMIT_NAMES)}")
+    return validate_limits(**body)
+
+
+def _json_body(request: Request, route: str) -> None:
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType(f"{route} takes application/json: {{\"weight\": 2, "
+                                   "\"rate\": 50, ...}")
+
+
 async def put_tenant(service: Service, request: Request) -> Reply:
-    info = await service.add_tenant(request.params["tenant"])
+    name = validate_tenant(request.params["tenant"])  # refused before the body is read
+    raw = await request.body()
+    limits = None
+    if raw.strip():
+        _json_body(request, "PUT /tenants/{tenant}")
+        limits = TenantLimits(**parse_limits(raw))
+    info = await service.add_tenant(name, limits=limits)
     return json_reply(info.to_dict(), status=201)
+
+
+async def patch_tenant(service: Service, request: Request) -> Reply:
+    name = validate_tenant(request.params["tenant"])
+    _json_body(request, "PATCH /tenants/{tenant}")
+    changes = parse_limits(await request.body())
+    limits = await service.set_tenant_limits(name, **changes)
+    return json_reply({"name": name, "limits": limits.to_dict()})
 
 
 async def delete_tenant(service: Service, request: Request) -> Reply:
@@ -97,14 +144,47 @@ KEY_ID_SCHEMA = {"type": "string", "pattern": "^[0-9a-f]{12}$",
                  "description": "an API key's public id"}
 _TIME = {"type": "string", "description": "ISO 8601, UTC"}
 _MAYBE_TIME = {"type": "string", "nullable": True, "description": "ISO 8601, UTC"}
+
+
+def _limit_schema(name: str) -> dict:
+    """One limit as the API describes it: its range (what `validate_limit` accepts), or null
+    (the serve default)."""
+    limit = LIMITS[name]
+    unit = f" ({limit.unit})" if limit.unit else ""
+    if limit.integer:
+        bounds = {"type": "integer", "minimum": 1, "maximum": int(limit.maximum)}
+    else:
+        bounds = {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                  "maximum": limit.maximum}
+    return {**bounds, "nullable": True,
+            "description": f"{limit.meaning}{unit}; null: the serve default"}
+
+
+LIMIT_PROPERTIES = {name: _limit_schema(name) for name in LIMIT_NAMES}
+TENANT_LIMITS_SCHEMA = {
+    "title": "TenantLimits", "type": "object", "additionalProperties": False,
+    "required": list(LIMIT_NAMES), "properties": LIMIT_PROPERTIES,
+    "description": "the tenant's limits for sharing the trunk; null: the serve default"}
 TENANT_INFO_SCHEMA = {
     "title": "TenantInfo", "type": "object", "additionalProperties": False,
-    "required": ["name", "created", "bots"],
+    "required": ["name", "created", "bots", "limits"],
     "properties": {"name": {"type": "string"},
                    "created": {**_MAYBE_TIME, "description": "when it was added (ISO 8601, "
                                "UTC; null for `default`, which always exists)"},
                    "bots": {"type": "integer", "minimum": 0,
-                            "description": "how many bots it owns"}}}
+                            "description": "how many bots it owns"},
+                   "limits": TENANT_LIMITS_SCHEMA}}
+NEW_TENANT_BODY = Body(
+    content={"application/json": {
+        "type": "object", "additionalProperties": False, "properties": LIMIT_PROPERTIES}},
+    description="the new tenant's limits, if any (a limit left out or null: the serve "
+                "default)", required=False)
+LIMITS_CHANGE_BODY = Body(
+    content={"application/json": {
+        "type": "object", "additionalProperties": False, "minProperties": 1,
+        "properties": LIMIT_PROPERTIES}},
+    description="the limits to change: each field given sets its limit (null: back to the "
+                "serve default); the others keep their values")
 KEY_INFO_SCHEMA = {
     "title": "ApiKeyInfo", "type": "object", "additionalProperties": False,
     "required": ["id", "prefix", "tenant", "scope", "created", "last_used", "revoked"],
@@ -146,14 +226,25 @@ NEW_KEY_BODY = Body(
 
 ENDPOINTS = [
     Endpoint("GET", "/tenants", "list_tenants", list_tenants, access=OPERATOR,
-             summary="every tenant, with its bot count", tag="tenants",
+             summary="every tenant, with its bot count and limits", tag="tenants",
              answers={200: json_answer("the tenants, by name", {
                  "type": "object", "additionalProperties": False, "required": ["tenants"],
                  "properties": {"tenants": {"type": "array", "items": TENANT_INFO_SCHEMA}}})}),
     Endpoint("PUT", "/tenants/{tenant}", "put_tenant", put_tenant, access=OPERATOR,
-             summary="add a tenant", tag="tenants", path_params={"tenant": TENANT_SCHEMA},
+             summary="add a tenant (with its limits, if a body gives them)", tag="tenants",
+             path_params={"tenant": TENANT_SCHEMA}, body=NEW_TENANT_BODY,
              answers={201: json_answer("the tenant was added", TENANT_INFO_SCHEMA)},
-             errors=(400, 409)),
+             errors=(400, 409, 415)),
+    Endpoint("PATCH", "/tenants/{tenant}", "patch_tenant", patch_tenant, access=OPERATOR,
+             summary="change a tenant's limits (`default` too; null: back to the serve default)",
+             tag="tenants", path_params={"tenant": TENANT_SCHEMA}, body=LIMITS_CHANGE_BODY,
+             description="Every server process on the store reads the new limits within a "
+                         "second.",
+             answers={200: json_answer("the tenant's limits now", {
+                 "type": "object", "additionalProperties": False,
+                 "required": ["name", "limits"],
+                 "properties": {"name": {"type": "string"}, "limits": TENANT_LIMITS_SCHEMA}})},
+             errors=(400, 404, 415)),
     Endpoint("DELETE", "/tenants/{tenant}", "delete_tenant", delete_tenant, access=OPERATOR,
              summary="remove a tenant (?force=true: with its bots and keys)", tag="tenants",
              path_params={"tenant": TENANT_SCHEMA},

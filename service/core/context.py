@@ -27,7 +27,7 @@ from backbone.spec import FEATURE_DIM
 from backbone.tfimport import import_tensorflow
 from backbone.trunk import warm_up
 from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
-from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo
+from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo, TenantLimits
 from heads.tenants import OPERATOR as OPERATOR_ACTOR
 from service.core.admission import ByteBudget
 from service.core.auth import Authenticator, Principal
@@ -498,9 +498,17 @@ class Service:
     async def tenants(self) -> list[TenantInfo]:
         return await self.run_blocking(self.store.tenants)
 
-    async def add_tenant(self, name: str, *, actor: str = OPERATOR_ACTOR) -> TenantInfo:
+    async def add_tenant(self, name: str, *, actor: str = OPERATOR_ACTOR,
+                         limits: TenantLimits | None = None) -> TenantInfo:
         return await self.run_blocking(functools.partial(self.store.add_tenant, name,
-                                                         actor=actor))
+                                                         actor=actor, limits=limits))
+
+    async def set_tenant_limits(self, name: str, *, actor: str = OPERATOR_ACTOR,
+                                **changes: float | int | None) -> TenantLimits:
+        """Changes a tenant's limits (`HeadStore.set_tenant_limits`: None is back to the serve
+        default, a limit not given keeps its value); returns them."""
+        return await self.run_blocking(functools.partial(self.store.set_tenant_limits, name,
+                                                         actor=actor, **changes))
 
     async def remove_tenant(self, name: str, *, force: bool = False,
                             actor: str = OPERATOR_ACTOR) -> None:
@@ -657,8 +665,12 @@ class Caller:
         await self._own(bot_id)
         return await self._service.rollback(bot_id, to, actor=self.principal.actor)
 
-    async def add_tenant(self, name: str) -> TenantInfo:
-        return await self._service.add_tenant(name, actor=self.principal.actor)
+    async def add_tenant(self, name: str, *, limits: TenantLimits | None = None) -> TenantInfo:
+        return await self._service.add_tenant(name, actor=self.principal.actor, limits=limits)
+
+    async def set_tenant_limits(self, name: str, **changes: float | int | None) -> TenantLimits:
+        return await self._service.set_tenant_limits(name, actor=self.principal.actor,
+                                                     **changes)
 
     async def remove_tenant(self, name: str, *, force: bool = False) -> None:
         await self._service.remove_tenant(name, force=force, actor=self.principal.actor)

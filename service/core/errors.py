@@ -144,6 +144,7 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     # tenants and keys (an id another tenant owns is taken: the answer names no tenant)
     "heads.errors.InvalidTenant": (400, "invalid_tenant", "INVALID_ARGUMENT"),
     "heads.errors.UnknownTenant": (404, "unknown_tenant", "NOT_FOUND"),
+    "heads.errors.InvalidLimits": (400, "invalid_limits", "INVALID_ARGUMENT"),
     "heads.errors.TenantExists": (409, "tenant_exists", "ALREADY_EXISTS"),
     "heads.errors.TenantNotEmpty": (409, "tenant_not_empty", "FAILED_PRECONDITION"),
     "heads.errors.UnknownKey": (404, "unknown_key", "NOT_FOUND"),

@@ -1,6 +1,8 @@
 """One schema description (`heads.schema.TABLES`), two backends: the live schema of a real SQLite
-registry and of a real PostgreSQL store, introspected, match it; and stores written before the
-description existed (commit 42dd771, whose DDL is kept here verbatim) open and work unchanged."""
+registry and of a real PostgreSQL store, introspected, match it; stores written before the
+description existed (commit 42dd771, whose DDL is kept here verbatim) open and work unchanged;
+and stores written before tenant limits (d17eb97: an audit check without "tenant_set") gain
+the new check at their first write, their audit records kept."""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +15,8 @@ import pytest
 
 from heads import BotOwnedElsewhere, files, open_store
 from heads.backend import POSTGRESQL, SQLITE
-from heads.schema import BIGINT, DIALECTS, SERIAL, TABLES, tables
+from heads.schema import BIGINT, DIALECTS, SERIAL, TABLES, create_statements, stale_check, tables
+from heads.tenants import AUDIT_ACTIONS, TenantLimits
 from tests.heads.helpers import pg_execute, random_head, tree_digest
 
 # -- introspection ---------------------------------------------------------------------------
@@ -119,9 +122,10 @@ def pg_schema(url: str) -> dict:
 
 def test_the_description_holds_both_backends_tables_with_their_constraints():
     assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history",
-                                        "tenants", "api_keys", "owners", "audit"]
+                                        "tenants", "tenant_limits", "api_keys", "owners",
+                                        "audit"]
     assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history", "tenants",
-                                                "api_keys", "owners", "audit"]
+                                                "tenant_limits", "api_keys", "owners", "audit"]
     assert [t.name for t in tables(POSTGRESQL)] == [t.name for t in TABLES]
     # Referenced tables come first: the statements run in this order.
     for i, t in enumerate(TABLES):
@@ -150,7 +154,12 @@ def test_the_sqlite_checks_refuse_what_the_description_forbids(store):
                     f"INSERT INTO api_keys VALUES ('k', 't', 'root', '{'0' * 64}', 'x', NULL, "
                     "NULL)",
                     "INSERT INTO api_keys VALUES ('k', 't', 'infer', 'short', 'x', NULL, NULL)",
-                    "INSERT INTO audit (at, actor, action) VALUES ('x', 'y', 'drop')"]:
+                    "INSERT INTO audit (at, actor, action) VALUES ('x', 'y', 'drop')",
+                    *(f"INSERT INTO tenant_limits (name, {column}, updated) VALUES ('t', "
+                      f"{value}, 'x')" for column, value in [
+                          ("weight", 0), ("weight", -1), ("weight", 1000.5), ("rate", 0),
+                          ("rate", 1e6 + 1), ("burst", 0), ("burst", 1_000_001),
+                          ("max_queued", -5), ("max_queued", 10**7)])]:
             with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
                 conn.execute(sql)
     finally:
@@ -255,7 +264,7 @@ def _old_rows(insert_version, insert_bot, insert_history) -> None:
 
 
 # The tables tenants added: a store of 42dd771 gains them, empty, at its first write.
-TENANT_TABLES = ("tenants", "api_keys", "owners", "audit")
+TENANT_TABLES = ("tenants", "tenant_limits", "api_keys", "owners", "audit")
 
 
 def _in_the_default_tenant(s) -> None:
@@ -265,8 +274,10 @@ def _in_the_default_tenant(s) -> None:
     assert s.list(tenant="other") == []
     assert (s.owner("acme"), s.owner("beta"), s.info("acme").tenant) == ("default",) * 3
     assert [t.to_dict() for t in s.tenants()] == [{"name": "default", "created": None,
-                                                   "bots": 2}]
+                                                   "bots": 2,
+                                                   "limits": TenantLimits().to_dict()}]
     assert s.keys() == [] and s.key_table() == {} and s.audit() == []
+    assert s.tenant_limits() == {"default": TenantLimits()}
 
 
 def _works_with_the_new_code(location) -> None:
@@ -384,3 +395,153 @@ def test_a_postgresql_store_written_by_42dd771_opens_unchanged(pg_url):
     assert pg_execute(pg_url, f"SELECT schema_version, change_seq FROM {S}.state") == [
         (1, 4 + 7)]  # + a rollback that changed something, register, rollback, remove, register,
     # tenant_add, register
+
+
+# -- stores written by d17eb97 (before tenant limits) gain the new audit check -------------------
+
+# The audit table as d17eb97 made it, verbatim: its check lacks "tenant_set". The other tables of
+# that version are the ones of today but tenant_limits, which did not exist.
+OLD_ACTIONS = ("register", "replace", "rollback", "remove", "tenant_add", "tenant_remove",
+               "key_add", "key_revoke")
+SQLITE_AUDIT_D17EB97 = """CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('register', 'replace', 'rollback', 'remove', \
+'tenant_add', 'tenant_remove', 'key_add', 'key_revoke')),
+    tenant TEXT,
+    bot_id TEXT,
+    version INTEGER,
+    digest TEXT,
+    detail TEXT
+)"""
+PG_AUDIT_D17EB97 = f"""CREATE TABLE IF NOT EXISTS {S}.audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at text NOT NULL,
+    actor text NOT NULL,
+    action text NOT NULL CHECK (action IN ('register', 'replace', 'rollback', 'remove', \
+'tenant_add', 'tenant_remove', 'key_add', 'key_revoke')),
+    tenant text COLLATE "C",
+    bot_id text COLLATE "C",
+    version integer,
+    digest text,
+    detail text
+)"""
+AUDIT_INDEX = "CREATE INDEX IF NOT EXISTS audit_by_tenant ON {prefix}audit (tenant, id)"
+# Three records, the last one deleted: the next id is 4 (a counter outlives its rows).
+OLD_RECORDS = [(AT, "operator", "tenant_add", "t1", None), (AT, "key:k1", "key_add", "t1",
+                                                             "key k1 scope infer"),
+               (AT, "operator", "tenant_add", "t2", None)]
+
+
+def _d17eb97_statements(dialect: str, prefix: str, audit: str) -> list[str]:
+    """The DDL of a store written by d17eb97: today's tables but tenant_limits, and its audit."""
+    today = create_statements(dialect, prefix, only={t.name for t in tables(dialect)}
+                              - {"audit", "tenant_limits"})
+    return [*today, audit, AUDIT_INDEX.format(prefix=prefix)]
+
+
+def _old_audit(execute, prefix: str) -> None:
+    execute(f"INSERT INTO {prefix}tenants (name, created) VALUES ('t1', '{AT}')")
+    for record in OLD_RECORDS:
+        execute(f"INSERT INTO {prefix}audit (at, actor, action, tenant, detail) "
+                "VALUES (%s, %s, %s, %s, %s)", record)
+    execute(f"DELETE FROM {prefix}audit WHERE id = 3")
+
+
+def _gains_tenant_set(location) -> None:
+    """Reads the old store unchanged, then writes a tenant_set record on top of it."""
+    with open_store(location) as s:
+        assert s.tenant_limits() == {"default": TenantLimits(), "t1": TenantLimits()}
+        assert [t.limits for t in s.tenants()] == [TenantLimits()] * 2
+        assert [(r.id, r.action) for r in s.audit()] == [(1, "tenant_add"), (2, "key_add")]
+        assert s.set_tenant_limits("t1", weight=2, max_queued=50) == TenantLimits(
+            weight=2, max_queued=50)
+        s.set_tenant_limits("default", rate=100)
+        s.add_tenant("t3", limits=TenantLimits(burst=8))
+    with open_store(location) as fresh:  # as another process sees it
+        assert fresh.tenant_limits() == {"default": TenantLimits(rate=100),
+                                         "t1": TenantLimits(weight=2, max_queued=50),
+                                         "t3": TenantLimits(burst=8)}
+        assert [(r.id, r.at, r.actor, r.action, r.tenant, r.detail)
+                for r in fresh.audit()] == [
+            (1, *OLD_RECORDS[0][:4], None), (2, *OLD_RECORDS[1]),
+            (4, fresh.audit()[2].at, "operator", "tenant_set", "t1", "weight=2 max_queued=50"),
+            (5, fresh.audit()[3].at, "operator", "tenant_set", "default", "rate=100"),
+            (6, fresh.audit()[4].at, "operator", "tenant_add", "t3", "burst=8")]
+
+
+def test_a_directory_store_written_by_d17eb97_gains_the_tenant_set_action(tmp_path):
+    root = tmp_path / "store"
+    root.mkdir()
+    db = root / "registry.sqlite"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    for statement in _d17eb97_statements(SQLITE, "", SQLITE_AUDIT_D17EB97):
+        conn.execute(statement)
+    _old_audit(lambda sql, params=(): conn.execute(sql.replace("%s", "?"), params), "")
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
+        conn.execute("INSERT INTO audit (at, actor, action) VALUES ('x', 'y', 'tenant_set')")
+    conn.close()
+    old_schema = sqlite_schema(db)
+    assert stale_check("audit", _table_sql(db, "audit"))
+    before = tree_digest(root)
+
+    with open_store(root) as s:  # reading changes nothing
+        assert [(r.id, r.action) for r in s.audit()] == [(1, "tenant_add"), (2, "key_add")]
+        assert s.tenant_limits()["t1"] == TenantLimits()
+    assert tree_digest(root) == before
+    _gains_tenant_set(root)
+    assert not stale_check("audit", _table_sql(db, "audit"))
+    assert all(f"'{action}'" in _table_sql(db, "audit") for action in AUDIT_ACTIONS)
+    # The store now has the described tables; the others are as they were.
+    assert sqlite_schema(db) == expected_schema(SQLITE)
+    assert {t: v for t, v in old_schema.items() if t != "audit"} == {
+        t: v for t, v in expected_schema(SQLITE).items() if t not in ("audit", "tenant_limits")}
+    # Made again once: a later writer finds the check current and leaves the table alone.
+    sql = _table_sql(db, "audit")
+    with open_store(root) as s:
+        s.set_tenant_limits("t1", weight=None)
+        assert s.audit()[-1].id == 7
+    assert _table_sql(db, "audit") == sql
+    conn = sqlite3.connect(db)
+    try:
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
+            conn.execute("INSERT INTO audit (at, actor, action) VALUES ('x', 'y', 'drop')")
+    finally:
+        conn.close()
+
+
+def _table_sql(db: Path, table: str) -> str:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (table,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _pg_audit_check(url: str) -> list[tuple[str, str]]:
+    return pg_execute(url, "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                           f"WHERE conrelid = '{S}.audit'::regclass AND contype = 'c'")
+
+
+@pytest.mark.postgresql
+def test_a_postgresql_store_written_by_d17eb97_gains_the_tenant_set_action(pg_url):
+    pg_execute(pg_url, f"CREATE SCHEMA {S}")
+    for statement in _d17eb97_statements(POSTGRESQL, f"{S}.", PG_AUDIT_D17EB97):
+        pg_execute(pg_url, statement)
+    pg_execute(pg_url, f"INSERT INTO {S}.state (schema_version, change_seq) VALUES (1, 2)")
+    _old_audit(lambda sql, params=(): pg_execute(pg_url, sql, params), f"{S}.")
+    ((name, old_check),) = _pg_audit_check(pg_url)
+    assert name == "audit_action_check" and stale_check("audit", old_check)
+    assert pg_schema(pg_url) == {t: v for t, v in expected_schema(POSTGRESQL).items()
+                                 if t != "tenant_limits"}
+
+    _gains_tenant_set(pg_url)
+    ((name, check),) = _pg_audit_check(pg_url)
+    assert name == "audit_action_check" and not stale_check("audit", check)
+    assert pg_schema(pg_url) == expected_schema(POSTGRESQL)
+    assert pg_execute(pg_url, f"SELECT change_seq FROM {S}.state") == [(2 + 3,)]
+    with pytest.raises(Exception, match="audit_action_check"):
+        pg_execute(pg_url, f"INSERT INTO {S}.audit (at, actor, action) VALUES ('x', 'y', 'drop')")

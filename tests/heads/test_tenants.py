@@ -1,14 +1,18 @@
-"""Tenants, API keys and the audit log of a store, on both backends (`any_store`/`location`):
-what each method does and refuses, that every change and its audit record commit together (also
-under a kill -9), that a key revoked elsewhere leaves `key_table()` within a second with no store
-round trip per call, and that a token is never kept, shown or logged. Tokens: their format, and
-`parse_token` on anything (hypothesis). A store written before tenants: test_schema.py."""
+"""Tenants, their limits, API keys and the audit log of a store, on both backends
+(`any_store`/`location`): what each method does and refuses, that every change and its audit
+record commit together (also under a kill -9), that a key revoked elsewhere leaves `key_table()`
+within a second with no store round trip per call, that a limits change made through one store
+is served by another at its next poll, and that a token is never kept, shown or logged. Tokens:
+their format, and `parse_token` on anything; limits: their validator on anything (hypothesis).
+Stores written before tenants, or before tenant limits: test_schema.py."""
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 import secrets
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -18,9 +22,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import heads.accounts
 import heads.store
 from heads import (
     BotOwnedElsewhere,
+    InvalidLimits,
     InvalidTenant,
     StoreUnavailable,
     TenantExists,
@@ -31,18 +37,26 @@ from heads import (
     open_store,
 )
 from heads.tenants import (
+    LIMIT_NAMES,
+    LIMITS,
     OPERATOR,
     ApiKey,
+    TenantLimits,
+    describe_limits,
     new_token,
     parse_token,
     token_hash,
+    validate_limit,
+    validate_limits,
     validate_tenant,
 )
 from tests.heads.helpers import is_pg, listening, pg_execute, random_head, stored_entries
+from tests.support.limits import LIMIT_VALUES, accepted_limit
 from tests.support.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN_RE = re.compile(r"mhk_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")
+NO_LIMITS = {"weight": None, "rate": None, "burst": None, "max_queued": None}
 
 
 def audit_rows(store, **kw) -> list[tuple]:
@@ -106,7 +120,7 @@ def test_tenant_names_follow_the_bot_id_rules():
 def test_tenants_add_list_remove_and_refusals(any_store):
     s = any_store
     assert [t.to_dict() for t in s.tenants()] == [{"name": "default", "created": None,
-                                                   "bots": 0}]
+                                                   "bots": 0, "limits": NO_LIMITS}]
     t1 = s.add_tenant("t1")
     assert (t1.name, t1.bots) == ("t1", 0) and t1.created
     s.add_tenant("Zeta")
@@ -162,6 +176,202 @@ def test_removing_a_tenant_with_force_removes_its_bots_and_revokes_its_keys(any_
     s.add_tenant("t1")
     assert s.register("acme", *random_head(3, seed=5), tenant="t1") == 3  # never reused
     assert s.key_table().keys() == {other.id}
+
+
+# -- limits (pure) ------------------------------------------------------------------------------
+
+
+def test_the_limits_and_their_ranges():
+    assert LIMIT_NAMES == ("weight", "rate", "burst", "max_queued")
+    assert {n: (lim.integer, lim.maximum) for n, lim in LIMITS.items()} == {
+        "weight": (False, 1000), "rate": (False, 1e6), "burst": (True, 10**6),
+        "max_queued": (True, 10**6)}
+    assert TenantLimits().to_dict() == NO_LIMITS
+    limits = TenantLimits(weight=2, rate=1e6, burst=4.0, max_queued=1)
+    assert limits.to_dict() == {"weight": 2.0, "rate": 1e6, "burst": 4, "max_queued": 1}
+    assert [type(v) for v in limits.to_dict().values()] == [float, float, int, int]
+    assert limits.changed(weight=None, burst=10) == TenantLimits(rate=1e6, burst=10,
+                                                                 max_queued=1)
+    assert TenantLimits(weight=3).filled(TenantLimits(1, 2, 3, 4)) == TenantLimits(3, 2, 3, 4)
+    assert describe_limits({"burst": 5, "weight": 2.0, "rate": None}) == \
+        "weight=2 rate=default burst=5"
+    assert describe_limits({"rate": 0.25}) == "rate=0.25"
+
+
+BAD_LIMITS = [
+    ("weight", 0, "weight must be a number > 0 and <= 1000, got 0"),
+    ("weight", -1.5, "got -1.5"), ("weight", 1000.0001, "got 1000.0001"),
+    ("weight", math.nan, "got nan"), ("rate", math.inf, "rate must be a number > 0 and <= "
+                                       "1000000, got inf"),
+    ("rate", -math.inf, "got -inf"), ("rate", 10**400, "got 1000000000"),
+    ("rate", 10**5000, "got a huge number"),
+    ("burst", 1.5, "burst must be a whole number from 1 to 1000000, got 1.5"),
+    ("burst", 0, "got 0"), ("burst", 10**6 + 1, "got 1000001"),
+    ("max_queued", True, "max_queued must be a whole number from 1 to 1000000, got True"),
+    ("weight", False, "got False"), ("weight", "2", "got '2'"),
+    ("rate", "x\ny" * 30, "got 'x\\ny"), ("burst", [1], "got a list"),
+    ("max_queued", b"1", "got a bytes"), ("speed", 1, "unknown limit 'speed': the limits are "
+                                          "weight, rate, burst, max_queued"),
+]
+
+
+@pytest.mark.parametrize("name, value, message", BAD_LIMITS,
+                         ids=[f"{case[0]}-{i}" for i, case in enumerate(BAD_LIMITS)])
+def test_a_bad_limit_is_refused_in_one_line_naming_it(name, value, message):
+    with pytest.raises(InvalidLimits) as exc:
+        validate_limit(name, value)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert isinstance(exc.value, ValueError)
+    with pytest.raises(InvalidLimits):
+        TenantLimits(**{name: value}) if name in LIMITS else validate_limits(**{name: value})
+
+
+@given(st.sampled_from(LIMIT_NAMES), LIMIT_VALUES)
+def test_any_value_is_a_limit_or_refused_in_one_line_naming_it(name, value):
+    try:
+        kept = validate_limit(name, value)
+    except InvalidLimits as exc:
+        assert not accepted_limit(name, value), value
+        message = str(exc)
+        assert message.startswith(f"{name} must be ") and "\n" not in message, message
+        assert len(message) < 120, message
+        return
+    assert accepted_limit(name, value), value
+    if value is None:
+        assert kept is None
+        return
+    assert type(kept) is (int if LIMITS[name].integer else float)
+    assert 0 < kept <= LIMITS[name].maximum and kept == pytest.approx(float(value))
+    limits = TenantLimits(**{name: value})
+    assert getattr(limits, name) == kept
+    assert TenantLimits(**limits.to_dict()) == limits  # the stored form gives the same limits
+
+
+# -- limits in the store ------------------------------------------------------------------------
+
+
+def test_tenant_limits_are_given_changed_and_put_back_to_the_defaults(any_store):
+    s = any_store
+    assert s.tenant_limits() == {"default": TenantLimits()}
+    info = s.add_tenant("t1", limits=TenantLimits(weight=2, rate=10))
+    assert info.limits == TenantLimits(weight=2.0, rate=10.0)
+    assert s.add_tenant("t2").limits == TenantLimits()
+    # A limit given takes its value, None puts it back to the default, the others stay.
+    assert s.set_tenant_limits("t1", burst=20, rate=None) == TenantLimits(weight=2, burst=20)
+    assert s.set_tenant_limits("default", max_queued=100.0, actor="ops") == TenantLimits(
+        max_queued=100)
+    want = {"default": TenantLimits(max_queued=100), "t1": TenantLimits(weight=2, burst=20),
+            "t2": TenantLimits()}
+    assert s.tenant_limits() == want
+    assert {t.name: t.limits for t in s.tenants()} == want
+    assert [t.to_dict()["limits"] for t in s.tenants()] == [
+        {**NO_LIMITS, "max_queued": 100}, {**NO_LIMITS, "weight": 2.0, "burst": 20}, NO_LIMITS]
+    assert [(r.actor, r.action, r.tenant, r.detail) for r in s.audit()] == [
+        (OPERATOR, "tenant_add", "t1", "weight=2 rate=10"),
+        (OPERATOR, "tenant_add", "t2", None),
+        (OPERATOR, "tenant_set", "t1", "rate=default burst=20"),
+        ("ops", "tenant_set", "default", "max_queued=100")]
+    with open_store(s.location) as other:  # as another process sees it
+        assert other.tenant_limits() == want
+
+    # Refusals write nothing.
+    before = (s.audit(), s.tenants())
+    for call, error in [
+            (lambda: s.set_tenant_limits("nope", weight=1), UnknownTenant),
+            (lambda: s.set_tenant_limits("a/b", weight=1), InvalidTenant),
+            (lambda: s.set_tenant_limits("t1"), InvalidLimits),
+            (lambda: s.set_tenant_limits("t1", weight=0), InvalidLimits),
+            (lambda: s.set_tenant_limits("t1", weight=1, burst=2.5), InvalidLimits),
+            (lambda: s.set_tenant_limits("t1", rate="10"), InvalidLimits),
+            (lambda: s.set_tenant_limits("t1", speed=1), InvalidLimits),
+            (lambda: s.set_tenant_limits("t1", weight=2, actor=" "), ValueError),
+            (lambda: s.add_tenant("t3", limits={"weight": 2}), InvalidLimits),
+            (lambda: s.add_tenant("t1", limits=TenantLimits(weight=9)), TenantExists)]:
+        with pytest.raises(error):
+            call()
+    assert (s.audit(), s.tenants()) == before
+
+    # A removed tenant's limits go with it: added again, it has the defaults.
+    s.remove_tenant("t1")
+    assert "t1" not in s.tenant_limits()
+    s.add_tenant("t1")
+    assert s.tenant_limits()["t1"] == TenantLimits()
+    if is_pg(s.location):
+        assert pg_execute(s.location, "SELECT name FROM multihead.tenant_limits "
+                                      "ORDER BY name") == [("default",)]
+
+
+def test_a_new_tenant_never_inherits_a_leftover_limits_row(any_store):
+    """A version before limits removed tenants without their limits row (the store was shared
+    by both versions): a tenant added again under that name starts from the defaults."""
+    s = any_store
+    s.add_tenant("t0")  # the store exists from here on
+    sql = ("INSERT INTO {p}tenant_limits (name, weight, rate, burst, max_queued, updated) "
+           "VALUES ('t9', 7, NULL, 3, NULL, '2026-01-01')")
+    if is_pg(s.location):
+        pg_execute(s.location, sql.format(p="multihead."))
+    else:
+        with sqlite3.connect(s.root / "registry.sqlite") as conn:
+            conn.execute(sql.format(p=""))
+        conn.close()
+    assert "t9" not in s.tenant_limits()  # not a tenant: not listed
+    assert s.add_tenant("t9").limits == TenantLimits()
+    assert s.tenant_limits()["t9"] == TenantLimits()
+    assert s.set_tenant_limits("t9", rate=1) == TenantLimits(rate=1)
+
+
+def test_a_limits_change_and_its_audit_record_commit_together(any_store, monkeypatch):
+    s = any_store
+    s.add_tenant("t1", limits=TenantLimits(weight=3))
+
+    def fail(self, **record):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(heads.accounts.Rows, "record", fail)
+    with pytest.raises(OSError):
+        s.set_tenant_limits("t1", weight=5)
+    monkeypatch.undo()
+    assert s.tenant_limits()["t1"] == TenantLimits(weight=3)
+    assert [r.action for r in s.audit()] == ["tenant_add"]
+
+
+def test_tenant_limits_are_served_from_memory(any_store, monkeypatch):
+    s = any_store
+    s.add_tenant("t1", limits=TenantLimits(rate=5))
+    assert s.tenant_limits()["t1"] == TenantLimits(rate=5)
+    if is_pg(s.location):
+        listening(s)
+    calls = []
+    real = s._backend.tenant_limits
+    monkeypatch.setattr(s._backend, "tenant_limits",
+                        lambda: calls.append(1) or real())
+    for _ in range(200):
+        assert s.tenant_limits()["t1"] == TenantLimits(rate=5)
+    s._next_check_s = 0.0  # a poll is due: still nothing changed, nothing read
+    assert s.tenant_limits()["t1"] == TenantLimits(rate=5)
+    assert calls == []
+
+
+def test_a_limits_change_through_one_store_is_served_by_another_at_its_next_poll(location):
+    """Two stores on one location (SQLite: two registry connections; PostgreSQL: two
+    listeners, the change arriving by NOTIFY). Driven by the reader's next-check time, not by
+    sleeping."""
+    with open_store(location) as writer, open_store(location) as reader:
+        writer.add_tenant("t1")
+        assert reader.tenant_limits()["t1"] == TenantLimits()
+        if is_pg(location):
+            listening(reader)
+        known = reader._backend.data_version()
+        writer.set_tenant_limits("t1", weight=4, rate=50)
+        writer.set_tenant_limits("default", burst=7)
+        # The reader's backend learns of the change (SQLite: at once; PostgreSQL: NOTIFY).
+        wait_until(lambda: reader._backend.data_version() != known, 1.0 + 2.0,
+                   what="the reader's backend learning of the change")
+        reader._next_check_s = math.inf  # before its next poll: what it knew
+        assert reader.tenant_limits()["t1"] == TenantLimits()
+        reader._next_check_s = 0.0  # the poll is due: re-read
+        assert reader.tenant_limits() == {"default": TenantLimits(burst=7),
+                                          "t1": TenantLimits(weight=4, rate=50)}
 
 
 # -- bots and their owners ----------------------------------------------------------------------
@@ -449,6 +659,8 @@ def test_tenant_and_key_writes_change_the_data_version(location):
         if is_pg(location):
             listening(reader)
         for write in (lambda: writer.add_tenant("t1"),
+                      lambda: writer.set_tenant_limits("t1", weight=2),
+                      lambda: writer.set_tenant_limits("default", rate=None),
                       lambda: writer.add_key("t1", "infer"),
                       lambda: writer.revoke_key(writer.keys("t1")[0].id),
                       lambda: writer.remove_tenant("t1")):

@@ -153,6 +153,8 @@ REQUESTS = {
     "rollback_bot": bot_route("POST", "/bots/{bot}/rollback", fresh=True),
     "list_tenants": route("GET", "/tenants"),
     "put_tenant": route("PUT", "/tenants/{new_tenant}"),
+    "patch_tenant": route("PATCH", "/tenants/{fresh_tenant}", js({"weight": 2, "rate": None}),
+                          JSON_TYPE),
     "delete_tenant": route("DELETE", "/tenants/{fresh_tenant}"),
     "list_keys": route("GET", "/keys"),
     "post_key": route("POST", "/keys", js({"tenant": OWN, "scope": "infer"}), JSON_TYPE),

@@ -103,8 +103,9 @@ def test_routes_are_unique_and_every_admin_route_is_a_write_on_bots_tenants_or_k
     assert len({(e.method, e.path) for e in ENDPOINTS}) == len(ENDPOINTS)
     assert sorted((e.method, e.path) for e in ENDPOINTS if e.admin) == [
         ("DELETE", "/bots/{bot_id}"), ("DELETE", "/keys/{key_id}"),
-        ("DELETE", "/tenants/{tenant}"), ("POST", "/bots/{bot_id}/rollback"),
-        ("POST", "/keys"), ("PUT", "/bots/{bot_id}"), ("PUT", "/tenants/{tenant}")]
+        ("DELETE", "/tenants/{tenant}"), ("PATCH", "/tenants/{tenant}"),
+        ("POST", "/bots/{bot_id}/rollback"), ("POST", "/keys"), ("PUT", "/bots/{bot_id}"),
+        ("PUT", "/tenants/{tenant}")]
 
 
 def test_an_endpoint_without_an_access_rule_is_refused():

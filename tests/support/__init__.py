@@ -8,4 +8,5 @@
 - `int8`: ONE real INT8 calibration of the session's trunk and the INT8 trunk loaded from it
   (`int8_calibrated`, `int8_trunk`).
 - `polling`: waiting until a condition holds (`wait_until`, and `until` on the event loop).
+- `limits`: what a tenant limit accepts, and the values hypothesis tries on it.
 """
