@@ -340,7 +340,8 @@ class Batcher:
         if self._queue.fair:
             share = self._queue.share(tenant, self._max_queue_rows, self._max_batch_size,
                                       self._tenant_booked)
-            if mine and mine + n > share:
+            # A tenant alone has the whole queue as its share: full, the server is (503 below).
+            if mine and mine + n > share and share < self._max_queue_rows:
                 raise QueueShareExceeded(self.retry_after_s(), (
                     f"tenant '{tenant}' has {mine} images waiting, its share of the queue is "
                     f"{share} now; retry when they are served"))

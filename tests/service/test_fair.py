@@ -303,15 +303,23 @@ async def test_a_flooder_over_its_share_gets_429_and_booked_rows_are_never_pushe
     b = Batcher(lambda rows: [r.payload for r in rows], max_batch_size=2, max_wait_ms=60_000,
                 max_queue_rows=8)
     await b.start()
-    noisy = b.book(8, "noisy")  # alone, its share is the whole queue
+    alone = b.book(8, "noisy")
+    with pytest.raises(Overloaded) as refused:  # alone, its share is the queue: the server is full
+        b.book(1, "noisy")
+    assert type(refused.value) is Overloaded
+    alone.release()
+    noisy = b.book(6, "noisy")
+    quiet = b.book(1, "quiet")  # now two tenants with images waiting: shares of 4 each
     with pytest.raises(QueueShareExceeded, match="noisy"):
         b.book(1, "noisy")
+    quiet_more = b.book(1, "quiet")  # within its share: the last slot
     # Rows booked are being decoded by their callers: they cannot be pushed out, so with the
     # whole queue booked the server as a whole is full (503), for every tenant.
     with pytest.raises(Overloaded) as refused:
         b.book(1, "quiet")
     assert type(refused.value) is Overloaded
-    noisy.release()
+    for booking in (noisy, quiet, quiet_more):
+        booking.release()
     await b.close()
 
 
