@@ -11,6 +11,7 @@ Timing rule: a change must reach every replica within 1 s (LISTEN/NOTIFY); the c
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -300,6 +301,53 @@ def test_a_revoked_key_is_refused_by_every_replica_within_a_second(deployment):
         lambda status, body: status == 401 and body["code"] == "unauthorized", replicas,
         headers=own))
     assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
+
+
+def test_a_tenants_quota_is_divided_between_the_replicas_and_set_live(deployment):
+    """A rate set in the store reaches every replica within a second (the change
+    notification); each replica enforces rate / 2 and burst / 2 (rounded up), so the
+    deployment as a whole never passes the tenant's burst of 2, and every refusal is a 429
+    rate_limited with a Retry-After."""
+    replicas = set(asyncio.run(replicas_ready(deployment.base, 2, 30)))
+    with HeadStore(deployment.store_url) as store:
+        store.add_tenant("metered")
+        store.register("metered-bot", *random_head(3, seed=8), tenant="metered")
+    asyncio.run(first_seen(deployment.base, "/bots/metered-bot",
+                           lambda status, body: status == 200, replicas))
+    with HeadStore(deployment.store_url) as store:
+        store.set_tenant_limits("metered", rate=0.001, burst=2)  # nothing refills meanwhile
+    time.sleep(PROPAGATION_S + SLACK_S)
+    accepted: collections.Counter = collections.Counter()
+    refused: collections.Counter = collections.Counter()
+    wrong: list[str] = []
+
+    async def run() -> None:
+        seeds = iter(range(5000, 5100))  # distinct images: a cache hit would cost nothing
+
+        async def client(session: aiohttp.ClientSession) -> None:
+            while min((refused[r] for r in replicas), default=0) < 2:
+                form = aiohttp.FormData()
+                form.add_field("image", png_bytes(next(seeds)), filename="x.png",
+                               content_type="image/png")
+                async with session.post(f"{deployment.base}/classify/metered-bot",
+                                        data=form) as r:
+                    replica, body = r.headers["X-Multihead-Replica"], await r.read()
+                    retry_after = r.headers.get("Retry-After", "")
+                if r.status == 200:
+                    accepted[replica] += 1
+                    continue
+                refused[replica] += 1
+                if (r.status != 429 or json.loads(body)["code"] != "rate_limited"
+                        or not retry_after.isdigit()):
+                    wrong.append(f"{replica}: {r.status} {retry_after!r} {body[:200]!r}")
+
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
+            await asyncio.gather(*(client(session) for _ in range(4)))
+
+    asyncio.run(run())
+    assert not wrong, wrong
+    assert all(accepted[r] <= 1 for r in replicas), accepted  # burst 2 / 2 replicas each
+    assert sum(accepted.values()) <= 2, accepted
 
 
 def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deployment):
