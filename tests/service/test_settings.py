@@ -619,3 +619,53 @@ def test_a_pinned_bot_id_must_be_a_valid_bot_id():
     assert refused(pin="acme,../etc") == (
         "pin: invalid bot id '../etc': use 1-64 characters from A-Z a-z 0-9 . _ -, starting "
         "with a letter or digit")
+
+
+# -- fair sharing: the serve defaults of every tenant --------------------------------------------
+
+TENANT_DEFAULTS = {"tenant_weight": (0.0, 1000.0, False), "tenant_rate": (0.0, 1e6, False),
+                   "tenant_burst": (1, 1_000_000, True), "tenant_max_queued": (1, 1_000_000, True)}
+
+
+@pytest.mark.parametrize("name", sorted(TENANT_DEFAULTS))
+def test_fuzzed_tenant_defaults_are_refused_in_one_line_naming_the_setting(name):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    low, high, integer = TENANT_DEFAULTS[name]
+    texts = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                      st.integers(-10**9, 10**9).map(str), st.text(max_size=12),
+                      st.sampled_from(["nan", "inf", "-inf", "1e309", "0", "-1", "1.5", "2"]))
+
+    @settings(max_examples=150, deadline=None)
+    @given(text=texts)
+    def check(text):
+        variable = f"MULTIHEAD_{name.upper()}"
+        try:
+            value = getattr(Settings.from_env_and_args(None, {variable: text}), name)
+        except InvalidSettings as exc:
+            message = str(exc)
+            assert "\n" not in message and (name in message or variable in message), message
+            return
+        if value is None:  # an empty variable leaves an optional setting unset
+            assert name != "tenant_weight" and not text.strip(), text
+            return
+        assert (low < value <= high) if not integer else (low <= value <= high), value
+        assert math.isfinite(value) and (not integer or isinstance(value, int))
+
+    check()
+
+
+def test_the_scheduler_is_fair_by_default_and_fifo_on_request():
+    assert Settings().scheduler == "fair"
+    assert Settings.from_env_and_args(None, {"MULTIHEAD_SCHEDULER": "fifo"}).scheduler == "fifo"
+    with pytest.raises(InvalidSettings, match="scheduler must be one of fair, fifo"):
+        Settings(scheduler="wfq")
+
+
+def test_quotas_are_divided_between_ray_replicas_never_beyond_the_rate():
+    assert Settings().quota_divisor == 1
+    assert Settings(ray=True, deployment=Deployment(replicas=3)).quota_divisor == 3
+    assert Settings(ray=True, deployment=Deployment(min_replicas=1, max_replicas=4)
+                    ).quota_divisor == 4
+    assert Settings(deployment=Deployment(replicas=3)).quota_divisor == 1  # not under Ray
