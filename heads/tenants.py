@@ -159,9 +159,9 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
           "sustained trunk images per second (a token bucket; none set: unlimited)"),
     Limit("burst", True, 1_000_000, "images",
           "the token bucket's size: how far above its rate the tenant may go at once"),
-    Limit("max_queued", True, 1_000_000, "rows",
-          "a cap on the tenant's queued rows (images x bots waiting for the trunk), besides "
-          "its weighted share of the queue"),
+    Limit("max_queued", True, 1_000_000, "images",
+          "a cap on the tenant's images waiting for the trunk (one row each, whatever its "
+          "bots), besides its weighted share of the queue"),
 )}
 LIMIT_NAMES = tuple(LIMITS)
 
@@ -245,8 +245,8 @@ class TenantLimits:
         burst: the bucket's size in images: how far the tenant may go above its rate for a
             moment (when a rate is set and no burst, the serve default). Int in
             [1, 1_000_000].
-        max_queued: a cap on the tenant's queued rows (images x bots waiting for the trunk),
-            besides its weighted share of the queue. Int in [1, 1_000_000].
+        max_queued: a cap on the tenant's images waiting for the trunk (one each, whatever
+            its bots), besides its weighted share of the queue. Int in [1, 1_000_000].
     """
 
     weight: float | None = None
