@@ -104,7 +104,7 @@ def add_commands(sub) -> None:
         description="Tenants own bots and API keys: a key sees and calls only its tenant's "
                     "bots. The tenant 'default' always exists (bots of older stores are "
                     "in it). Each tenant has limits for sharing the trunk (weight, rate, "
-                    "burst, max queued rows); an unset one is the server's setting.")
+                    "burst, max queued images); an unset one is the server's setting.")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True,
                                          metavar="ACTION", parser_class=OneLineErrors)
     p = tenants_sub.add_parser("add", parents=[store, limits], help="add a tenant",
