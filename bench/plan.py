@@ -38,6 +38,10 @@ class Plan:
     overload_uploads: int = 300
     soak_s: float = 300.0
     soak_clients: int = 8
+    fairness_noisy_clients: int = 48  # closed-loop clients of the noisy tenant
+    fairness_warmup_s: float = 10.0  # flood load before its window
+    fairness_s: float = 30.0  # the flood's window, per scheduler
+    quota_s: float = 20.0  # the quota's window, from the limited client's first 429
     seed: int = 0
     max_batch_size: int = 16
     max_wait_ms: float | None = None  # None: the server's default
@@ -50,6 +54,7 @@ class Plan:
                       matmul_runs=5, scale_levels=(10, 100, 1000), cold_samples=20,
                       fanout_requests=8, rebuild_reps=2, full_models_requests=24, images=48,
                       overload_uploads=100, soak_s=60.0,
+                      fairness_warmup_s=5.0, fairness_s=20.0, quota_s=10.0,
                       int8_samples=32, int8_held_out=32)
         values.update(overrides)
         return cls(**values)

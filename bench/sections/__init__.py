@@ -12,6 +12,7 @@ with a `SECTION`, and list it here.
     coldstart  process start to /readyz 200, with and without a saved graph
     baselines  rebuild per request; K full models (one Trunk per bot)
     overload   N concurrent 10 MB uploads: RSS start/peak/after, refused vs answered
+    fairness   one tenant's flood vs quiet tenants, fair vs fifo scheduler; a tenant's quota
     soak       minutes of mixed valid and hostile traffic: RSS must stay flat
     replicas   Ray Serve, 1 vs 2 replicas, PostgreSQL vs SQLite store
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 from bench.sections import (
     baselines,
     coldstart,
+    fairness,
     fanout,
     grpc,
     overload,
@@ -33,7 +35,8 @@ from bench.sections.base import Section
 
 SECTIONS: tuple[Section, ...] = (
     trunk.SECTION, service.SECTION, fanout.SECTION, grpc.SECTION, scale.SECTION,
-    coldstart.SECTION, baselines.SECTION, overload.SECTION, soak.SECTION, replicas.SECTION)
+    coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION, soak.SECTION,
+    replicas.SECTION)
 NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
 
 

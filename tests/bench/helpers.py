@@ -25,6 +25,50 @@ def _point(policy: str, mode: str, concurrency, throughput: float, p50: float,
             "batch_bots_distribution": {"<=1": 4, "2": 3}, "ratio_to_trunk": throughput / 10}
 
 
+def _tenant(clients: int, requests: int, rate: float, p50: float) -> dict:
+    return {"clients": clients, "requests": requests, "answered": requests,
+            "images_per_s": rate, "mean_ms": p50 * 1.05, "p50_ms": p50, "p95_ms": p50 * 1.3,
+            "p99_ms": p50 * 1.5, "min_ms": p50 * 0.8, "max_ms": p50 * 1.6,
+            "statuses": {"200": requests}}
+
+
+def _flood(scheduler: str, noisy: tuple, quiet_p50: float, total: float) -> dict:
+    quiet_rate = 0.2 if scheduler == "fair" else 0.1
+    return {"server": {"ready_s": 6.5, "pid": 4242, "runtime": "openvino-fp32"},
+            "window_s": 30.0,
+            "tenants": {"noisy": _tenant(48, *noisy),
+                        **{f"quiet-{i}": _tenant(1, 6, quiet_rate, quiet_p50 + 10 * i)
+                           for i in (1, 2, 3)}},
+            "quiet": {**_tenant(3, 18, 3 * quiet_rate, quiet_p50), "statuses": {"200": 18}},
+            "total_images_per_s": total, "batches": 11, "mean_batch_size": 15.9,
+            "server_trunk_ms": 2600.0, "server_heads_ms": 4.5,
+            "served": {"noisy": 170.0, "quiet-1": 6.0, "quiet-2": 6.0, "quiet-3": 6.0},
+            "refused": {}}
+
+
+def _fairness() -> dict:
+    """The fairness section: quiet p50 fair 5,200 ms vs fifo 11,800 ms (0.44), vs a raw
+    batch of 2,500 ms (2.08); totals 6.1 vs 6.2 images/s (0.98); the quota 1.47 images/s at
+    a rate of 1.5 (|0.98 - 1| = 0.02), 9 refusals, all proper, no retry refused."""
+    return {
+        "image": "640×480 JPEG (~150 kB, 64 distinct)", "noisy_clients": 48,
+        "quiet_clients": 1, "warmup_s": 10.0, "duration_s": 30.0,
+        "runs": {"fair": _flood("fair", (160, 5.5, 8100.0), 5200.0, 6.1),
+                 "fifo": _flood("fifo", (170, 5.9, 7800.0), 11800.0, 6.2)},
+        "raw_trunk": {"name": "openvino-fp32", "batch_size": 16, "batch_s": 2.5,
+                      "images_per_s": 6.4, "source": "measured in the fairness section"},
+        "quota": {"server": {"ready_s": 6.0, "pid": 4343, "runtime": "openvino-fp32"},
+                  "capacity_images_per_s": 6.1, "rate": 1.5, "burst": 16,
+                  "images_per_request": 4, "window_s": 20.0, "requests": 21, "refusals": 9,
+                  "refusals_improper": 0, "retries": 9, "retries_refused": 0,
+                  "statuses": {"200": 12, "429 rate_limited": 9},
+                  "retry_after_s": {"2": 7, "3": 2}, "accepted_images": 32,
+                  "plain_images_per_s": 1.6, "measured_span_s": 19.1, "measured_images": 28,
+                  "accepted_images_per_s": 1.47,
+                  "quiet": _tenant(3, 30, 1.5, 1900.0)},
+    }
+
+
 def passing_results() -> dict:
     """Results in which every target passes, with distinctive numbers. The service's servers
     ran `serve`'s default, the OpenVINO int8 trunk, whose batch-16 rate is the raw trunk it is
@@ -127,6 +171,7 @@ def passing_results() -> dict:
                      "rss_after_bytes": 1_020_000_000, "budget_bytes": 268_435_456,
                      "peak_over_start_bytes": 280_000_000, "peak_limit_bytes": 335_544_320,
                      "after_over_start": 0.0099},
+        "fairness": _fairness(),
         "soak": {"duration_s": 300.0, "clients": 8, "requests": 4321,
                  "statuses": {"200": 2100, "400": 2221}, "rss_start_bytes": 1_000_000_000,
                  "rss_end_bytes": 1_010_000_000, "rss_max_bytes": 1_050_000_000,

@@ -29,7 +29,7 @@ from bench.load import (
 )
 from bench.plan import Plan
 from bench.report import evaluate_targets, write_reports
-from bench.sections import fanout, scale, service
+from bench.sections import fairness, fanout, scale, service
 from bench.stats import rss_bytes
 
 
@@ -181,6 +181,66 @@ async def test_scale_registers_levels_and_touches_every_bot(aiohttp_server, trun
                "scale": result.to_json()}
     written = write_reports(tmp_path / "out", results, evaluate_targets(results))
     assert "Bot scale" in written["md"].read_text()
+
+
+async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_refused_twice(
+        aiohttp_server, trunk, jpegs, tmp_path):
+    """The fairness section's two loads on a real server with tenants (feature cache off: each
+    image a trunk row): the flood's calls and the server's per-tenant counts, then the quota's
+    one client honouring Retry-After against a tenant at 1 image/s."""
+    from heads import HeadStore
+    from heads.tenants import TenantLimits
+
+    rng = np.random.default_rng(0)
+    bots = {}
+    with HeadStore(tmp_path / "store") as heads:
+        for tenant in (fairness.NOISY, "quiet-1", fairness.LIMITED):
+            limits = TenantLimits(rate=1.0, burst=2) if tenant == fairness.LIMITED else None
+            heads.add_tenant(tenant, limits=limits)
+            weights, biases, labels = random_head(rng, 5)
+            bots[tenant] = f"{tenant}-bot"
+            heads.register(bots[tenant], weights, biases, labels, tenant=tenant)
+    url, store = await _serve(aiohttp_server, trunk, tmp_path / "store", feature_cache_size=0)
+    clients = {fairness.NOISY: 2, "quiet-1": 1}
+    try:
+        flood = await fairness.flood(url, jpegs, bots, clients, 0.2, 1.0)
+        quota = await fairness.quota_load(url, jpegs, bots[fairness.LIMITED],
+                                          {"quiet-1": bots["quiet-1"]}, 2, 3.0,
+                                          opening_images=3, first_refusal_s=60.0)
+        async with client_session() as session:
+            async with session.get(f"{url}/metrics") as response:
+                metrics = await response.text()
+    finally:
+        store.close()
+
+    assert {c.tenant for c in flood["calls"]} == set(clients)
+    assert {c.status for c in flood["calls"] if c.end <= flood["window"][1]} == {200}
+    summary = fairness.flood_summary(flood, clients)
+    assert set(summary["tenants"]) == set(clients) and "served" in summary
+    # Each tenant is charged its own images (the owner of the bot), and its refusals. The
+    # flood's clients leave their last request unanswered (at most one each): the server may
+    # still have served it.
+    served = fairness.labelled_samples(metrics, "multihead_tenant_images_total")
+    answered = collections.Counter()
+    for c in flood["calls"] + quota["calls"]:
+        answered[c.tenant] += c.images if c.status == 200 else 0
+    assert set(served) == set(answered)
+    for tenant, n in clients.items():
+        assert answered[tenant] <= served[tenant] <= answered[tenant] + n
+    assert served[fairness.LIMITED] == answered[fairness.LIMITED] > 0
+
+    calls = quota["calls"]
+    assert {c.tenant for c in calls} == {fairness.LIMITED, "quiet-1"}
+    sizes = [c.images for c in calls if c.tenant == fairness.LIMITED]
+    assert sizes[0] == 3 and set(sizes[1:]) == {2}  # the opening request, then the others
+    # Retry-After is at most 2 s (2 images at 1 image/s): its retry is sent within the 3 s.
+    result = fairness.quota_summary(calls, quota["first_429"], 1.0, 2, 2, 3.0)
+    assert result["refusals"] >= 1 and result["statuses"]["429 rate_limited"] >= 1
+    assert result["refusals_improper"] == 0 and result["retries"] >= 1
+    assert result["retries_refused"] == 0
+    assert result["accepted_images"] % 2 == 0  # the opening request came before the 429
+    refused = fairness.labelled_samples(metrics, "multihead_tenant_refusals_total")
+    assert refused == {f"rate_limited {fairness.LIMITED}": result["refusals"]}
 
 
 def test_random_heads_are_seeded_and_shaped():
