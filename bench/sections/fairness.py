@@ -21,7 +21,8 @@ no request of either scheduler is dropped: a dropped one would hide its latency)
   drains at the client's pace minus R), then sends 4 images per request. The window starts at
   its first 429 (the initial burst is not counted) and lasts `plan.quota_s` seconds, and the
   run until the client's first 429 after it.
-- the raw trunk's time for one full batch (`max_batch_size`) on the runtime x precision the
+- the raw trunk's time for one full batch (`plan.fairness_batch_size`, 8: the servers' batch
+  size here, see `bench.plan`) on the runtime x precision the
   servers ran: from the trunk section's table (or the service section's raw trunk) when this
   run measured it, else measured here, in this process, once the servers are stopped.
 
@@ -58,7 +59,7 @@ SCHEDULERS = ("fair", "fifo")
 
 # Every server of the section: no feature cache (every request's images reach the trunk) and a
 # deadline no request reaches (a 504 would drop a slow request's latency from the numbers).
-SERVER_OPTIONS = {"feature-cache-size": 0, "request-timeout-s": 300}
+SERVER_OPTIONS = {"feature-cache-size": 0, "request-timeout-s": 300}  # + the batch size
 
 # The quota scenario: R = min(QUOTA_MAX_RATE, capacity / QUOTA_CAPACITY_SHARE) images/s, well
 # below the pace of the limited client alone (4 images in a batch beside 3 quiet ones: about
@@ -89,7 +90,7 @@ class FairnessResult(Result):
     # "server_heads_ms", "served": {tenant: trunk images by the server's
     # multihead_tenant_images_total}, "refused": {"code tenant": n}}
     runs: dict[str, dict] = field(default_factory=dict)
-    # The raw trunk of the servers' runtime x precision at max_batch_size: {name, batch_size,
+    # The raw trunk of the servers' runtime x precision at their batch size: {name, batch_size,
     # batch_s, images_per_s, source}.
     raw_trunk: dict | None = None
     # The quota scenario (`quota_summary`), plus "server" and "quiet" (pooled stats).
@@ -571,10 +572,11 @@ def _run_flood(context: Context, store: Path, bots: dict[str, str], scheduler: s
     plan = context.plan
     clients = {NOISY: plan.fairness_noisy_clients, **dict.fromkeys(QUIET, 1)}
     server = context.start(context.server(f"fairness-{scheduler}", store, scheduler=scheduler,
-                                          **SERVER_OPTIONS))
+                                          **{**SERVER_OPTIONS,
+                                             "max-batch-size": plan.fairness_batch_size}))
     try:
         facts = _facts(server)
-        asyncio.run(_warm_up(server.url, context.jpegs, bots[NOISY], plan.max_batch_size))
+        asyncio.run(_warm_up(server.url, context.jpegs, bots[NOISY], plan.fairness_batch_size))
         say(f"fairness {scheduler}: {plan.fairness_noisy_clients} noisy clients + "
             f"{len(QUIET)} quiet ones, {plan.fairness_warmup_s:.0f} s warm-up + "
             f"{plan.fairness_s:.0f} s ...")
@@ -600,7 +602,8 @@ def _run_quota(context: Context, store: Path, bots: dict[str, str],
     with HeadStore(store) as heads:
         heads.set_tenant_limits(LIMITED, rate=rate, burst=QUOTA_BURST)
     server = context.start(context.server("fairness-quota", store, scheduler="fair",
-                                          **SERVER_OPTIONS))
+                                          **{**SERVER_OPTIONS,
+                                             "max-batch-size": plan.fairness_batch_size}))
     try:
         facts = _facts(server)
         say(f"quota: tenant '{LIMITED}' at {rate:g} images/s (burst {QUOTA_BURST}), "
@@ -641,7 +644,7 @@ def run(context: Context) -> FairnessResult:
     # The servers are stopped: a raw trunk measured now has the machine to itself.
     if runtime is not None:
         try:
-            result.raw_trunk = raw_batch(runtime, plan.max_batch_size,
+            result.raw_trunk = raw_batch(runtime, plan.fairness_batch_size,
                                          context.results.get("trunk"),
                                          context.results.get("service"),
                                          _measure_in_process(context))
