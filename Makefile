@@ -89,9 +89,11 @@ mutation: $(STAMP)
 	echo "mutmut run: $$(( $$(date +%s) - start )) s (log: mutmut-run.log)"
 	$(BIN)/python tests/mutation_report.py --survivors
 
-# The fuzz tests with 20,000 hostile HTTP requests instead of `make test`'s 2,000.
+# The fuzz tests with 20,000 hostile HTTP requests instead of `make test`'s 2,000, and the fair
+# scheduler's properties on 3,000 random traces each instead of 100.
 fuzz: $(STAMP)
 	MULTIHEAD_FUZZ_CASES=20000 $(BIN)/python -m pytest -q tests/fuzz
+	MULTIHEAD_FAIR_EXAMPLES=3000 $(BIN)/python -m pytest -q tests/service/test_fair.py
 
 bench: $(STAMP)
 	$(BIN)/multihead bench --quick --output bench-out

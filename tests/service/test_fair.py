@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 from dataclasses import dataclass, field
 
 import pytest
@@ -141,7 +142,9 @@ def traces_with_dead_rows(draw):
     return batch_size, weights, arrivals
 
 
-SETTINGS = settings(max_examples=300, deadline=None,
+# `make fuzz` runs them with many more examples.
+SETTINGS = settings(max_examples=int(os.environ.get("MULTIHEAD_FAIR_EXAMPLES", "100")),
+                    deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
