@@ -145,8 +145,10 @@ async def test_concurrent_requests_over_many_bots_equal_single_requests(
 
     The trunk is counted: ONE trunk call per batch, however many bots the batch holds."""
     counting = CountingTrunk(trunk)
+    # NOTE: a deadline far beyond the 5 batches of 8 these 40 requests make, so that a slow
+    # or busy machine only makes the test slower (the subject is batching, not deadlines).
     client = await make_client(trunk_obj=counting, feature_cache_size=0, max_batch_size=8,
-                               max_wait_ms=50.0)
+                               max_wait_ms=50.0, request_timeout_s=300.0)
     # NOTE: bots interleaved: rows arrive in about this order, so any batch of two or more
     # consecutive rows mixes bots (grouped by bot, a batch of 8 could hold one bot only).
     jobs = [(bot_id, jpeg) for jpeg in jpegs for bot_id in BOTS]
