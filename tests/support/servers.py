@@ -22,7 +22,7 @@ from aiohttp import web
 
 from heads import HeadStore
 from service.core.settings import Settings
-from service.transports.http.app import SERVICE, create_app
+from service.transports.http.app import HANDLER_CANCELLATION, SERVICE, create_app
 from tests.backbone.helpers import encode, pattern
 from tests.support.builders import random_head
 
@@ -116,7 +116,7 @@ class ThreadedServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="shared-server",
                                         daemon=True)
         self._thread.start()
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(app, **HANDLER_CANCELLATION)  # as run_app serves
         self.url = self._call(self._start(app))
 
     def _call(self, coro, timeout_s: float = 120.0):

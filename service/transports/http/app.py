@@ -8,9 +8,14 @@ the 404/405 answers, request metrics and Server-Timing by endpoint name) is
 (`service.transports.http.ws`), the web page and static files, JSON bodies for aiohttp's other
 errors and for requests it cannot parse, and the lifecycle (`cleanup_ctx`: the `Service` starts
 its bring-up at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped
-accepting). The listeners given to `create_app` (the gRPC server, when the command that serves
-has a `grpc_port`) run over the same `Service` and start and stop with it: they stop accepting
-when HTTP does, and drain within the same timeout.
+accepting). A client that goes away (its connection closes) cancels its handler
+(`HANDLER_CANCELLATION`, which every server of the app must be given): the request's rows still
+queued for the trunk are withdrawn, its in-flight bytes given back, and metrics count it with
+status 499 (`CLIENT_CLOSED`, as gRPC does); a WebSocket whose connection closes while its image
+waits likewise (a close frame alone is read once the image is answered). The listeners given
+to `create_app` (the gRPC server, when the command that serves has a `grpc_port`) run over the
+same `Service` and start and stop with it: they stop accepting when HTTP does, and drain within
+the same timeout.
 """
 from __future__ import annotations
 
@@ -51,6 +56,14 @@ STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 SERVICE = web.AppKey("service", Service)
 # The listeners beside HTTP (the gRPC server when `grpc_port` is set), started and stopped with it.
 LISTENERS = web.AppKey("listeners", list)
+
+# NOTE: aiohttp (since 3.9) lets a handler run on after its client disconnected unless the server
+# is made with handler_cancellation=True: then the handler task is cancelled, which withdraws the
+# request's queued rows (`Batcher.submit_many`). `run_app` passes it; so must any other server
+# of the app (the tests' ThreadedServer; aiohttp's own TestServer sets it by default).
+HANDLER_CANCELLATION = {"handler_cancellation": True}
+WS_ROUTE = "classify_ws"
+CLIENT_CLOSED = 499  # metrics status of a request whose client went away (nginx's code)
 
 # The codes of aiohttp's own errors other than "no route" (`common.exchange.no_route`).
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 413: "payload_too_large",
@@ -107,6 +120,10 @@ async def transport_middleware(request: web.Request, handler):
                 {"error": exc.reason, "code": _HTTP_CODES.get(exc.status, "http_error")},
                 status=exc.status)
     except asyncio.CancelledError:
+        # The client went away (HANDLER_CANCELLATION), or shutdown cancelled what was left.
+        # A socket's lifetime is not a request's latency (as below): counted, not timed.
+        record(request.app[SERVICE].metrics, label, CLIENT_CLOSED,
+               None if label == WS_ROUTE else start)
         raise
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         response = to_response(error_reply(exc))
@@ -196,7 +213,7 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
                              name=endpoint.name)
     app.router.add_get("/ws/classify/{bot_id}",
                        lambda request: ws.classify_ws(request.app[SERVICE], request),
-                       name="classify_ws")
+                       name=WS_ROUTE)
     if STATIC_DIR.exists():
         app.router.add_static("/static", STATIC_DIR, name="static")
     return app
@@ -206,5 +223,5 @@ def run_app(settings: Settings, listeners: Sequence[ListenerFactory] = ()) -> No
     """Serves until SIGTERM/SIGINT, then shuts down gracefully: stop accepting, drain, close."""
     memory.tune_allocator()
     web.run_app(create_app(settings, listeners=listeners), host=settings.host, port=settings.port,
-                shutdown_timeout=settings.request_timeout_s,
+                shutdown_timeout=settings.request_timeout_s, **HANDLER_CANCELLATION,
                 print=lambda msg: log.info(msg.strip()))
