@@ -49,17 +49,17 @@ postgres-deps:
 
 system-deps: browser-deps postgres-deps
 
-# Three worker processes (pytest-xdist), each test file in one of them (its module fixtures are
+# Two worker processes (pytest-xdist), each test file in one of them (its module fixtures are
 # built once; the files using the session's INT8 calibration share a worker: tests/conftest.py):
-# the tests wait on subprocesses, servers and sockets a good part of the time, so on the 2 cores
-# of a CI machine two workers left a quarter of the CPU idle and three finish about 8 % sooner
-# (measured: 425 s against 461 s for this phase). The Ray tests
+# the tests wait on subprocesses, servers and sockets about half of the time, so
+# two workers use the 2 cores of a CI machine where one leaves one idle (three: measured no
+# faster, 425-500 s against 454-461 s, the CPU-bound tests slowing each other). The Ray tests
 # (tests/scaleout) then run on their own: a local Ray cluster starting beside another worker's
 # TensorFlow missed its own start deadline on 2 cores. TEST_WORKERS=0 runs the first phase
 # in one process, one test after another. Both runs share one temporary directory for the
 # session's checkpoint and the graphs built from it (MULTIHEAD_TEST_SHARED_DIR: made once,
 # imported by the other worker and the Ray run), removed at the end.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: lint system-deps
 	shared=$$(mktemp -d -t multihead-tests.XXXXXX) && trap 'rm -rf "$$shared"' EXIT && \
 	export MULTIHEAD_TEST_SHARED_DIR="$$shared" && \

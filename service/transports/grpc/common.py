@@ -125,7 +125,7 @@ class Rpcs:
                 that endpoint's.
         """
         start = time.perf_counter()
-        status = 200
+        status: int | None = 200  # None once recorded
         self.in_flight += 1
         self._idle.clear()
         try:
@@ -151,10 +151,15 @@ class Rpcs:
             trailing = [(CODE_KEY, body["code"])]
             if "Retry-After" in headers:
                 trailing.append((RETRY_AFTER_KEY, headers["Retry-After"]))
+            # Counted before the status leaves (abort sends it): a client that reads /metrics
+            # right after its error sees the call, as after a success (counted on return).
+            self.service.metrics.observe_request(name, status, time.perf_counter() - start)
+            status = None
             await context.abort(status_code(exc), body["error"], tuple(trailing))
             raise AssertionError("unreachable: abort raises") from None
         finally:
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
-            self.service.metrics.observe_request(name, status, time.perf_counter() - start)
+            if status is not None:
+                self.service.metrics.observe_request(name, status, time.perf_counter() - start)
