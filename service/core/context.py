@@ -222,6 +222,11 @@ class Service:
         # Fair sharing: each tenant's settings from the store (read from memory, re-read when
         # the store changes), the serve flags for what a tenant leaves unset.
         self.quotas = Quotas(self.tenant_rate, divisor=settings.quota_divisor)
+        self._tenant_defaults = TenantLimits(
+            weight=settings.tenant_weight, rate=settings.tenant_rate,
+            burst=settings.tenant_burst, max_queued=settings.tenant_max_queued)
+        self._limits_table: dict | None = None
+        self._limits_filled: dict[str, TenantLimits] = {}
         self.preloaded = Preloaded()
         self.metrics.set_pinned_bots(pinned)
         self.metrics.bind_pinned_heads(
@@ -390,33 +395,29 @@ class Service:
 
     # -- tenants' shares of the trunk (from memory: called per request and per batch) --------
 
-    def _tenant_limits(self, tenant: str):
-        try:
-            return self.store.tenant_limits().get(tenant)
-        except Exception:  # noqa: BLE001 - an unreadable store keeps the serve defaults
-            log.exception("tenant settings unreadable; using the serve defaults")
-            return None
+    def tenant_limits(self, tenant: str) -> TenantLimits:
+        """`tenant`'s limits, each its own or else the serve default (`TenantLimits.filled`).
+        Called per request and per batch row: kept per tenant until the store's table of
+        limits is re-read (`HeadStore.tenant_limits` returns the same dict until then)."""
+        table = self.store.tenant_limits()
+        if table is not self._limits_table:
+            self._limits_table, self._limits_filled = table, {}
+        filled = self._limits_filled.get(tenant)
+        if filled is None:
+            own = table.get(tenant) or TenantLimits()
+            filled = self._limits_filled[tenant] = own.filled(self._tenant_defaults)
+        return filled
 
     def tenant_weight(self, tenant: str) -> float:
-        """`tenant`'s weight: its own, else --tenant-weight."""
-        limits = self._tenant_limits(tenant)
-        own = limits.weight if limits is not None else None
-        return own if own is not None else self.settings.tenant_weight
+        return self.tenant_limits(tenant).weight
 
     def tenant_rate(self, tenant: str) -> tuple[float | None, int | None]:
-        """`tenant`'s quota (images per second or None, burst or None), field by field its
-        own, else --tenant-rate / --tenant-burst."""
-        limits = self._tenant_limits(tenant)
-        rate = limits.rate if limits is not None and limits.rate is not None else None
-        burst = limits.burst if limits is not None and limits.burst is not None else None
-        return (rate if rate is not None else self.settings.tenant_rate,
-                burst if burst is not None else self.settings.tenant_burst)
+        """(images per second, burst): None is no quota, and the quota's default burst."""
+        limits = self.tenant_limits(tenant)
+        return limits.rate, limits.burst
 
     def tenant_max_queued(self, tenant: str) -> int | None:
-        """`tenant`'s own cap on images waiting: its own, else --tenant-max-queued."""
-        limits = self._tenant_limits(tenant)
-        own = limits.max_queued if limits is not None else None
-        return own if own is not None else self.settings.tenant_max_queued
+        return self.tenant_limits(tenant).max_queued
 
     # -- the store, off the event loop -----------------------------------------------------------
 
