@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine: `make serve` and `make test`. Both create .venv and
-# install the package (with its test, bench, openvino, postgres, ray and grpc extras) into it;
+# install the package (with its test, bench, openvino, postgres, ray, grpc and otel extras) into it;
 # `make test` also installs the Debian packages its tests need (chromium, postgresql). Nothing
 # else needs to be installed by hand.
 PYTHON ?= python3
@@ -23,7 +23,7 @@ UV := $(BIN)/uv pip install --python $(BIN)/python -q
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	test -x $(BIN)/uv || $(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(UV) -e '.[test,bench,openvino,postgres,ray,grpc]'
+	$(UV) -e '.[test,bench,openvino,postgres,ray,grpc,otel]'
 	touch $@
 
 # Debian's chromium and the chromedriver of the same build, for tests/service/test_browser.py

@@ -72,6 +72,9 @@ setup(
                  "python-rapidjson>=1.25"],
         # `multihead serve --ray`: replicas on Ray Serve (brings FastAPI/Starlette/uvicorn).
         "ray": ["ray[serve]==2.60.0"],
+        # `OTEL_*` tracing (docs/deployment.md): the OpenTelemetry SDK and its OTLP/HTTP
+        # exporter, the versions ray[serve] 2.60 resolves for its own use.
+        "otel": ["opentelemetry-sdk==1.45.2", "opentelemetry-exporter-otlp-proto-http==1.45.2"],
         # `make mutation`: mutmut 3 (mutants in a `mutants/` copy, per-function test selection).
         "mutation": ["mutmut==3.8.1"],
     },
