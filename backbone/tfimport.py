@@ -47,8 +47,13 @@ def quiet_probe_wanted(device) -> bool:
 
 
 def import_tensorflow(device: str | Device = "auto"):
-    """`import tensorflow as tf` and its CUDA probe, quiet where a GPU cannot exist."""
+    """`import tensorflow as tf` and its CUDA probe, quiet where a GPU cannot exist.
+
+    Unless the environment says otherwise, `tf.keras` is tf_keras (Keras 2, which tf-slim's
+    layers need anyway): TensorFlow's import then skips Keras 3 and the scikit-learn it pulls
+    in (about 3 s of a 2-core machine, for every process that imports TensorFlow)."""
     global _probed
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     with _lock:
         if _probed or not quiet_probe_wanted(device):
             import tensorflow as tf

@@ -30,6 +30,9 @@ from tests.support.postgres import pg_server  # noqa: F401 - a fixture, used by 
 # unless a test asks for them: tests/service/test_auth.py is where keys are tested, and the
 # in-process tests' settings say auth="none" likewise (tests/support/servers.make_settings).
 os.environ.setdefault("MULTIHEAD_AUTH", "none")
+# tf.keras = tf_keras, as `multihead` and `backbone.tfimport` choose it, whichever test imports
+# TensorFlow first (Keras 3's import alone is about 3 s of a worker).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 SHARED_DIR_ENV = "MULTIHEAD_TEST_SHARED_DIR"  # `make test` sets it for both of its runs
 INT8_FIXTURES = frozenset({"int8_calibrated", "int8_trunk", "int8_images"})

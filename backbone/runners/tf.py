@@ -9,6 +9,7 @@ restored graph, weights folded in, to a runtime that compiles it (OpenVINO).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -187,7 +188,8 @@ def build_graph(device: str, num_classes: int):
     import tensorflow as tf
 
     graph = tf.Graph()
-    with graph.as_default(), tf.device(device), warnings.catch_warnings():
+    with graph.as_default(), tf.device(device), warnings.catch_warnings(), \
+            _identity_equality(tf):
         # tf-slim calls Keras-1 era layer APIs that warn on every layer; nothing to act on.
         warnings.filterwarnings("ignore", category=UserWarning, message=".*deprecated")
         inputs = tf.compat.v1.placeholder(tf.float32, [None, IMAGE_SIZE, IMAGE_SIZE, 3],
@@ -196,6 +198,27 @@ def build_graph(device: str, num_classes: int):
         saver = tf.compat.v1.train.Saver(
             var_list={v.op.name: v for v in tf.compat.v1.global_variables()})
     return graph, inputs, end_points, saver
+
+
+@contextlib.contextmanager
+def _identity_equality(tf):
+    """Tensors and variables compared and hashed by identity while the graph is built.
+
+    tf_keras' legacy `add_weight` (every tf-slim layer) puts all the graph's variables in a set
+    for each new weight, and each `Variable.__hash__` first asks whether TF runs eagerly
+    outside functions (a walk of the context stacks): quadratic in the 596 variables, about a
+    fifth of the build's CPU time. Inside a graph's build that answer is always no, so hashing
+    and equality are by identity anyway: switching TF's tensor equality off skips the question
+    and changes no result. Put back as it was afterwards.
+    NOTE: `Tensor._USE_EQUALITY` (read, not written) has no public getter.
+    """
+    was_on = getattr(tf.Tensor, "_USE_EQUALITY", True)
+    tf.compat.v1.disable_tensor_equality()
+    try:
+        yield
+    finally:
+        if was_on:
+            tf.compat.v1.enable_tensor_equality()
 
 
 class GraphCache:

@@ -111,6 +111,8 @@ def test_second_trunk_from_a_fine_tuned_checkpoint(trunk, trunk_checkpoint, imag
     finally:
         second.close()
     assert trunk_digest(prefix) == trunk_digest(trunk_checkpoint)
+    # The build compared tensors by identity (runners.tf._identity_equality), and only then.
+    assert (tf.constant([1, 2]) == tf.constant([1, 3])).numpy().tolist() == [True, False]
 
 
 def test_missing_checkpoint_names_the_path(tmp_path):

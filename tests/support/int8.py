@@ -56,16 +56,21 @@ def int8_images(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def int8_calibrated(trunk_checkpoint, int8_images, tmp_path_factory) -> Calibrated:
+def int8_calibrated(trunk_checkpoint, serving_graph_cache, int8_images,
+                    tmp_path_factory) -> Calibrated:
     """The session's one real `multihead quantize` run (16 calibration images, 8 held out,
-    one registered bot), recording the real models it made."""
+    one registered bot), recording the real models it made. Its checkpoint's graph cache
+    holds the session's serving graph, as after a first `serve` (the demo's order): the
+    calibration imports it instead of building the graph again."""
     pytest.importorskip("nncf")
     from backbone import quantize as q
     from heads import HeadStore
     from service.cli.main import main
+    from tests.backbone.helpers import copy_graphs
 
     base = tmp_path_factory.mktemp("int8")
     prefix = link_checkpoint(trunk_checkpoint, base / "trunk")
+    copy_graphs(serving_graph_cache, base / "trunk" / "graph_cache")
     store = base / "store"
     rng = np.random.default_rng(0)
     with HeadStore(store) as heads:
