@@ -220,7 +220,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 CLASSIFIED = dict(name="multihead_requests_total", route="classify", status="200")
+CLIENT_LEFT = dict(name="multihead_requests_total", route="classify", status="499")
 QUEUED = dict(name="multihead_queue_depth")
+ROWS_RUN = dict(name="multihead_batch_size_sum")  # rows of every trunk batch
 REPLICAS = dict(name="multihead_metrics_replicas")
 MISSING = dict(name="multihead_metrics_replicas_missing")
 SUMMED = ("_total", "_bucket", "_count", "_sum")  # samples of counters and histograms
@@ -317,6 +319,65 @@ def test_a_request_no_endpoint_matches_is_answered_and_counted_by_a_replica(depl
     for status in ("404", "405"):
         unmatched = dict(name="multihead_requests_total", route="unmatched", status=status)
         assert value(after, **unmatched) - value(before, **unmatched) == 1, status
+
+
+def test_a_client_that_leaves_behind_rays_proxy_has_its_queued_rows_withdrawn(deployment):
+    """One request of 32 images (4 trunk batches of 8, on one replica) whose client
+    disconnects while its first batch runs and the rest wait in the queue: Ray's proxy cancels
+    the ingress's request, the ingress cancels its call to the model replica, whose batcher
+    withdraws the rows still queued. Fewer than 32 rows ever run; the replica counts a 499."""
+    images = [png_bytes(9000 + i) for i in range(32)]  # distinct: no feature-cache hit
+
+    async def poll(session: aiohttp.ClientSession, done, what: str, timeout_s: float = 60.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            samples = await scrape(session, deployment.base)
+            if done(samples):
+                return samples
+        raise AssertionError(f"never: {what}")
+
+    async def run():
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
+            before = await scrape(session, deployment.base)
+            form = aiohttp.FormData()
+            for i, image in enumerate(images):
+                form.add_field("image", image, filename=f"{i}.png", content_type="image/png")
+            client = aiohttp.ClientSession(headers=OPERATOR)  # its own connection
+            post = asyncio.create_task(client.post(f"{deployment.base}/classify/alpha",
+                                                   data=form))
+            try:
+                queued = await poll(session, lambda s: value(s, **QUEUED) >= 16,
+                                    "16 of the 32 rows waiting in the queue")
+            finally:
+                post.cancel()
+                await client.close()  # the client goes away: its connection closes
+            left = time.monotonic()
+            await poll(session, lambda s: value(s, **QUEUED) == 0 and (
+                value(s, **CLIENT_LEFT) > value(before, **CLIENT_LEFT)
+                or value(s, **CLASSIFIED) > value(before, **CLASSIFIED)),
+                "the request answered or withdrawn")
+            answered_s = time.monotonic() - left
+            # Then one new image answered by each replica: rows queued before it on its
+            # replica (FIFO within a tenant) have run by then, or were withdrawn.
+            served: set[str] = set()
+            sentinels = 0
+            while len(served) < 2:
+                assert sentinels < 20, f"one replica answered everything: {served}"
+                status, replica, body = await classify(session, deployment.base, "alpha",
+                                                       png_bytes(9100 + sentinels))
+                assert status == 200, body
+                served.add(replica)
+                sentinels += 1
+            return before, queued, await scrape(session, deployment.base), answered_s, sentinels
+
+    before, queued, after, answered_s, sentinels = asyncio.run(run())
+    rows = value(after, **ROWS_RUN) - value(before, **ROWS_RUN) - sentinels
+    print(f"client left with {value(queued, **QUEUED):.0f} rows queued; the replica knew "
+          f"{answered_s:.1f} s later (at most); {rows:.0f} of its 32 rows ran")
+    assert value(after, **CLIENT_LEFT) - value(before, **CLIENT_LEFT) == 1
+    assert value(after, **CLASSIFIED) - value(before, **CLASSIFIED) == sentinels
+    # The batch in the trunk when it left ran (nothing stops a trunk run); the rest never did.
+    assert 32 - value(queued, **QUEUED) <= rows < 32, rows
 
 
 def test_registration_with_the_cli_reaches_every_replica_within_a_second(deployment, tmp_path):

@@ -26,6 +26,10 @@ counts the scrape); then the ingress asks every model replica for its metrics
 merge (`service.core.metrics_merge`: counters and histograms summed, gauges by meaning,
 `multihead_metrics_replicas_missing` for replicas that did not answer).
 
+Cancellation: a client that disconnects makes Ray's proxy cancel the ingress's request, which
+cancels its call to the model replica: the replica counts a 499 and its batcher withdraws the
+request's rows still queued for the trunk (as on aiohttp and gRPC).
+
 What only aiohttp does (the WebSocket route, the web page) is not served here; unlike the
 aiohttp server, the body is read before the bot is looked up.
 
@@ -102,6 +106,7 @@ PROBE_TIMEOUT_S = 2.0
 # long it waits for each replica.
 METRICS_ENDPOINT = "metrics"
 METRICS_TIMEOUT_S = 2.0
+CLIENT_CLOSED = 499  # metrics status of a request whose client went away (as aiohttp, gRPC)
 
 
 @dataclass(frozen=True)
@@ -156,8 +161,15 @@ async def answer(service: Service, call: Call) -> Reply:
                 async def read_body() -> bytes:
                     return body
 
-                reply = await dispatch(service, endpoint,
-                                       dataclasses.replace(call.request, read_body=read_body))
+                try:
+                    reply = await dispatch(service, endpoint,
+                                           dataclasses.replace(call.request, read_body=read_body))
+                except asyncio.CancelledError:
+                    # The client left: Ray's proxy cancelled the ingress's request, which
+                    # cancelled this call (`Ingress._call`); the batcher has withdrawn the
+                    # request's queued rows. Counted as on aiohttp and gRPC.
+                    record(service.metrics, metric_label(endpoint), CLIENT_CLOSED, start)
+                    raise
     timing = record(service.metrics, metric_label(endpoint), reply.status, start)
     return dataclasses.replace(reply, headers={**reply.headers, SERVER_TIMING: timing})
 
@@ -303,9 +315,20 @@ class Ingress:
         local = call.local_answer()
         probe = local is not None or call.endpoint in READINESS_PROBES
         timeout = PROBE_TIMEOUT_S if probe else self.settings.request_timeout_s + 5.0
+        response = self.model.handle.remote(call)
         try:
-            return await asyncio.wait_for(self.model.handle.remote(call), timeout)
+            return await asyncio.wait_for(response, timeout)
+        except asyncio.CancelledError:
+            # The client left: Ray's proxy cancelled this request. The model replica's handler
+            # must be cancelled too (its batcher then withdraws the request's queued rows).
+            # NOTE: Ray 2.60 does it by itself (its cancellation of this task is recursive:
+            # measured, tests/scaleout/test_ray.py), but awaiting a DeploymentResponse in a
+            # cancelled task does not cancel the call: done here so as not to depend on it.
+            response.cancel()
+            raise
         except (TimeoutError, RayActorError) as exc:
+            if isinstance(exc, TimeoutError):
+                response.cancel()  # given up: not to be assigned or run for nobody
             if local is not None:
                 return local
             if isinstance(exc, RayActorError):
