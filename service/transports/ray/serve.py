@@ -321,9 +321,9 @@ class Ingress:
         except asyncio.CancelledError:
             # The client left: Ray's proxy cancelled this request. The model replica's handler
             # must be cancelled too (its batcher then withdraws the request's queued rows).
-            # NOTE: Ray 2.60 does it by itself (its cancellation of this task is recursive:
-            # measured, tests/scaleout/test_ray.py), but awaiting a DeploymentResponse in a
-            # cancelled task does not cancel the call: done here so as not to depend on it.
+            # NOTE: Ray 2.60 does it by itself (measured with tests/scaleout/test_ray.py, this
+            # line taken out), but awaiting a DeploymentResponse in a cancelled task does not
+            # cancel the call: done here so as not to depend on how Ray does it.
             response.cancel()
             raise
         except (TimeoutError, RayActorError) as exc:
