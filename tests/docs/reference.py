@@ -6,7 +6,8 @@
 Four tables, each read from what users actually meet, never from internals a refactoring moves:
 
     flags    every option of every `multihead` command   <- the argparse parsers of service.cli.main
-    metrics  every metric `/metrics` exposes              <- the registry of a `Metrics()`
+    metrics  every metric `/metrics` exposes              <- the registry of a `Metrics()`, and
+                                                            the Ray merge's own (metrics_merge)
     errors   every error code with its statuses          <- `error_status` / `grpc_status` of every
                                                             error class of service, heads, backbone
     routes   every HTTP route by protocol                <- service.codecs.routes.ENDPOINTS
@@ -89,7 +90,9 @@ class Metric:
 
 
 def metrics() -> list[Metric]:
-    """Every metric family of a fresh `Metrics()`, by the name `/metrics` shows."""
+    """Every metric family of a fresh `Metrics()`, by the name `/metrics` shows, then the
+    families the merge of replicas' metrics adds under `--ray`."""
+    from service.core import metrics_merge
     from service.core.metrics import Metrics
 
     m = Metrics()
@@ -105,6 +108,8 @@ def metrics() -> list[Metric]:
     for family in m.registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         out.append(Metric(name, family.type, labels.get(family.name, ()), family.documentation))
+    out += [Metric(family.name, family.type, (), family.documentation)
+            for family in metrics_merge.describe()]
     return out
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pgserver import free_port
 from heads import HeadStore
@@ -185,6 +186,48 @@ async def classify(session: aiohttp.ClientSession, base: str, bot: str, image: b
         return r.status, r.headers.get("X-Multihead-Replica"), await r.read()
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse_metrics(text: str) -> Samples:
+    """{(sample name, sorted labels): value} of a Prometheus text, which must be valid: parsed
+    by prometheus_client, each family and each sample given once."""
+    out: Samples = {}
+    families = list(text_string_to_metric_families(text))
+    assert len({f.name for f in families}) == len(families), "a family given twice"
+    for family in families:
+        for s in family.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in out, f"{key} given twice"
+            out[key] = s.value
+    return out
+
+
+async def scrape(session: aiohttp.ClientSession, base: str) -> Samples:
+    async with session.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as r:
+        text = await r.text()
+        assert r.status == 200, text
+        assert r.headers["Content-Type"].startswith("text/plain"), r.headers
+        return parse_metrics(text)
+
+
+def series(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return name, tuple(sorted(labels.items()))
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get(series(name, **labels), 0.0)
+
+
+CLASSIFIED = dict(name="multihead_requests_total", route="classify", status="200")
+CLIENT_LEFT = dict(name="multihead_requests_total", route="classify", status="499")
+QUEUED = dict(name="multihead_queue_depth")
+ROWS_RUN = dict(name="multihead_batch_size_sum")  # rows of every trunk batch
+REPLICAS = dict(name="multihead_metrics_replicas")
+MISSING = dict(name="multihead_metrics_replicas_missing")
+SUMMED = ("_total", "_bucket", "_count", "_sum")  # samples of counters and histograms
+
+
 def predictions(body: bytes) -> list[tuple[str, float]]:
     result = json.loads(body)["results"][0]["predictions"]
     return [(p["label"], p["score"]) for p in result]
@@ -222,24 +265,119 @@ def test_both_replicas_answer_with_the_same_predictions(deployment):
     assert len(first) == 4  # alpha has 4 classes: the head registered in PostgreSQL
 
 
-def test_a_request_no_endpoint_matches_is_answered_and_counted_by_a_replica(deployment):
-    """404/405 as on every transport, counted under `unmatched` by the replica that answered
-    (the replicas hold the metrics; /metrics is the answering replica's)."""
+def test_metrics_are_every_replicas_added_up(deployment):
+    """/metrics under Ray holds every replica's metrics, merged, whichever replica Ray's proxy
+    hands the scrape to: N requests spread over both replicas show as N in each of several
+    scrapes in a row (counters summed, each scrape counted once), rows queued are summed, and
+    each replica's own gauges carry its name."""
+    image = png_bytes(1)  # its features are cached on both replicas (first test): no trunk run
+
     async def run():
         async with aiohttp.ClientSession(headers=OPERATOR) as session:
+            before = await scrape(session, deployment.base)
+            served: collections.Counter = collections.Counter()
+            while len(served) < 2 or sum(served.values()) < 16:
+                assert sum(served.values()) < 64, f"one replica answered everything: {served}"
+                for status, replica, body in await asyncio.gather(
+                        *(classify(session, deployment.base, "alpha", image) for _ in range(4))):
+                    assert status == 200, body
+                    served[replica] += 1
+            start = time.perf_counter()
+            scrapes = [await scrape(session, deployment.base) for _ in range(4)]
+            return before, served, scrapes, (time.perf_counter() - start) / len(scrapes)
+
+    before, served, scrapes, scrape_s = asyncio.run(run())
+    n = sum(served.values())
+    print(f"{n} requests served by {dict(served)}; a scrape took {scrape_s * 1000:.0f} ms")
+    scraped = series("multihead_requests_total", route="metrics", status="200")
+    for i, after in enumerate(scrapes, 1):
+        assert value(after, **CLASSIFIED) - value(before, **CLASSIFIED) == n, i
+        assert value(after, "multihead_bot_requests_total", bot="alpha") - \
+            value(before, "multihead_bot_requests_total", bot="alpha") == n, i
+        assert after[scraped] - before[scraped] == i  # each scrape counted once, by one replica
+        assert value(after, **REPLICAS) == 2 and value(after, **MISSING) == 0, i
+        assert value(after, **QUEUED) == 0, i
+        resident = {dict(labels)["replica"] for name, labels in after
+                    if name == "multihead_resident_heads"}
+        assert resident == set(served), (resident, served)
+
+
+def test_a_request_no_endpoint_matches_is_answered_and_counted_by_a_replica(deployment):
+    """404/405 as on every transport, counted under `unmatched` by the replica that answered,
+    which /metrics (every replica's) shows whichever replica answers the scrape."""
+    async def run():
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
+            before = await scrape(session, deployment.base)
             async with session.get(f"{deployment.base}/nowhere") as resp:
                 assert resp.status == 404 and (await resp.json())["code"] == "not_found"
-                replica = resp.headers["X-Multihead-Replica"]
                 assert resp.headers["Server-Timing"].startswith("app;dur=")
             async with session.delete(f"{deployment.base}/classify/alpha") as resp:
                 assert resp.status == 405 and resp.headers["Allow"] == "POST"
-            for _ in range(40):  # until the replica that answered the 404 answers /metrics
-                async with session.get(f"{deployment.base}/metrics") as resp:
-                    if resp.headers["X-Multihead-Replica"] == replica:
-                        return await resp.text()
-            raise AssertionError(f"/metrics never answered by replica {replica}")
+            return before, await scrape(session, deployment.base)
 
-    assert 'multihead_requests_total{route="unmatched",status="404"}' in asyncio.run(run())
+    before, after = asyncio.run(run())
+    for status in ("404", "405"):
+        unmatched = dict(name="multihead_requests_total", route="unmatched", status=status)
+        assert value(after, **unmatched) - value(before, **unmatched) == 1, status
+
+
+def test_a_client_that_leaves_behind_rays_proxy_has_its_queued_rows_withdrawn(deployment):
+    """One request of 32 images (4 trunk batches of 8, on one replica) whose client
+    disconnects while its first batch runs and the rest wait in the queue: Ray's proxy cancels
+    the ingress's request, the ingress cancels its call to the model replica, whose batcher
+    withdraws the rows still queued. Fewer than 32 rows ever run; the replica counts a 499."""
+    images = [png_bytes(9000 + i) for i in range(32)]  # distinct: no feature-cache hit
+
+    async def poll(session: aiohttp.ClientSession, done, what: str, timeout_s: float = 60.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            samples = await scrape(session, deployment.base)
+            if done(samples):
+                return samples
+        raise AssertionError(f"never: {what}")
+
+    async def run():
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
+            before = await scrape(session, deployment.base)
+            form = aiohttp.FormData()
+            for i, image in enumerate(images):
+                form.add_field("image", image, filename=f"{i}.png", content_type="image/png")
+            client = aiohttp.ClientSession(headers=OPERATOR)  # its own connection
+            post = asyncio.create_task(client.post(f"{deployment.base}/classify/alpha",
+                                                   data=form))
+            try:
+                queued = await poll(session, lambda s: value(s, **QUEUED) >= 16,
+                                    "16 of the 32 rows waiting in the queue")
+            finally:
+                post.cancel()
+                await client.close()  # the client goes away: its connection closes
+            left = time.monotonic()
+            await poll(session, lambda s: value(s, **QUEUED) == 0 and (
+                value(s, **CLIENT_LEFT) > value(before, **CLIENT_LEFT)
+                or value(s, **CLASSIFIED) > value(before, **CLASSIFIED)),
+                "the request answered or withdrawn")
+            answered_s = time.monotonic() - left
+            # Then one new image answered by each replica: rows queued before it on its
+            # replica (FIFO within a tenant) have run by then, or were withdrawn.
+            served: set[str] = set()
+            sentinels = 0
+            while len(served) < 2:
+                assert sentinels < 20, f"one replica answered everything: {served}"
+                status, replica, body = await classify(session, deployment.base, "alpha",
+                                                       png_bytes(9100 + sentinels))
+                assert status == 200, body
+                served.add(replica)
+                sentinels += 1
+            return before, queued, await scrape(session, deployment.base), answered_s, sentinels
+
+    before, queued, after, answered_s, sentinels = asyncio.run(run())
+    rows = value(after, **ROWS_RUN) - value(before, **ROWS_RUN) - sentinels
+    print(f"client left with {value(queued, **QUEUED):.0f} rows queued; the replica knew "
+          f"{answered_s:.1f} s later (at most); {rows:.0f} of its 32 rows ran")
+    assert value(after, **CLIENT_LEFT) - value(before, **CLIENT_LEFT) == 1
+    assert value(after, **CLASSIFIED) - value(before, **CLASSIFIED) == sentinels
+    # The batch in the trunk when it left ran (nothing stops a trunk run); the rest never did.
+    assert 32 - value(queued, **QUEUED) <= rows < 32, rows
 
 
 def test_registration_with_the_cli_reaches_every_replica_within_a_second(deployment, tmp_path):
@@ -352,16 +490,20 @@ def test_a_tenants_quota_is_divided_between_the_replicas_and_set_live(deployment
 
 def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deployment):
     """SIGKILL one replica under load: the requests it held are retried on the other one (or
-    get an explicit 503), none gets a wrong answer or another error; Ray starts a new one."""
+    get an explicit 503), none gets a wrong answer or another error; Ray starts a new one.
+    /metrics answers throughout, and its sums never go back: the killed replica's last counts
+    stay in them."""
     image = png_bytes(5)
     pids = asyncio.run(replicas_ready(deployment.base, 2, 30))
     victim, pid = sorted(pids.items())[0]
+    scrapes: list[Samples] = []
 
     async def run():
         async with aiohttp.ClientSession(headers=OPERATOR) as session:
             status, _, body = await classify(session, deployment.base, "beta", image)
             assert status == 200, body
             reference = predictions(body)
+            scrapes.append(await scrape(session, deployment.base))
             counts = {"right": 0, "wrong": 0, "503": 0, "other": 0}
             others: list[str] = []
             # Load from 1 s before the kill to 5 s after it: the killed replica holds requests.
@@ -383,6 +525,8 @@ def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deploy
             async def killer():
                 await asyncio.sleep(1.0)
                 os.kill(pid, signal.SIGKILL)
+                await asyncio.sleep(0.5)
+                scrapes.append(await scrape(session, deployment.base))
 
             await asyncio.gather(killer(), *(client() for _ in range(4)))
             return counts, others
@@ -394,6 +538,19 @@ def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deploy
     after = asyncio.run(replicas_ready(deployment.base, 2, 180))
     assert victim not in after, f"the killed replica {victim} still answers"
     assert set(after) & set(pids), "the surviving replica should still answer"
+
+    async def last_scrape():
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
+            return await scrape(session, deployment.base)
+
+    scrapes.append(asyncio.run(last_scrape()))
+    print("metrics replicas (answered, missing) before, just after the kill, after the "
+          f"restart: {[(value(s, **REPLICAS), value(s, **MISSING)) for s in scrapes]}")
+    assert value(scrapes[-1], **REPLICAS) == 2 and value(scrapes[-1], **MISSING) == 0
+    for earlier, later in zip(scrapes, scrapes[1:]):
+        went_back = {k: (v, later.get(k)) for k, v in earlier.items()
+                     if k[0].endswith(SUMMED) and later.get(k, 0.0) < v}
+        assert not went_back, went_back
 
 
 def test_replicas_survive_a_postgresql_restart_and_see_later_registrations(deployment, pg,

@@ -11,14 +11,24 @@ Two deployments form the application:
   read the body within the size limit and byte budget, and pass the request to a model
   replica through a deployment handle (Ray balances the replicas). A request no endpoint
   matches goes to a replica too (without its body), which answers 404/405 and counts it: the
-  replicas hold the metrics (`/metrics` is the answering replica's), by endpoint name as on
-  every transport (`service.transports.common.exchange`). So does a request the ingress
+  replicas hold the metrics, by endpoint name as on every transport
+  (`service.transports.common.exchange`). So does a request the ingress
   refuses itself (a body over `max_body_bytes`, the byte budget full, a lost replica): its
   error answer goes to a replica (without the body) to be counted and returned; only with no
   replica answering within PROBE_TIMEOUT_S does the ingress answer it uncounted. When a model
   replica dies with requests in flight, a request that is safe to repeat (everything but the
   admin writes) is retried once on another replica, and the rest get 503 `replica_lost` +
   Retry-After (counted by another replica), never a bare 500.
+
+Metrics: `/metrics` goes to a replica like any request (it checks the caller's access and
+counts the scrape); then the ingress asks every model replica for its metrics
+(`DeploymentHandle.broadcast`), waits at most METRICS_TIMEOUT_S for each, and answers their
+merge (`service.core.metrics_merge`: counters and histograms summed, gauges by meaning,
+`multihead_metrics_replicas_missing` for replicas that did not answer).
+
+Cancellation: a client that disconnects makes Ray's proxy cancel the ingress's request, which
+cancels its call to the model replica: the replica counts a 499 and its batcher withdraws the
+request's rows still queued for the trunk (as on aiohttp and gRPC).
 
 What only aiohttp does (the WebSocket route, the web page) is not served here; unlike the
 aiohttp server, the body is read before the bot is looked up.
@@ -68,6 +78,7 @@ from service.core.errors import (
     ReplicaLost,
     ServiceError,
 )
+from service.core.metrics_merge import Aggregate
 from service.core.settings import Settings
 from service.transports.common.exchange import (
     SERVER_TIMING,
@@ -91,6 +102,11 @@ REPLICA_HEADER = "X-Multihead-Replica"
 # when no model replica takes them within PROBE_TIMEOUT_S.
 READINESS_PROBES = frozenset({"readyz", "oip_server_ready"})
 PROBE_TIMEOUT_S = 2.0
+# The endpoint whose answer the ingress builds from every model replica's metrics, and how
+# long it waits for each replica.
+METRICS_ENDPOINT = "metrics"
+METRICS_TIMEOUT_S = 2.0
+CLIENT_CLOSED = 499  # metrics status of a request whose client went away (as aiohttp, gRPC)
 
 
 @dataclass(frozen=True)
@@ -98,8 +114,8 @@ class Call:
     """One routed request, as the ingress hands it to a model replica (picklable).
 
     `endpoint` is the matched endpoint's name, or None when no endpoint matched: the replica
-    then answers 404, or 405 with `allowed`, and counts it like any request (the ingress has no
-    metrics of its own: `/metrics` is a replica's). `refused`: the ingress's own error answer
+    then answers 404, or 405 with `allowed`, and counts it like any request (the ingress
+    counts nothing itself: the replicas hold the metrics). `refused`: the ingress's own error answer
     to the request (its body over the limit, ...), which the replica counts and returns as is.
     """
 
@@ -145,8 +161,15 @@ async def answer(service: Service, call: Call) -> Reply:
                 async def read_body() -> bytes:
                     return body
 
-                reply = await dispatch(service, endpoint,
-                                       dataclasses.replace(call.request, read_body=read_body))
+                try:
+                    reply = await dispatch(service, endpoint,
+                                           dataclasses.replace(call.request, read_body=read_body))
+                except asyncio.CancelledError:
+                    # The client left: Ray's proxy cancelled the ingress's request, which
+                    # cancelled this call (`Ingress._call`); the batcher has withdrawn the
+                    # request's queued rows. Counted as on aiohttp and gRPC.
+                    record(service.metrics, metric_label(endpoint), CLIENT_CLOSED, start)
+                    raise
     timing = record(service.metrics, metric_label(endpoint), reply.status, start)
     return dataclasses.replace(reply, headers={**reply.headers, SERVER_TIMING: timing})
 
@@ -176,6 +199,12 @@ class Replica:
         reply = await answer(self.service, call)
         return dataclasses.replace(reply, headers={**reply.headers, REPLICA_HEADER: self.name})
 
+    async def metrics_text(self) -> tuple[str, str]:
+        """(this replica's name, its Prometheus text): what the ingress merges into the answer
+        to /metrics. A call of the ingress to every replica, not a request: not counted."""
+        body, _ = self.service.render_metrics()
+        return self.name, body.decode()
+
     async def __del__(self) -> None:
         # Ray calls this when it stops the replica, after draining its ongoing requests.
         await self.service.close()
@@ -195,11 +224,16 @@ class Ingress:
         self.settings = settings
         self.router = Router(ENDPOINTS)
         self.inflight = ByteBudget(settings.max_inflight_bytes)
+        self.metrics = Aggregate()
+        self._asked = 0  # model replicas asked for their metrics at the last scrape
 
     async def __call__(self, http: HttpRequest) -> Response:
         match = self.router.match(http.method, http.url.path)
         try:
             reply = await self._forward(http, match)
+            if (match.endpoint is not None and match.endpoint.name == METRICS_ENDPOINT
+                    and reply.status == 200):
+                reply = await self._all_metrics(reply)
         except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
             reply = error_reply(exc)
         body = b"" if http.method == "HEAD" else reply.body
@@ -236,6 +270,43 @@ class Ingress:
             "the replica serving this request stopped; retry (another replica answers)")
         return await self._call(Call(call.endpoint, call.request, refused=error_reply(lost)))
 
+    async def _all_metrics(self, reply: Reply) -> Reply:
+        """The answer to /metrics: every model replica's metrics, merged
+        (`service.core.metrics_merge`). `reply` is the answer of the replica that checked the
+        caller's access and counted the scrape, as for any request; its body is replaced."""
+        texts, missing = await self._replica_metrics()
+        body, content_type = self.metrics.merge(texts, missing)
+        return dataclasses.replace(reply, body=body, content_type=content_type)
+
+    async def _replica_metrics(self) -> tuple[dict[str, str], int]:
+        """{replica name: its Prometheus text} of every model replica that answers within
+        METRICS_TIMEOUT_S, and how many replicas asked did not (killed, stuck)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + METRICS_TIMEOUT_S
+        broadcast = self.model.broadcast("metrics_text")
+        # NOTE: the public `results_async` has one timeout for all the replicas: one stuck
+        # replica would lose every answer. So each replica's result is awaited within the
+        # deadline on its own, through `_fetch_replica_results_async` (the step `results_async`
+        # starts with in Ray 2.60, pinned in setup.py; tests/scaleout/test_ray.py calls it).
+        try:
+            results = await asyncio.wait_for(broadcast._fetch_replica_results_async(),
+                                             METRICS_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - no replica to ask: the sums remembered
+            log.warning("no model replica could be asked for its metrics: %r", exc)
+            return {}, max(self._asked, 1)
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(result.get_async(), max(deadline - loop.time(), 0.1))
+              for result in results), return_exceptions=True)
+        texts: dict[str, str] = {}
+        for got in answers:
+            if isinstance(got, BaseException):
+                log.warning("a model replica did not give its metrics: %r", got)
+            else:
+                name, text = got
+                texts[name] = text
+        self._asked = len(answers)
+        return texts, len(answers) - len(texts)
+
     async def _call(self, call: Call) -> Reply:
         # NOTE: with no model replica ready, Ray queues the call until one is: a readiness
         # probe must not wait for that, it must say "not ready", and a request no endpoint
@@ -244,9 +315,20 @@ class Ingress:
         local = call.local_answer()
         probe = local is not None or call.endpoint in READINESS_PROBES
         timeout = PROBE_TIMEOUT_S if probe else self.settings.request_timeout_s + 5.0
+        response = self.model.handle.remote(call)
         try:
-            return await asyncio.wait_for(self.model.handle.remote(call), timeout)
+            return await asyncio.wait_for(response, timeout)
+        except asyncio.CancelledError:
+            # The client left: Ray's proxy cancelled this request. The model replica's handler
+            # must be cancelled too (its batcher then withdraws the request's queued rows).
+            # NOTE: Ray 2.60 does it by itself (measured with tests/scaleout/test_ray.py, this
+            # line taken out), but awaiting a DeploymentResponse in a cancelled task does not
+            # cancel the call: done here so as not to depend on how Ray does it.
+            response.cancel()
+            raise
         except (TimeoutError, RayActorError) as exc:
+            if isinstance(exc, TimeoutError):
+                response.cancel()  # given up: not to be assigned or run for nobody
             if local is not None:
                 return local
             if isinstance(exc, RayActorError):
