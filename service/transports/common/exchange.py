@@ -38,6 +38,9 @@ from service.core.metrics import Metrics
 # scanners probing random paths cannot grow the label set.
 UNMATCHED = "unmatched"
 SERVER_TIMING = "Server-Timing"
+# The metrics status of a request whose client went away before its answer (nginx's code):
+# an HTTP disconnect, a gRPC cancel, a WebSocket closed, behind Ray's proxy alike.
+CLIENT_CLOSED = 499
 
 BodyReader = Callable[[], Awaitable["bytes | bytearray"]]
 

@@ -51,6 +51,7 @@ from service.core.errors import (
     error_status,
     grpc_status,
 )
+from service.transports.common.exchange import CLIENT_CLOSED
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.context import Caller, Service
@@ -61,7 +62,6 @@ M = TypeVar("M", bound=Message)
 
 CODE_KEY = "multihead-code"  # trailing metadata: the error's domain code (as in the JSON body)
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, when overloaded
-CLIENT_CLOSED = 499  # metrics status of a call its client cancelled
 DEADLINE_PASSED = 504  # metrics status of a call cancelled by its deadline
 # NOTE: the client's timer fires first (the server's deadline starts when it received the call)
 # and its cancellation can arrive while the server still counts some milliseconds left.

@@ -37,6 +37,7 @@ from service.core.context import Service
 from service.core.errors import INTERNAL_MESSAGE
 from service.core.settings import Settings
 from service.transports.common.exchange import (
+    CLIENT_CLOSED,
     SERVER_TIMING,
     UNMATCHED,
     admit_body,
@@ -63,7 +64,6 @@ LISTENERS = web.AppKey("listeners", list)
 # of the app (the tests' ThreadedServer; aiohttp's own TestServer sets it by default).
 HANDLER_CANCELLATION = {"handler_cancellation": True}
 WS_ROUTE = "classify_ws"
-CLIENT_CLOSED = 499  # metrics status of a request whose client went away (nginx's code)
 
 # The codes of aiohttp's own errors other than "no route" (`common.exchange.no_route`).
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 413: "payload_too_large",

@@ -81,6 +81,7 @@ from service.core.errors import (
 from service.core.metrics_merge import Aggregate
 from service.core.settings import Settings
 from service.transports.common.exchange import (
+    CLIENT_CLOSED,
     SERVER_TIMING,
     admit_body,
     build_request,
@@ -106,7 +107,6 @@ PROBE_TIMEOUT_S = 2.0
 # long it waits for each replica.
 METRICS_ENDPOINT = "metrics"
 METRICS_TIMEOUT_S = 2.0
-CLIENT_CLOSED = 499  # metrics status of a request whose client went away (as aiohttp, gRPC)
 
 
 @dataclass(frozen=True)
