@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import threading
 
 from backbone.tfimport import import_tensorflow
+from service.core import logs
 from service.core.errors import ServiceError
 from service.core.settings import Settings
 
@@ -26,7 +26,8 @@ def add_commands(sub) -> None:
             "--store lets replicas on several machines share the bots)."),
     )
     Settings.add_arguments(parser)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.add_argument("--log-level", default="INFO",
+                        help="logging level (default: INFO; the access lines are INFO)")
     parser.set_defaults(func=run_serve)
 
 
@@ -95,8 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not settings.ray:  # under Ray the replicas import it, not this process
         threading.Thread(target=import_tensorflow, args=(settings.device,), daemon=True,
                          name="multihead-import-tf").start()
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_format, args.log_level)
     if settings.ray:
         try:
             from service.transports.ray import serve as ray_serve

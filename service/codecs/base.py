@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from service.core import logs
 from service.core.auth import ACCESS, MANAGE, OPERATOR
 from service.core.errors import ServiceError, error_body, error_status
 
@@ -205,7 +206,10 @@ class Endpoint:
 
 async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Reply:
     """Runs one endpoint for one request: who calls and may they (`Service.caller`), the
-    handler on the `Service` as that caller sees it, errors mapped to a Reply."""
+    handler on the `Service` as that caller sees it, errors mapped to a Reply. The bot a path
+    names goes to the request's access line (`logs.note`)."""
+    if "bot_id" in request.params:
+        logs.note(bots=(request.params["bot_id"],))
     try:
         caller = service.caller(request.header("authorization"), endpoint.access)
         return await endpoint.handle(caller, request)

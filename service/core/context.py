@@ -29,6 +29,7 @@ from backbone.trunk import warm_up
 from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
 from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo, TenantLimits
 from heads.tenants import OPERATOR as OPERATOR_ACTOR
+from service.core import logs
 from service.core.admission import ByteBudget
 from service.core.auth import Authenticator, Principal
 from service.core.engine import Engine, Images, Prediction
@@ -41,6 +42,7 @@ from service.core.errors import (
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.settings import Settings
+from service.core.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +204,18 @@ class Service:
         trunk: an already-built trunk to use (tests, benchmark); it is then not closed here.
         store: an already-open store to use; likewise not closed here.
         metrics: the metrics registry (a fresh one by default).
+        tracer_provider: an OpenTelemetry SDK tracer provider to trace with (tests); by
+            default tracing follows the settings and the OTEL_* variables
+            (`Tracing.configure`), and is off unless they turn it on.
     """
 
     def __init__(self, settings: Settings, *, trunk=None, store: HeadStore | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, tracer_provider: Any = None) -> None:
         self.settings = settings
+        # None when tracing is off: then no OpenTelemetry module is even imported.
+        self.tracing: Tracing | None = (Tracing(tracer_provider) if tracer_provider is not None
+                                        else Tracing.configure(settings.tracing))
+        logs.register_secret(settings.admin_token)
         self.metrics = metrics or Metrics(top_bots=settings.metrics_top_bots,
                                           top_tenants=settings.metrics_top_tenants)
         self._own_store = store is None
@@ -339,7 +348,8 @@ class Service:
         readiness.timings["warmup_s"] = await loop.run_in_executor(
             None, warm_up, trunk.features, sizes)
         self.engine = Engine(trunk, settings, self.metrics, quotas=self.quotas,
-                             weight=self.tenant_weight, max_queued=self.tenant_max_queued)
+                             weight=self.tenant_weight, max_queued=self.tenant_max_queued,
+                             tracing=self.tracing)
         await self.engine.batcher.start()
 
     async def close(self) -> None:
@@ -354,6 +364,8 @@ class Service:
             self.store.close()
         if self._given_trunk is None and self.trunk is not None:
             self.trunk.close()
+        if self.tracing is not None:  # the last spans (the drained batches') go out now
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
     # -- readiness ------------------------------------------------------------------------------
 
@@ -429,7 +441,10 @@ class Service:
         Raises:
             Unauthorized, Forbidden: see `Authenticator.identify` and `authorize`.
         """
-        return Caller(self, self.auth.admit(authorization, access))
+        principal = self.auth.admit(authorization, access)
+        if principal.tenant is not None:
+            logs.note(tenant=principal.tenant)
+        return Caller(self, principal)
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the default executor (parsing, registrations, file writes)."""
@@ -445,10 +460,13 @@ class Service:
         Retry-After) while the trunk loads or after it failed; then UnknownBot (404),
         HeadUnavailable, StoreUnavailable per bot, in order.
         """
+        logs.note(bots=bot_ids)
         self.require_ready()
         # NOTE: resolved once per request: the request keeps this version even if the bot is
         # replaced or removed while it waits in the queue.
-        return [await self._head(bot_id) for bot_id in bot_ids]
+        heads = [await self._head(bot_id) for bot_id in bot_ids]
+        logs.note(heads=heads)
+        return heads
 
     async def head(self, bot_id: str) -> Head:
         """`heads_for([bot_id])[0]`: readiness, then the bot's active head."""
@@ -603,11 +621,13 @@ class Caller:
             raise UnknownBot(bot_id)
 
     async def heads_for(self, bot_ids: Sequence[str]) -> list[Head]:
+        logs.note(bots=bot_ids)
         self._service.require_ready()
         for bot_id in bot_ids:
             await self._own(bot_id)
         heads = await self._service.heads_for(bot_ids)
         self._charged = self._charge_to(heads)
+        logs.note(tenant=self._charged)
         return heads
 
     def _charge_to(self, heads: Sequence[Head]) -> str:

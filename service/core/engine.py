@@ -26,7 +26,8 @@ from backbone import preprocess
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
 from heads.tenants import DEFAULT_TENANT
-from service.core.batcher import Batcher, Row
+from service.core import tracing as trace
+from service.core.batcher import Batcher, Booking, Row
 from service.core.errors import (
     BadRequest,
     Overloaded,
@@ -38,6 +39,7 @@ from service.core.errors import (
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.settings import Settings
+from service.core.tracing import NO_BATCH, BatchTrace, NoBatch, RowTrace, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Item:
     digest: bytes
     heads: tuple[Head, ...]
     top_k: int
+    trace: RowTrace | None = None  # the request's span, for the batch thread (tracing on)
 
 
 def check_image_count(n_images: int, limit: int) -> None:
@@ -175,13 +178,16 @@ class Engine:
         quotas: the tenants' token buckets (default: no tenant limited).
         weight, max_queued: a tenant's weight and own cap on queued images, for the batcher
             (default: 1 and none).
+        tracing: the spans of each request (`service.core.tracing`); None: tracing is off.
     """
 
     def __init__(self, trunk, settings: Settings, metrics: Metrics, *,
                  quotas: Quotas | None = None,
                  weight: Callable[[str], float] = lambda tenant: 1.0,
-                 max_queued: Callable[[str], int | None] = lambda tenant: None):
+                 max_queued: Callable[[str], int | None] = lambda tenant: None,
+                 tracing: Tracing | None = None):
         self.trunk = trunk
+        self.tracing = tracing
         self.settings = settings
         self.metrics = metrics
         self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
@@ -202,8 +208,18 @@ class Engine:
     # -- the worker thread ------------------------------------------------------------------
 
     def run_batch(self, rows: list[Row]) -> list[list[Prediction] | Exception]:
-        """One trunk call for the rows without cached features, then the heads. Worker thread."""
+        """One trunk call for the rows without cached features, then the heads. Worker thread.
+        Traced, the batch's spans (`trunk_batch`, each request's `queue_wait` and `heads`)."""
         items: list[Item] = [row.payload for row in rows]
+        if self.tracing is None:
+            return self._run_batch(items, NO_BATCH)
+        trunk_images = sum(item.features is None for item in items)
+        with self.tracing.batch([i.trace for i in items], [i.heads for i in items],
+                                trunk_images) as batch:
+            return self._run_batch(items, batch)
+
+    def _run_batch(self, items: list[Item], batch: BatchTrace | NoBatch
+                   ) -> list[list[Prediction] | Exception]:
         features = np.empty((len(items), FEATURE_DIM), np.float32)
         todo = [i for i, item in enumerate(items) if item.features is None]
         for i, item in enumerate(items):
@@ -217,7 +233,8 @@ class Engine:
             for i, row in zip(todo, computed):
                 self.cache.put(items[i].digest, row)
         start = time.perf_counter()
-        results = score(features, items)
+        with batch.heads():
+            results = score(features, items)
         self.metrics.heads_seconds.observe(time.perf_counter() - start)
         return results
 
@@ -329,21 +346,23 @@ class Engine:
             # Every image seen before: no quota, no trunk, no queue; the heads' numpy still
             # runs off the event loop (a 1001-class head on 32 rows is milliseconds).
             features = np.stack([item.features for item in items])
-            results = await loop.run_in_executor(self.decode_pool, score, features, items)
+            with trace.span(self.tracing, trace.HEADS, heads=heads):
+                results = await loop.run_in_executor(self.decode_pool, score, features, items)
         else:
-            try:
-                self.quotas.take(tenant, len(misses))
-            except Overloaded as exc:
-                self.metrics.observe_refusal(tenant, error_status(exc)[1])
-                raise
+            with trace.span(self.tracing, trace.ADMISSION,
+                            {trace.TENANT: tenant, trace.IMAGES: len(misses)}):
+                booking = self._admit(tenant, len(misses), len(inputs))
             queued = False
             try:
-                with self.batcher.book(len(inputs), tenant) as booking:
-                    images = await asyncio.gather(*(
-                        loop.run_in_executor(self.decode_pool, decode, inputs[i])
-                        for i in misses))
+                with booking:
+                    with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
+                        images = await asyncio.gather(*(
+                            loop.run_in_executor(self.decode_pool, decode, inputs[i])
+                            for i in misses))
                     decoded = dict(zip(misses, images))
-                    items = [Item(decoded.get(i), cached, digest, heads, top_k)
+                    row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None
+                                 else None)
+                    items = [Item(decoded.get(i), cached, digest, heads, top_k, row_trace)
                              for i, (digest, cached) in enumerate(looked)]
                     self._observe_bots(heads, len(items))
                     costs = [0.0 if item.features is not None else 1.0 for item in items]
@@ -362,6 +381,23 @@ class Engine:
             if isinstance(result, Exception):
                 raise result
         return results
+
+    def _admit(self, tenant: str, misses: int, rows: int) -> Booking:
+        """A request's admission: the tenant's quota takes one token per cache miss, then the
+        queue room of its rows is booked (`Batcher.book`). A refusal is counted; when the
+        queue refuses, the tokens are given back."""
+        try:
+            self.quotas.take(tenant, misses)
+        except Overloaded as exc:
+            self.metrics.observe_refusal(tenant, error_status(exc)[1])
+            raise
+        try:
+            return self.batcher.book(rows, tenant)
+        except BaseException as exc:
+            self.quotas.refund(tenant, misses)
+            if isinstance(exc, Overloaded):
+                self.metrics.observe_refusal(tenant, error_status(exc)[1])
+            raise
 
     def _observe_bots(self, heads: Sequence[Head], n: int) -> None:
         for head in heads:

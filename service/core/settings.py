@@ -1,6 +1,7 @@
 """The service's one settings object: built from `MULTIHEAD_*` environment variables and CLI
 flags (flags win), validated once at startup, then passed explicitly. Nothing else in the
-service reads the environment.
+service reads the environment, but for OpenTelemetry's own `OTEL_*` variables, which its SDK
+reads where tracing is set up (`service.core.tracing`).
 
     settings = Settings.from_env_and_args(args)      # args from `multihead serve ...`
 
@@ -33,6 +34,8 @@ from heads.backend import redact_url
 from service.core.auth import AUTH_MODES
 from service.core.batcher import POLICIES as BATCH_POLICIES
 from service.core.fair import SCHEDULERS
+from service.core.logs import FORMATS as LOG_FORMATS
+from service.core.tracing import EXPORTERS
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +308,26 @@ class Settings:
         at_least=0)
     metrics_top_bots: int = setting(
         20, "busiest bots that get their own /metrics label; the rest are 'other'", at_least=0)
+    # -- logs and traces (service.core.logs, service.core.tracing) -----------------------------
+    log_format: str = setting(
+        "text",
+        "log lines: text (time LEVEL logger: message) or json (one object per line: time, "
+        "level, logger, message, request_id, tenant, bot, status, latency_ms); credentials "
+        "and image bytes are scrubbed from both",
+        choices=LOG_FORMATS)
+    access_log: bool = setting(
+        True,
+        "one line per request (HTTP request, gRPC call, WebSocket message) on the "
+        "multihead.access logger, at INFO: method, path, status, latency, request id, tenant, "
+        "bot, version")
+    tracing: str | None = setting(
+        None,
+        "OpenTelemetry span exporter: otlp (OTLP over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT), "
+        "console or none; unset: OTEL_TRACES_EXPORTER decides, and unset there too tracing "
+        "is off (no OpenTelemetry import). OTEL_SDK_DISABLED=true turns it off; the other "
+        "OTEL_* variables (service name, sampler, endpoint) are the SDK's. Needs the otel "
+        "extra (pip install 'multihead[otel]')",
+        choices=EXPORTERS)
     warmup: bool = setting(
         True,
         "run the trunk before reporting ready: at batch 1 on the CPU (a first run at a new "

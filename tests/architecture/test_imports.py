@@ -9,7 +9,8 @@ the HTTP transport and the benchmark client; grpc and the packages of its genera
 (tritonclient, tensorflow_serving) only in the gRPC transport and the benchmark's gRPC client
 (bench.grpc_load); Ray and Starlette only in the Ray transport; psycopg only in the PostgreSQL
 store backend (heads.pg); OpenVINO only in the backbone and NNCF only
-in backbone.quantize; matplotlib only in the benchmark's report; no private name imported
+in backbone.quantize; OpenTelemetry only in service.core.tracing (lazily: tracing is off by
+default); matplotlib only in the benchmark's report; no private name imported
 from another module.
 """
 from __future__ import annotations
@@ -178,6 +179,7 @@ RAY_ALLOWED = ("service.transports.ray.",)
                                              ("psycopg", ("heads.pg",)),
                                              ("openvino", ("backbone.",)),
                                              ("nncf", ("backbone.quantize",)),
+                                             ("opentelemetry", ("service.core.tracing",)),
                                              ("tensorflow", ("backbone.", "heads.files",
                                                              "heads.store", "heads.train",
                                                              "bench.sections.trunk",

@@ -33,18 +33,26 @@ class Case:
 
 
 class Generator:
-    """Cases from one seed; `image` is a small valid PNG the generator mutates and reuses."""
+    """Cases from one seed; `image` is a small valid PNG the generator mutates and reuses.
+    With `api_key`, about a third of the cases that carry no credential present that key
+    (`Authorization: Bearer`, or `X-Api-Key`): the server's logs must never show it."""
 
-    def __init__(self, seed: int, image: bytes, token: str) -> None:
+    def __init__(self, seed: int, image: bytes, token: str, api_key: str | None = None) -> None:
         self.rng = random.Random(seed)
         self.image = image
         self.token = token
+        self.api_key = api_key
         self.makers = [getattr(self, name) for name in sorted(dir(self))
                        if name.startswith("case_")]
 
     def __iter__(self):
         while True:
-            yield self.rng.choice(self.makers)()
+            case = self.rng.choice(self.makers)()
+            if self.api_key and "Authorization" not in case.headers and self.rng.random() < 0.3:
+                name = self.pick(("Authorization", "X-Api-Key"))
+                case.headers[name] = (f"Bearer {self.api_key}" if name == "Authorization"
+                                      else self.api_key)
+            yield case
 
     # -- building blocks ---------------------------------------------------------------------
 

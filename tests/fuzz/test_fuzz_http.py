@@ -1,6 +1,8 @@
 """Hostile input over HTTP against a real server: every malformed request gets a 4xx with the
 JSON error body (or 503/504 when overloaded), the server stays alive and correct, and its
-memory does not grow with what it refused.
+memory does not grow with what it refused. Its logs, in JSON meanwhile, stay one object per
+line with the keys every line has, and hold none of the credentials the cases sent (the
+operator token, a tenant's API key) nor the image bytes (a marker inside the PNG).
 
 `make test` runs MULTIHEAD_FUZZ_CASES=2000 (the default); `make fuzz` runs 20,000.
 """
@@ -8,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 
 import aiohttp
 import pytest
 import yarl
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from bench.stats import rss_bytes
+from service.core import logs
 from tests.backbone.helpers import encode
 from tests.fuzz.cases import Generator
+from tests.support.logcapture import Captured
 
 CASES = int(os.environ.get("MULTIHEAD_FUZZ_CASES", "2000"))
 SEED = int(os.environ.get("MULTIHEAD_FUZZ_SEED", "0"))
@@ -25,16 +30,26 @@ TOKEN = "fuzz-token"
 CONCURRENCY = 8
 # RSS may grow by allocator arenas and caches warming up, not with the number of requests.
 RSS_GROWTH_LIMIT = 200 * 2**20
+# Inside every (unmutated or bit-rotten) image the cases send: never in a log line.
+MARKER = "MULTIHEAD-IMAGE-MARKER-q7Zx"
 
 pytestmark = pytest.mark.timeout(3600)
 
 
-async def test_malformed_requests_get_4xx_json_and_the_server_survives(make_client):
+def png_with_marker() -> bytes:
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", MARKER)
+    return encode(Image.new("RGB", (48, 48), (200, 40, 90)), pnginfo=info)
+
+
+async def test_malformed_requests_get_4xx_json_and_the_server_survives(make_client, store):
+    _, api_key = store.add_key("default", "infer")
     client = await make_client(admin_token=TOKEN, max_body_bytes=2 * 2**20,
                                max_inflight_bytes=64 * 2**20, max_ws_message_bytes=2**20)
-    image = encode(Image.new("RGB", (48, 48), (200, 40, 90)))
+    image = png_with_marker()
+    assert MARKER.encode() in image
     base = str(client.make_url("/")).rstrip("/")
-    cases = Generator(SEED, image, TOKEN)
+    cases = Generator(SEED, image, TOKEN, api_key)
     statuses: collections.Counter = collections.Counter()
     bad: list[str] = []
     unsendable = 0
@@ -71,8 +86,6 @@ async def test_malformed_requests_get_4xx_json_and_the_server_survives(make_clie
         if status >= 500 and status not in (503, 504):
             bad.append(f"{case.kind} {case.method} {case.path[:80]} -> {status} {body[:200]!r}")
         elif status >= 400 and case.method != "HEAD":
-            import json
-
             try:
                 error = json.loads(body)
                 ok = set(error) >= {"error", "code"} and "json" in ctype
@@ -83,15 +96,26 @@ async def test_malformed_requests_get_4xx_json_and_the_server_survives(make_clie
                            f"non-JSON error {body[:120]!r}")
 
     it = iter(cases)
-    for start in range(0, CASES, CONCURRENCY):
-        batch = [next(it) for _ in range(min(CONCURRENCY, CASES - start))]
-        await asyncio.gather(*(one(case) for case in batch))
+    with Captured("json") as captured:
+        for start in range(0, CASES, CONCURRENCY):
+            batch = [next(it) for _ in range(min(CONCURRENCY, CASES - start))]
+            await asyncio.gather(*(one(case) for case in batch))
     rss_end = rss_bytes()
     print(f"\nfuzz: {CASES} cases, seed {SEED}: statuses {dict(sorted(statuses.items()))}, "
           f"not sendable by the client {unsendable}, RSS {rss_start / 1e6:.0f} -> "
           f"{rss_end / 1e6:.0f} MB")
 
     assert bad == [], "\n".join(bad[:20])
+    # The logs: one JSON object per line, each with every key; an access line per request
+    # (but those aiohttp could not parse); no credential, no image bytes.
+    lines = captured.lines()
+    for line in lines:
+        assert set(logs.JSON_KEYS) <= set(json.loads(line)), line
+    access = captured.access()
+    assert len(access) >= sum(statuses.values()) - statuses[400], len(access)
+    text = captured.text()
+    for secret in (TOKEN, api_key, api_key.rsplit("_", 1)[1], MARKER):
+        assert secret not in text, f"{secret[:12]}... in the logs"
     assert sum(statuses.values()) + unsendable == CASES
     assert unsendable < CASES // 20, unsendable
     assert sum(n for s, n in statuses.items() if 400 <= s < 500) > CASES // 2, statuses

@@ -37,6 +37,24 @@ def template_regex(template: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+def route_template(template: str) -> str:
+    """A route template as traces name it (OpenTelemetry's `http.route`, aiohttp's
+    `canonical`): each parameter without its regex (`/v2/models/{bot_id}/infer`)."""
+    out, i = [], 0
+    while i < len(template):
+        if template[i] != "{":
+            out.append(template[i])
+            i += 1
+            continue
+        depth, j = 1, i + 1
+        while depth and j < len(template):
+            depth += {"{": 1, "}": -1}.get(template[j], 0)
+            j += 1
+        out.append("{" + template[i + 1:j - 1].partition(":")[0] + "}")
+        i = j
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class Match:
     """The outcome of routing one request: the endpoint and its path parameters or, when none

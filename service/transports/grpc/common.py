@@ -28,11 +28,18 @@ Every RPC runs through `Rpcs.run`:
   corresponds to as the route (`oip_infer` for ModelInfer, ...), and the HTTP status the same
   outcome has on the REST routes (504: the client's deadline passed, 499: the client cancelled);
 - draining: once `drain()` began, new calls fail with UNAVAILABLE (ShuttingDown) while the calls
-  in flight finish; `drain()` returns when none is left.
+  in flight finish; `drain()` returns when none is left;
+- logs and traces: the call's request id (`x-request-id` metadata when sane, else a new one;
+  sent back in the trailing metadata), its span (child of a `traceparent` in the metadata) and
+  its access line (`service.core.logs.request_scope`), under the RPC's full name
+  (`/inference.GRPCInferenceService/ModelInfer`), which `MethodNames` (a server interceptor)
+  hands to `Rpcs.run`.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -51,6 +58,7 @@ from service.core.errors import (
     error_status,
     grpc_status,
 )
+from service.core.logs import RequestLog, request_scope
 from service.transports.common.exchange import CLIENT_CLOSED
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,6 +69,7 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 CODE_KEY = "multihead-code"  # trailing metadata: the error's domain code (as in the JSON body)
+REQUEST_ID_KEY = "x-request-id"  # trailing metadata: the call's request id
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, when overloaded
 DEADLINE_PASSED = 504  # metrics status of a call cancelled by its deadline
 # NOTE: the client's timer fires first (the server's deadline starts when it received the call)
@@ -78,6 +87,42 @@ def authorization(context: grpc.aio.ServicerContext) -> str | None:
         if key == "authorization" and isinstance(value, str):
             return value
     return None
+
+
+def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's text metadata (names lower-case, as gRPC sends them)."""
+    return {key: value for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)}
+
+
+# The full name of the RPC being run (/package.Service/Method): grpc tells only interceptors.
+_rpc_method: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "multihead_rpc_method", default=None)
+
+
+class MethodNames(grpc.aio.ServerInterceptor):
+    """A server interceptor that tells `Rpcs.run` the full name of the RPC it runs."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or not inspect.iscoroutinefunction(handler.unary_unary):
+            return handler  # not one of ours (an UNIMPLEMENTED method of a base servicer)
+        inner, method = handler.unary_unary, handler_call_details.method
+
+        async def unary_unary(request, context):
+            token = _rpc_method.set(method)
+            try:
+                return await inner(request, context)
+            finally:
+                _rpc_method.reset(token)
+
+        return handler._replace(unary_unary=unary_unary)
+
+
+def _span_attributes(method: str) -> dict[str, str]:
+    """The call span's attributes (OpenTelemetry's RPC conventions)."""
+    service, _, name = method.lstrip("/").rpartition("/")
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 
 
 def status_code(exc: BaseException) -> grpc.StatusCode:
@@ -124,6 +169,17 @@ class Rpcs:
                 corresponds to (`oip_infer`, ...; see `Endpoint.name`); its access rule is
                 that endpoint's.
         """
+        method = _rpc_method.get() or f"/{name}"
+        service = self.service
+        with request_scope(service.tracing, service.settings.access_log, protocol="grpc",
+                           method="GRPC", route=name, path=method, headers=metadata(context),
+                           remote=context.peer(), span_name=method.lstrip("/"),
+                           attributes=(_span_attributes(method) if service.tracing is not None
+                                       else None)) as req:
+            return await self._run(name, message, context, handle, req)
+
+    async def _run(self, name: str, message: Message, context: grpc.aio.ServicerContext,
+                   handle: Callable[[Caller], Awaitable[M]], req: RequestLog) -> M:
         start = time.perf_counter()
         status: int | None = 200  # None once recorded
         self.in_flight += 1
@@ -137,20 +193,30 @@ class Rpcs:
                 budget = client_budget_s(context)
                 if budget is not None and budget <= 0:
                     raise DeadlineExceeded("the call's deadline passed before it started")
-                return await handle(caller)
+                answer = await handle(caller)
+                req.status = 200
+                req.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
+                context.set_trailing_metadata(((REQUEST_ID_KEY, req.request_id),))
+                return answer
         except asyncio.CancelledError:
             budget = client_budget_s(context)
             status = (DEADLINE_PASSED if budget is not None and budget <= DEADLINE_SLACK_S
                       else CLIENT_CLOSED)
+            req.status = status
+            req.set_attribute("rpc.grpc.status_code", (
+                grpc.StatusCode.DEADLINE_EXCEEDED if status == DEADLINE_PASSED
+                else grpc.StatusCode.CANCELLED).value[0])
             raise
         except Exception as exc:  # noqa: BLE001 - every error becomes a gRPC status
             status, _, headers = error_status(exc)
             body = error_body(exc)
             if status >= 500 and not isinstance(exc, ServiceError):
                 log.error("internal error in %s", name, exc_info=exc)
-            trailing = [(CODE_KEY, body["code"])]
+            trailing = [(CODE_KEY, body["code"]), (REQUEST_ID_KEY, req.request_id)]
             if "Retry-After" in headers:
                 trailing.append((RETRY_AFTER_KEY, headers["Retry-After"]))
+            req.status = status
+            req.set_attribute("rpc.grpc.status_code", status_code(exc).value[0])
             # Counted before the status leaves (abort sends it): a client that reads /metrics
             # right after its error sees the call, as after a success (counted on return).
             self.service.metrics.observe_request(name, status, time.perf_counter() - start)

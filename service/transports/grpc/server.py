@@ -36,7 +36,7 @@ import grpc
 
 from backbone.tfimport import import_tensorflow
 from service.core.errors import ServiceError
-from service.transports.grpc.common import Rpcs
+from service.transports.grpc.common import MethodNames, Rpcs
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.context import Service
@@ -93,7 +93,7 @@ class GrpcServer:
         if missing:
             await self._fail(f"--grpc-port needs the grpc extra ({', '.join(missing)} not "
                              f"installed): {EXTRA_HINT}")
-        self._server = grpc.aio.server(options=[
+        self._server = grpc.aio.server(interceptors=[MethodNames()], options=[
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             # Without it a second server could bind the same port on Linux, silently.
             ("grpc.so_reuseport", 0),

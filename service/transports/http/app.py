@@ -35,6 +35,7 @@ from service.core import admission, memory
 from service.core.admission import Reservation
 from service.core.context import Service
 from service.core.errors import INTERNAL_MESSAGE
+from service.core.logs import REQUEST_ID_HEADER, request_scope
 from service.core.settings import Settings
 from service.transports.common.exchange import (
     CLIENT_CLOSED,
@@ -95,14 +96,49 @@ def _handler(endpoint: Endpoint):
     return handle
 
 
+def _span_attributes(request: web.Request, template: str | None) -> dict[str, str]:
+    """The request span's attributes (OpenTelemetry's HTTP server conventions)."""
+    attributes = {"http.request.method": request.method, "url.path": request.path,
+                  "url.scheme": request.scheme}
+    if template is not None:
+        attributes["http.route"] = template
+    if request.remote:
+        attributes["client.address"] = request.remote
+    return attributes
+
+
 @web.middleware
 async def transport_middleware(request: web.Request, handler):
     """JSON bodies for aiohttp's own errors (no route, wrong method, body too large) and any
     error a transport handler lets escape; request metrics and Server-Timing by route name (the
-    endpoint's name, `common.exchange.UNMATCHED` when no route matched)."""
-    start = time.perf_counter()
+    endpoint's name, `common.exchange.UNMATCHED` when no route matched); the request's id
+    (`X-Request-Id`, echoed), span and access line (`service.core.logs.request_scope`)."""
+    service = request.app[SERVICE]
     route = request.match_info.route
     matched = route.resource is not None
+    template = route.resource.canonical if matched else None
+    with request_scope(
+            service.tracing, service.settings.access_log, protocol="http",
+            method=request.method, route=route.name if matched else UNMATCHED,
+            path=request.rel_url.raw_path, headers=request.headers, remote=request.remote,
+            span_name=f"{request.method} {template}" if template else request.method,
+            attributes=(_span_attributes(request, template) if service.tracing is not None
+                        else None)) as req:
+        try:
+            response = await _answer(request, handler, matched)
+        except web.HTTPException as exc:  # a redirect: aiohttp answers it
+            req.status = exc.status
+            raise
+        req.status = response.status
+        if not isinstance(response, web.WebSocketResponse):  # a socket sent its headers
+            response.headers[REQUEST_ID_HEADER] = req.request_id
+        return response
+
+
+async def _answer(request: web.Request, handler, matched: bool) -> web.StreamResponse:
+    """The handler's answer, or the JSON error body; counted in metrics, with Server-Timing."""
+    start = time.perf_counter()
+    route = request.match_info.route
     label = route.name if matched else UNMATCHED
     try:
         response = await handler(request)
@@ -191,13 +227,16 @@ async def index(request: web.Request) -> web.StreamResponse:
 
 
 def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None,
-               listeners: Sequence[ListenerFactory] = ()) -> web.Application:
+               listeners: Sequence[ListenerFactory] = (),
+               tracer_provider=None) -> web.Application:
     """The application. Pass `trunk`/`store` to share already-built ones (tests, benchmark);
     the app then neither builds nor closes them. `listeners` build the other listeners of this
-    process (the gRPC server) from its `Service`; they start and stop with the app."""
+    process (the gRPC server) from its `Service`; they start and stop with the app.
+    `tracer_provider`: an OpenTelemetry SDK tracer provider to trace with (tests); by default
+    the settings and the OTEL_* variables decide (`service.core.tracing`)."""
     app = web.Application(middlewares=[transport_middleware],
                           client_max_size=settings.max_body_bytes)
-    app[SERVICE] = Service(settings, trunk=trunk, store=store)
+    app[SERVICE] = Service(settings, trunk=trunk, store=store, tracer_provider=tracer_provider)
     app[LISTENERS] = [factory(app[SERVICE]) for factory in listeners]
     app.on_shutdown.append(_stop_accepting)
     app.cleanup_ctx.append(_lifecycle)
@@ -222,6 +261,8 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
 def run_app(settings: Settings, listeners: Sequence[ListenerFactory] = ()) -> None:
     """Serves until SIGTERM/SIGINT, then shuts down gracefully: stop accepting, drain, close."""
     memory.tune_allocator()
+    # NOTE: access_log=None: the access lines are service.core.logs' (every protocol alike,
+    # --no-access-log), not aiohttp's.
     web.run_app(create_app(settings, listeners=listeners), host=settings.host, port=settings.port,
                 shutdown_timeout=settings.request_timeout_s, **HANDLER_CANCELLATION,
-                print=lambda msg: log.info(msg.strip()))
+                access_log=None, print=lambda msg: log.info(msg.strip()))

@@ -1,6 +1,11 @@
 """`GET /ws/classify/{bot_id}` (aiohttp WebSocket): one image per binary message, one JSON
 reply per image, in order; the native codec renders each answer and each error. The upgrade
-request carries the credential (`Authorization`, access INFER as `POST /classify`)."""
+request carries the credential (`Authorization`, access INFER as `POST /classify`).
+
+Each message is a request of its own for logs and traces (`service.core.logs.request_scope`):
+its id is the socket's (the upgrade's `X-Request-Id`, echoed in the upgrade's answer) with
+`.<n>` for the n-th message, it gets an access line, and its span is a child of the socket's.
+"""
 from __future__ import annotations
 
 import json
@@ -14,6 +19,7 @@ from service.core.admission import Reservation
 from service.core.auth import INFER
 from service.core.context import Service
 from service.core.engine import Images
+from service.core.logs import REQUEST_ID_HEADER, current, request_scope
 
 
 async def classify_ws(service: Service, request: web.Request) -> web.WebSocketResponse:
@@ -33,26 +39,44 @@ async def _serve(service: Service, request: web.Request, bot_id: str,
                  top_k: int) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=service.settings.max_ws_message_bytes,
     heartbeat=30)
+    socket = current()  # the upgrade request's (the middleware's request_scope)
+    socket_id = socket.request_id if socket is not None else "ws"
+    ws.headers[REQUEST_ID_HEADER] = socket_id
+    route = request.match_info.route
+    span_name = f"WS {route.resource.canonical}" if route.resource is not None else "WS"
     await ws.prepare(request)
+    received = 0
     async for message in ws:
         if message.type == web.WSMsgType.ERROR:
             # A protocol error or a message over max_ws_message_bytes: aiohttp has already
             # closed the socket with the right close code (1002, 1009, ...).
             break
-        if message.type != web.WSMsgType.BINARY:
-            await ws.send_json({"error": "send each image as one binary message",
-                                "code": "bad_request", "status": 400})
-            continue
-        try:
-            # Resolved per message: a long-lived socket follows the bot's active version.
-            head = await service.head(bot_id)
-            results = await service.classify(Images(encoded=[message.data]), [head],
-                                             top_k=top_k)
-            await ws.send_json(render_bot_result([results[0][0]]))
-        except Exception as exc:  # noqa: BLE001 - answer this message, keep the socket
-            reply = error_reply(exc)
-            answer = {**json.loads(reply.body), "status": reply.status}
-            if "Retry-After" in reply.headers:  # 429 / 503: what HTTP says in the header
-                answer["retry_after_s"] = int(reply.headers["Retry-After"])
-            await ws.send_json(answer)
+        received += 1
+        with request_scope(service.tracing, service.settings.access_log, protocol="ws",
+                           method="WS", route=route.name or "", path=request.rel_url.raw_path,
+                           headers=None, remote=request.remote, span_name=span_name,
+                           request_id_=f"{socket_id}.{received}") as req:
+            req.status = await _answer(service, ws, message, bot_id, top_k)
     return ws
+
+
+async def _answer(service: Service, ws: web.WebSocketResponse, message: web.WSMessage,
+                  bot_id: str, top_k: int) -> int:
+    """Answers one message; returns the status its answer carries (200 for a result)."""
+    if message.type != web.WSMsgType.BINARY:
+        await ws.send_json({"error": "send each image as one binary message",
+                            "code": "bad_request", "status": 400})
+        return 400
+    try:
+        # Resolved per message: a long-lived socket follows the bot's active version.
+        head = await service.head(bot_id)
+        results = await service.classify(Images(encoded=[message.data]), [head], top_k=top_k)
+        await ws.send_json(render_bot_result([results[0][0]]))
+        return 200
+    except Exception as exc:  # noqa: BLE001 - answer this message, keep the socket
+        reply = error_reply(exc)
+        answer = {**json.loads(reply.body), "status": reply.status}
+        if "Retry-After" in reply.headers:  # 429 / 503: what HTTP says in the header
+            answer["retry_after_s"] = int(reply.headers["Retry-After"])
+        await ws.send_json(answer)
+        return reply.status

@@ -66,7 +66,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from service.codecs.base import Reply, Request, dispatch, error_reply
+from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
 from service.codecs.routes import ENDPOINTS
 from service.core import memory
 from service.core.admission import ByteBudget, Reservation
@@ -78,6 +78,7 @@ from service.core.errors import (
     ReplicaLost,
     ServiceError,
 )
+from service.core.logs import REQUEST_ID_HEADER, configure, request_scope
 from service.core.metrics_merge import Aggregate
 from service.core.settings import Settings
 from service.transports.common.exchange import (
@@ -91,7 +92,7 @@ from service.transports.common.exchange import (
     no_route,
     record,
 )
-from service.transports.common.router import Match, Router
+from service.transports.common.router import Match, Router, route_template
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +139,28 @@ ENDPOINTS_BY_NAME = {endpoint.name: endpoint for endpoint in ENDPOINTS}
 
 async def answer(service: Service, call: Call) -> Reply:
     """Runs one routed request through the codecs of `service`, as the aiohttp transport does:
-    the same dispatch, the same no-route answer, metrics and Server-Timing by endpoint name.
-    What a model replica does with each call; a function of the `Service` so that it runs
-    without Ray too (tests/transports/test_same_answers.py)."""
-    start = time.perf_counter()
+    the same dispatch, the same no-route answer, metrics and Server-Timing by endpoint name,
+    request id (`X-Request-Id`), span and access line. What a model replica does with each
+    call; a function of the `Service` so that it runs without Ray too
+    (tests/transports/test_same_answers.py)."""
+    request = call.request
     endpoint = ENDPOINTS_BY_NAME[call.endpoint] if call.endpoint is not None else None
+    with request_scope(service.tracing, service.settings.access_log, protocol="http",
+                       method=request.method, route=metric_label(endpoint), path=request.path,
+                       headers=request.headers, span_name=(
+                           f"{request.method} {route_template(endpoint.path)}" if endpoint
+                           else request.method),
+                       attributes=({"http.request.method": request.method,
+                                    "url.path": request.path}
+                                   if service.tracing is not None else None)) as req:
+        reply = await _answer(service, call, endpoint)
+        req.status = reply.status
+        return dataclasses.replace(reply, headers={**reply.headers,
+                                                   REQUEST_ID_HEADER: req.request_id})
+
+
+async def _answer(service: Service, call: Call, endpoint: Endpoint | None) -> Reply:
+    start = time.perf_counter()
     if call.refused is not None:
         reply = call.refused
     elif endpoint is None:
@@ -179,6 +197,8 @@ class Replica:
 
     async def __init__(self, settings: Settings) -> None:
         memory.tune_allocator()
+        # NOTE: this actor's lines go where Ray sends its workers' stderr (files, the driver).
+        configure(settings.log_format)
         self.settings = settings
         self.service = Service(settings)
         self.name = serve.get_replica_context().replica_id.unique_id
