@@ -314,6 +314,12 @@ class HeadStore:
         self._refresh()
         return bot_id in self._candidates
 
+    def candidate_mode(self, bot_id: str) -> tuple[int, CandidateMode] | None:
+        """(version, mode) of the candidate of `bot_id`, or None (from memory, as
+        `has_candidate`)."""
+        self._refresh()
+        return self._candidates.get(bot_id)
+
     def candidate(self, bot_id: str) -> Candidate | None:
         """The candidate of `bot_id` with its head (loaded on first use and kept resident, like
         an active head, but never pinned), or None if it has none.

@@ -11,7 +11,8 @@ Every RPC runs through `Rpcs.run`:
 
 - auth: the `authorization` metadata is checked as HTTP's header is, with the access rule of
   the RPC's REST twin (`Service.caller`); the handler gets the `Service` as that caller sees
-  it (another tenant's bot is NOT_FOUND, as an unknown one);
+  it (another tenant's bot is NOT_FOUND, as an unknown one), with the call's routing key for
+  canaries (the `x-multihead-route-key` metadata, as HTTP's `X-Multihead-Route-Key` header);
 - admission: the request message's bytes are taken from the process's in-flight byte budget
   (`Service.inflight`, shared with HTTP) until the answer is built; when they do not fit, the
   call fails with RESOURCE_EXHAUSTED (gRPC has already received the message by then: its size is
@@ -43,6 +44,7 @@ from google.protobuf.message import Message
 
 from service.codecs.routes import ENDPOINTS
 from service.core.admission import Reservation
+from service.core.candidates import ROUTE_KEY_METADATA
 from service.core.errors import (
     DeadlineExceeded,
     ServiceError,
@@ -72,12 +74,17 @@ DEADLINE_SLACK_S = 0.25
 ACCESS = {endpoint.name: endpoint.access for endpoint in ENDPOINTS}
 
 
-def authorization(context: grpc.aio.ServicerContext) -> str | None:
-    """The call's `authorization` metadata (as HTTP's header), or None."""
+def metadata_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
+    """The call's text metadata `name` (lower case, as gRPC keeps keys), or None."""
     for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and isinstance(value, str):
+        if key == name and isinstance(value, str):
             return value
     return None
+
+
+def authorization(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's `authorization` metadata (as HTTP's header), or None."""
+    return metadata_value(context, "authorization")
 
 
 def status_code(exc: BaseException) -> grpc.StatusCode:
@@ -131,7 +138,8 @@ class Rpcs:
         try:
             if self.draining:
                 raise ShuttingDown("the server is shutting down and accepts no new calls")
-            caller = self.service.caller(authorization(context), ACCESS[name])
+            caller = self.service.caller(authorization(context), ACCESS[name],
+                                         route_key=metadata_value(context, ROUTE_KEY_METADATA))
             with Reservation(self.service.inflight) as held:
                 held.take(message.ByteSize())
                 budget = client_budget_s(context)
