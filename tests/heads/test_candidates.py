@@ -20,6 +20,10 @@ from heads import (
 from tests.heads.helpers import listening, random_head, store_digest, stored_entries, version_of
 from tests.support.polling import wait_until
 
+# The contract is 1 s from commit to every other store knowing (tests/heads/test_changes.py); on
+# a loaded 2-core machine we allow 2 s of stated slack on top.
+SEEN_WITHIN_S = 1.0 + 2.0
+
 
 @pytest.mark.parametrize("text, mode", [
     ("shadow", CandidateMode("shadow")), (" shadow ", CandidateMode("shadow")),
@@ -186,17 +190,17 @@ def test_another_process_sees_a_candidate_its_promotion_and_its_discard(location
             listening(reader)
         assert version_of(reader, "acme") == 1 and reader.candidate("acme") is None
         writer.register("acme", *random_head(4, seed=2), candidate="canary:40")
-        wait_until(lambda: reader.has_candidate("acme"), 1.0, what="the candidate")
+        wait_until(lambda: reader.has_candidate("acme"), SEEN_WITHIN_S, what="the candidate")
         candidate = reader.candidate("acme")
         assert (candidate.head.version, candidate.mode.percent) == (2, 40.0)
         writer.promote("acme")
-        wait_until(lambda: version_of(reader, "acme") == 2, 1.0, what="the promotion")
+        wait_until(lambda: version_of(reader, "acme") == 2, SEEN_WITHIN_S, what="the promotion")
         assert reader.candidate("acme") is None
         assert reader.get("acme").n_classes == 4
         writer.register("acme", *random_head(3, seed=3), candidate="shadow")
-        wait_until(lambda: reader.has_candidate("acme"), 1.0, what="the new candidate")
+        wait_until(lambda: reader.has_candidate("acme"), SEEN_WITHIN_S, what="the new candidate")
         assert reader.candidate("acme").head.version == 3
         writer.discard("acme")
-        wait_until(lambda: not reader.has_candidate("acme"), 1.0, what="the discard")
+        wait_until(lambda: not reader.has_candidate("acme"), SEEN_WITHIN_S, what="the discard")
         assert version_of(reader, "acme") == 2
         assert "acme#candidate" not in reader._cache.resident_bot_ids()
