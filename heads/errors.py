@@ -109,8 +109,8 @@ class BotOwnedElsewhere(HeadsError):
 
 
 class InvalidCandidate(HeadsError, ValueError):
-    """A candidate mode that is neither `shadow` nor `canary:P` with 0 < P < 100, or a
-    candidate that cannot be registered as asked. The message names the value."""
+    """A candidate mode that is neither `shadow` nor `canary:P` with 0 < P < 100. The message
+    names the value."""
 
 
 class NoCandidate(HeadsError, LookupError):
