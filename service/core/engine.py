@@ -429,7 +429,7 @@ class Engine:
             None if c is None else route_for(c, h.bot_id, route_key(given_key, looked[0][0]))
             for h, c in zip(heads, candidates))
         if not misses:
-            items = [Item(None, cached, digest, heads, top_k, routes)
+            items = [Item(None, cached, digest, heads, top_k, routes=routes)
                      for digest, cached in looked]
             self._observe_bots(heads, len(items))
             # Every image seen before: no quota, no trunk, no queue; the heads' numpy still
@@ -450,7 +450,7 @@ class Engine:
                         loop.run_in_executor(self.decode_pool, decode, inputs[i])
                         for i in misses))
                     decoded = dict(zip(misses, images))
-                    items = [Item(decoded.get(i), cached, digest, heads, top_k, routes)
+                    items = [Item(decoded.get(i), cached, digest, heads, top_k, routes=routes)
                              for i, (digest, cached) in enumerate(looked)]
                     self._observe_bots(heads, len(items))
                     costs = [0.0 if item.features is not None else 1.0 for item in items]

@@ -184,7 +184,7 @@ def test_a_candidate_that_raises_fails_alone():
     broken = head("acme", 2, *random_head(3, seed=3), cls=Broken)
     seen = []
     route = Route(broken, "canary", True)
-    items = [Item(None, f, b"d", (live, beta), 2, (route, None)) for f in features]
+    items = [Item(None, f, b"d", (live, beta), 2, routes=(route, None)) for f in features]
     results = score(features, items, lambda *args: seen.append(args))
     expected = score(features, [Item(None, f, b"d", (live, beta), 2) for f in features])
     assert results == expected and all(p[0].version == 1 for p in results)
