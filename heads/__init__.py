@@ -12,16 +12,19 @@ TF graph. `import heads` does not import TensorFlow (only writing/reading checkp
 A store is a directory (SQLite registry + head files, the default) or a PostgreSQL database
 (registry and tensors, shared by many machines); psycopg is imported only for the latter.
 """
+from heads.candidates import Candidate, CandidateInfo, CandidateMode
 from heads.errors import (
                           BotOwnedElsewhere,
                           HeadLoadError,
                           HeadsError,
                           InvalidBotId,
+                          InvalidCandidate,
                           InvalidHead,
                           InvalidLimits,
                           InvalidStoreLocation,
                           InvalidTenant,
                           InvalidTrainingData,
+                          NoCandidate,
                           StoreUnavailable,
                           TenantExists,
                           TenantNotEmpty,
@@ -50,10 +53,11 @@ from heads.train import TrainResult, extract_features, scan_image_folder, train_
 
 __all__ = [
     "DEFAULT_TENANT", "OPERATOR", "SCOPES", "ApiKey", "AuditRecord", "BotInfo",
-    "BotOwnedElsewhere", "Head", "HeadLoadError", "HeadStore", "HeadsError", "InvalidBotId",
+    "BotOwnedElsewhere", "Candidate", "CandidateInfo", "CandidateMode", "Head",
+    "HeadLoadError", "HeadStore", "HeadsError", "InvalidBotId", "InvalidCandidate",
     "InvalidHead", "InvalidLimits", "InvalidStoreLocation", "InvalidTenant",
-    "InvalidTrainingData", "StoreUnavailable", "TenantExists", "TenantInfo", "TenantLimits",
-    "TenantNotEmpty", "TrainResult", "TrunkMismatch", "UnknownBot", "UnknownKey",
+    "InvalidTrainingData", "NoCandidate", "StoreUnavailable", "TenantExists", "TenantInfo",
+    "TenantLimits", "TenantNotEmpty", "TrainResult", "TrunkMismatch", "UnknownBot", "UnknownKey",
     "UnknownTenant", "UnknownVersion", "extract_features", "open_store", "parse_token",
     "read_labels", "scan_image_folder", "token_hash", "top_indices", "train_head",
     "validate_bot_id", "validate_tenant",

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from heads.candidates import CandidateInfo, CandidateMode
 from heads.errors import InvalidStoreLocation
 from heads.head import Head
 from heads.tenants import DEFAULT_TENANT, OPERATOR, ApiKey, AuditRecord, TenantInfo, TenantLimits
@@ -149,20 +150,45 @@ class StoreBackend(ABC):
     @abstractmethod
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                     labels: tuple[str, ...], source: str, step: Step, *,
-                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR) -> int:
+                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR,
+                    candidate: CandidateMode | None = None) -> int:
         """Store a new version (already validated) and make it active, owned by `tenant`, with
         its audit record ("register" or "replace"), in one transaction; call `step(name)`
         between the steps. Returns the new version number.
 
+        With `candidate`, the version is stored as the bot's candidate instead (history
+        "candidate", audit "candidate_add"); a candidate the bot had is discarded in the same
+        transaction (its version deleted, audit "candidate_discard").
+
         Raises (before writing anything):
             UnknownTenant: no such tenant. BotOwnedElsewhere: the bot is live under another.
+            UnknownBot: a candidate for a bot that is not live.
         """
+
+    @abstractmethod
+    def candidates(self, bot_id: str | None = None) -> dict[str, CandidateInfo]:
+        """{bot id: its candidate} of every live bot that has one (only `bot_id`'s if given),
+        read now (one snapshot)."""
+
+    @abstractmethod
+    def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
+        """In one write transaction: the candidate becomes the active version (history
+        "promote", audit "candidate_promote"); the previous active version stays stored.
+        Returns (previous active version, new active version). Raises UnknownBot,
+        NoCandidate."""
+
+    @abstractmethod
+    def discard(self, bot_id: str, *, actor: str = OPERATOR) -> int:
+        """In one write transaction: the candidate and its version are deleted (history
+        "discard", audit "candidate_discard"). Returns its version. Raises UnknownBot,
+        NoCandidate."""
 
     @abstractmethod
     def snapshot(self, bot_id: str | None = None
                  ) -> list[tuple[int, VersionRow, list[int], str]]:
         """(active version, its row, every loadable version ascending, owner tenant) per bot,
-        ordered by id (byte order); only `bot_id`'s if given."""
+        ordered by id (byte order); only `bot_id`'s if given. The versions include a
+        candidate's (`HeadStore` leaves it out of `BotInfo.versions`)."""
 
     @abstractmethod
     def history(self, bot_id: str) -> list[dict]:
@@ -176,8 +202,9 @@ class StoreBackend(ABC):
     @abstractmethod
     def rollback(self, bot_id: str, choose: Callable[[int, list[int]], int], *,
                  actor: str = OPERATOR) -> int:
-        """In one write transaction: `target = choose(active, loadable versions)` (which may
-        raise), activate it if it differs (audited). Returns target. Raises UnknownBot."""
+        """In one write transaction: `target = choose(active, loadable versions but the
+        candidate's)` (which may raise), activate it if it differs (audited). Returns target.
+        Raises UnknownBot."""
 
     # -- tenants, keys, audit (rows: heads.accounts) -----------------------------------------
 

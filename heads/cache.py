@@ -10,14 +10,23 @@ from collections.abc import Callable, Iterable
 
 from heads.head import Head
 
+CANDIDATE = "candidate"
+
+
+def _key(bot_id: str, slot: str) -> str:
+    # NOTE: '#' is not allowed in a bot id, so a slot's key never names another bot.
+    return f"{bot_id}#{slot}" if slot else bot_id
+
 
 class HeadCache:
-    """Resident heads keyed by bot id, at most one version per bot.
+    """Resident heads keyed by bot id, at most one version per bot and slot.
 
-    Unpinned heads are evicted least recently used first whenever the resident bytes exceed
-    `memory_budget_bytes`; pinned bots are never evicted (they may push the total over the budget,
-    which `stats()` then shows). A head bigger than the whole budget is handed out but not kept.
-    Thread-safe.
+    A bot's active head is in the default slot (""); its candidate's (`heads.candidates`) in
+    the slot `CANDIDATE`, a head like the others for the budget and the LRU order, but never
+    pinned. Unpinned heads are evicted least recently used first whenever the resident bytes
+    exceed `memory_budget_bytes`; pinned bots are never evicted (they may push the total over
+    the budget, which `stats()` then shows). A head bigger than the whole budget is handed out
+    but not kept. Thread-safe.
     """
 
     def __init__(self, memory_budget_bytes: int, pinned: Iterable[str] = ()) -> None:
@@ -32,41 +41,45 @@ class HeadCache:
         self.misses = 0
         self.evictions = 0
 
-    def get(self, bot_id: str, version: int) -> Head | None:
-        """The resident head of `bot_id` at `version`, or None (a miss)."""
+    def get(self, bot_id: str, version: int, slot: str = "") -> Head | None:
+        """The resident head of `bot_id` at `version` (in `slot`), or None (a miss)."""
+        key = _key(bot_id, slot)
         with self._lock:
-            head = self._heads.get(bot_id)
+            head = self._heads.get(key)
             if head is None or head.version != version:
                 self.misses += 1
                 return None
-            self._heads.move_to_end(bot_id)
+            self._heads.move_to_end(key)
             self.hits += 1
             return head
 
-    def peek(self, bot_id: str, version: int) -> Head | None:
+    def peek(self, bot_id: str, version: int, slot: str = "") -> Head | None:
         """Like `get` but without touching the LRU order or the hit/miss counters."""
         with self._lock:
-            head = self._heads.get(bot_id)
+            head = self._heads.get(_key(bot_id, slot))
             return head if head is not None and head.version == version else None
 
-    def put(self, head: Head) -> None:
-        """Make `head` resident (replacing another version of the same bot), then evict."""
-        pinned = head.bot_id in self.pinned
+    def put(self, head: Head, slot: str = "") -> None:
+        """Make `head` resident in `slot` (replacing another version of the same bot there),
+        then evict."""
+        key = _key(head.bot_id, slot)
+        pinned = key in self.pinned
         with self._lock:
-            self._discard_locked(head.bot_id)
+            self._discard_locked(key)
             if not pinned and head.nbytes > self.memory_budget_bytes:
                 return  # would evict everything and still not fit
-            self._heads[head.bot_id] = head
+            self._heads[key] = head
             self._bytes += head.nbytes
-            self._evict_locked(keep=head.bot_id)
+            self._evict_locked(keep=key)
 
-    def discard(self, bot_id: str) -> None:
+    def discard(self, bot_id: str, slot: str = "") -> None:
         """Drop a bot's head (removed or replaced elsewhere); not counted as an eviction."""
         with self._lock:
-            self._discard_locked(bot_id)
+            self._discard_locked(_key(bot_id, slot))
 
     def retain(self, keep: Callable[[Head], bool]) -> None:
-        """Drop every resident head for which `keep(head)` is false (stale versions)."""
+        """Drop every resident head (of any slot) for which `keep(head)` is false (stale
+        versions)."""
         with self._lock:
             for bot_id in [b for b, h in self._heads.items() if not keep(h)]:
                 self._discard_locked(bot_id)
@@ -89,7 +102,8 @@ class HeadCache:
             }
 
     def resident_bot_ids(self) -> list[str]:
-        """Resident bots, least recently used first (for tests and diagnostics)."""
+        """Resident bots, least recently used first (for tests and diagnostics); a head of
+        another slot than the default is listed as `<bot id>#<slot>`."""
         with self._lock:
             return list(self._heads)
 

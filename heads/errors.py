@@ -106,3 +106,17 @@ class BotOwnedElsewhere(HeadsError):
     def __init__(self, bot_id: str) -> None:
         super().__init__(f"bot id {bot_id!r} is taken by another tenant")
         self.bot_id = bot_id
+
+
+class InvalidCandidate(HeadsError, ValueError):
+    """A candidate mode that is neither `shadow` nor `canary:P` with 0 < P < 100. The message
+    names the value."""
+
+
+class NoCandidate(HeadsError, LookupError):
+    """The bot has no candidate to promote or discard."""
+
+    def __init__(self, bot_id: str) -> None:
+        super().__init__(f"bot {bot_id!r} has no candidate (register one with --candidate "
+                         "shadow or --candidate canary:P)")
+        self.bot_id = bot_id

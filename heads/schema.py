@@ -1,8 +1,8 @@
 """The store's tables, described once as data; each backend renders its DDL from here.
 
-    TABLES          bots, versions, history, tenants, tenant_limits, api_keys, owners, audit
-                    (both backends); state, blobs (PostgreSQL only: its writer lock and change
-                    counter, and the tensors that a directory store keeps as files)
+    TABLES          bots, versions, history, tenants, tenant_limits, api_keys, owners, audit,
+                    candidates (both backends); state, blobs (PostgreSQL only: its writer lock
+                    and change counter, and the tensors that a directory store keeps as files)
     create_statements(dialect, prefix="")   the CREATE statements of one dialect
     GROWING_CHECKS, stale_check(...)        checks whose allowed values grow with the code
     rebuild_statements(table)               SQLite: a table made again under its new checks
@@ -23,11 +23,16 @@ tables tenants, tenant_limits, api_keys, owners and audit at its next write, and
 without an owners row belongs to `heads.tenants.DEFAULT_TENANT` (no row is rewritten). Until
 that write, readers take the missing tables as empty.
 
-One migration rewrites something: the check on `audit.action` lists `AUDIT_ACTIONS`, so a store
-written before an action existed ("tenant_set", with tenant limits) refuses it. Its first writer
+Candidates (`heads.candidates`) came the same way: the table `candidates` is created empty at
+the next write of an older store, and until then readers take a bot to have no candidate.
+
+One migration rewrites something: the checks on `audit.action` and `history.action` list
+`AUDIT_ACTIONS` and `ACTIONS`, so a store written before an action existed ("tenant_set", with
+tenant limits; "candidate_add", "candidate", ... with candidates) refuses it. Its first writer
 of this version replaces the check, in the transaction that creates the missing tables
 (`GROWING_CHECKS`, `stale_check`): PostgreSQL drops and adds the constraint; SQLite, which
-cannot alter a check, makes the table again (`rebuild_statements`: rows and ids kept).
+cannot alter a check, makes the table again (`rebuild_statements`: rows and ids kept; a
+history table of a store older than the checks, which has none, gains its check so).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from heads.backend import POSTGRESQL, SQLITE
+from heads.candidates import MODES
 from heads.tenants import AUDIT_ACTIONS, LIMITS, SCOPES
 
 # Logical column types.
@@ -86,7 +92,11 @@ class Table:
 
 
 BLOB_NAMES = ("weights", "biases", "labels")
-ACTIONS = ("register", "rollback", "remove")
+# History actions: "candidate" stores a version without making it active, "promote" makes the
+# candidate active, "discard" deletes it (heads.candidates).
+ACTIONS = ("register", "rollback", "remove", "candidate", "promote", "discard")
+# The history actions that stored a new version: their numbers are never given again.
+STORING_ACTIONS = ("register", "candidate")
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -189,6 +199,17 @@ TABLES: tuple[Table, ...] = (
         Column("digest", TEXT, nullable=True),
         Column("detail", TEXT, nullable=True),
     ), primary_key=("id",), indexes=(Index("audit_by_tenant", ("tenant", "id")),)),
+    # The candidate of a live bot (at most one): a stored version that is not active, and how
+    # it is scored (heads.candidates). Goes with the bot and with its version.
+    Table("candidates", (
+        Column("bot_id", KEY),
+        Column("version", INT, check="version > 0"),
+        Column("mode", TEXT, check=_one_of("mode", MODES)),
+        Column("percent", REAL, nullable=True, check="percent > 0 AND percent < 100"),
+        Column("created", TEXT),
+    ), primary_key=("bot_id",),
+        foreign_keys=(ForeignKey(("bot_id",), "bots", on_delete_cascade=True),
+                      ForeignKey(("bot_id", "version"), "versions", on_delete_cascade=True))),
 )
 
 
@@ -285,7 +306,8 @@ def create_statements(dialect: str, prefix: str = "",
 
 # table -> (column, the values its check allows now): a store written by an earlier version may
 # hold a check that lacks some of them.
-GROWING_CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {"audit": ("action", AUDIT_ACTIONS)}
+GROWING_CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {"history": ("action", ACTIONS),
+                                                          "audit": ("action", AUDIT_ACTIONS)}
 
 
 def stale_check(table: str, definition: str) -> bool:

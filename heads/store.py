@@ -27,6 +27,12 @@ bots, tenants, their limits and keys appends an audit record in the change's own
 `key_table()` serves the live keys and `tenant_limits()` every tenant's limits (fair sharing:
 `heads.tenants.TenantLimits`) from memory, re-read like the bots when another process changed
 the store.
+
+Candidates (`heads.candidates`): a bot may have one candidate, a stored version that is not
+active (registered with `candidate=`), which the service scores beside the live version as a
+shadow or a canary; `promote` makes it active, `discard` deletes it. Every process sees a
+candidate, its promotion and its discard as it sees a new version: within `change_poll_s` of
+the backend learning of the change (`candidate()` answers from memory).
 """
 from __future__ import annotations
 
@@ -49,7 +55,8 @@ from heads.backend import (
     redact_url,
     utc_now,
 )
-from heads.cache import HeadCache
+from heads.cache import CANDIDATE, HeadCache
+from heads.candidates import Candidate, CandidateInfo, CandidateMode
 from heads.directory.backend import DirectoryBackend
 from heads.errors import (
     HeadLoadError,
@@ -97,19 +104,25 @@ def _step(name: str) -> None:
 @dataclass(frozen=True)
 class BotInfo(VersionRow):
     """What the registry knows about one bot: its active version's row, plus every version
-    still stored (ascending) and the tenant that owns it."""
+    still stored (ascending) that can be made active (its candidate's is not one of them), the
+    tenant that owns it, and its candidate (None if it has none)."""
 
     versions: list[int] = field(hash=False, default_factory=list)
     tenant: str = DEFAULT_TENANT
+    candidate: CandidateInfo | None = None
 
-    def to_dict(self, *, with_source: bool = True) -> dict:
+    def to_dict(self, *, with_source: bool = True, with_candidate: bool = True) -> dict:
         """JSON-ready fields. `with_source=False` for public answers: a training source is a
-        path on the server."""
+        path on the server. `with_candidate=False` leaves the candidate out (a caller that may
+        not manage the bot)."""
         out = {"bot_id": self.bot_id, "version": self.version, "n_classes": self.n_classes,
                "labels": list(self.labels), "created": self.created,
                "versions": list(self.versions), "tenant": self.tenant}
         if with_source:
             out["source"] = self.source
+        if with_candidate:
+            out["candidate"] = (None if self.candidate is None
+                                else self.candidate.to_dict(with_source=with_source))
         return out
 
 
@@ -185,6 +198,7 @@ class HeadStore:
         self._cache = HeadCache(int(heads_memory_mb * 2**20), pinned)
         self._active: dict[str, int] = {}
         self._owners: dict[str, str] = {}
+        self._candidates: dict[str, tuple[int, CandidateMode]] = {}
         self._keys: dict[str, ApiKey] | None = None  # read once key_table() was asked for
         self._want_keys = False
         self._limits: dict[str, TenantLimits] | None = None  # once tenant_limits() was asked
@@ -251,18 +265,26 @@ class HeadStore:
                     # Read the version before the rows: a commit in between is seen twice,
                     # never missed.
                     state = self._backend.active_map()
+                    found = self._backend.candidates()
                     keys = ({k.id: k for k in self._backend.keys(live_only=True)}
                             if self._want_keys else None)
                     limits = self._backend.tenant_limits() if self._want_limits else None
                     active = {b: v for b, (v, _) in state.items()}
+                    # NOTE: two reads: a candidate promoted between them would name the active
+                    # version; it is not one then (the next poll reads both again).
+                    candidates = {b: (c.version, c.mode) for b, c in found.items()
+                                  if b in active and active[b] != c.version}
                     self._owners = {b: t for b, (_, t) in state.items()}
                     self._active = active
+                    self._candidates = candidates
                     if keys is not None:
                         self._keys = keys
                     if limits is not None:
                         self._limits = limits
                     self._data_version = version
-                    self._cache.retain(lambda h: active.get(h.bot_id) == h.version)
+                    self._cache.retain(
+                        lambda h: h.version in (active.get(h.bot_id),
+                                                candidates.get(h.bot_id, (None,))[0]))
             except self._backend.read_errors as exc:
                 # NOTE: an unreadable registry must not make every bot unknown: keep serving
                 # the last known state and read again at the next poll.
@@ -270,28 +292,60 @@ class HeadStore:
                             self._backend.describe(), exc)
             self._next_check_s = time.monotonic() + self.change_poll_s
 
-    def _load(self, bot_id: str, version: int) -> Head:
+    def _load(self, bot_id: str, version: int, slot: str = "") -> Head:
         key = (bot_id, version)
         with self._loads_lock:
             lock = self._loading.setdefault(key, threading.Lock())
         try:
             with lock:  # one load per head at a time; the others wait and then hit the cache
-                head = self._cache.peek(bot_id, version)
+                head = self._cache.peek(bot_id, version, slot)
                 if head is None:
                     head = self._backend.load(bot_id, version)
-                    self._cache.put(head)
+                    self._cache.put(head, slot)
                 return head
         finally:
             with self._loads_lock:
                 self._loading.pop(key, None)
 
+    # -- candidates (hot path) -----------------------------------------------------------------
+
+    def has_candidate(self, bot_id: str) -> bool:
+        """Whether `bot_id` has a candidate (from memory: no store access)."""
+        self._refresh()
+        return bot_id in self._candidates
+
+    def candidate_mode(self, bot_id: str) -> tuple[int, CandidateMode] | None:
+        """(version, mode) of the candidate of `bot_id`, or None (from memory, as
+        `has_candidate`)."""
+        self._refresh()
+        return self._candidates.get(bot_id)
+
+    def candidate(self, bot_id: str) -> Candidate | None:
+        """The candidate of `bot_id` with its head (loaded on first use and kept resident, like
+        an active head, but never pinned), or None if it has none.
+
+        Raises:
+            HeadLoadError: its files or blobs are missing or corrupt, or (StoreUnavailable)
+                it is not resident and the database is unreachable.
+        """
+        self._refresh()
+        found = self._candidates.get(bot_id)
+        if found is None:
+            return None
+        version, mode = found
+        head = self._cache.get(bot_id, version, CANDIDATE)
+        if head is None:
+            head = self._load(bot_id, version, CANDIDATE)
+        return Candidate(head, mode)
+
     # -- registration --------------------------------------------------------------------------
 
     def register(self, bot_id: str, weights: np.ndarray, biases: np.ndarray, labels,
                  *, source: str = "api", tenant: str = DEFAULT_TENANT,
-                 actor: str = OPERATOR) -> int:
+                 actor: str = OPERATOR, candidate: str | CandidateMode | None = None) -> int:
         """Register a new version of `bot_id` and make it active (audited: "register" for a new
-        bot, "replace" for a new version of a live one).
+        bot, "replace" for a new version of a live one), or, with `candidate`, store it as the
+        bot's candidate without making it active (audited "candidate_add").
 
         Args:
             weights: [1536, n], biases: [n], n >= 2, all finite (cast to float32).
@@ -299,27 +353,35 @@ class HeadStore:
             source: free text recorded in the manifest and the history.
             tenant: the owner of the bot (a new one), or its owner (a new version).
             actor: who registers, as the audit log records it.
+            candidate: "shadow" or "canary:P" (0 < P < 100), or a `CandidateMode`: the new
+                version becomes the bot's candidate (`heads.candidates`), replacing the
+                candidate it had (whose version is deleted, audited "candidate_discard").
         Returns:
             The new version number.
         Raises:
-            InvalidBotId, InvalidHead, InvalidTenant, ValueError (actor), UnknownTenant,
-            BotOwnedElsewhere (the id is live under another tenant): before anything is
-            written.
+            InvalidBotId, InvalidHead, InvalidTenant, InvalidCandidate, ValueError (actor),
+            UnknownTenant, BotOwnedElsewhere (the id is live under another tenant), UnknownBot
+            (a candidate for a bot that is not registered): before anything is written.
         """
         bot_id = validate_bot_id(bot_id)
         tenant = validate_tenant(tenant)
         actor = normalize_actor(actor)
+        mode = CandidateMode.parse(candidate) if candidate is not None else None
         w, b, labels_t = validate_head_arrays(weights, biases, _labels_arg(labels))
         return self._add_version(bot_id, w, b, labels_t, " ".join(str(source).split()),
-                                 tenant, actor)
+                                 tenant, actor, mode)
 
     def register_checkpoint(self, bot_id: str, prefix: str | os.PathLike, labels, *,
                             weights_name: str = files.WEIGHTS_KEY,
                             biases_name: str = files.BIASES_KEY,
                             source: str | None = None, tenant: str = DEFAULT_TENANT,
-                            actor: str = OPERATOR) -> int:
-        """Register the head held by a TF checkpoint (tensors `weights_name`, `biases_name`)."""
+                            actor: str = OPERATOR,
+                            candidate: str | CandidateMode | None = None) -> int:
+        """Register the head held by a TF checkpoint (tensors `weights_name`, `biases_name`);
+        `candidate` as for `register`."""
         bot_id = validate_bot_id(bot_id)
+        if candidate is not None:
+            candidate = CandidateMode.parse(candidate)  # refused before the checkpoint is read
         labels_t = _labels_arg(labels)
         w, b = files.read_checkpoint_tensors(prefix, [weights_name, biases_name])
         try:
@@ -328,12 +390,14 @@ class HeadStore:
             raise InvalidHead(f"checkpoint '{os.fspath(prefix)}': {exc}") from None
         if source is None:
             source = f"checkpoint:{os.path.abspath(prefix)}"
-        return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor)
+        return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor,
+                             candidate=candidate)
 
     def register_from_slim(self, bot_id: str, prefix: str | os.PathLike, labels, *,
                            serving_trunk_prefix: str | os.PathLike | None = None,
                            force: bool = False, tenant: str = DEFAULT_TENANT,
-                           actor: str = OPERATOR) -> int:
+                           actor: str = OPERATOR,
+                           candidate: str | CandidateMode | None = None) -> int:
         """Import the classifier layer `InceptionV4/Logits/Logits` of a slim Inception-V4
         checkpoint (the official one, or one fine-tuned with any class count) as a head.
 
@@ -341,11 +405,15 @@ class HeadStore:
         (`backbone.trunk_digest`): every bot shares the serving trunk, so a checkpoint whose
         trunk was fine-tuned too would predict differently here than on its own.
 
+        `candidate` as for `register`.
+
         Raises:
             TrunkMismatch: the trunks differ and not `force`.
             HeadLoadError: not a checkpoint, or no Logits layer.
         """
         bot_id = validate_bot_id(bot_id)
+        if candidate is not None:
+            candidate = CandidateMode.parse(candidate)
         labels_t = _labels_arg(labels)
         prefix = os.fspath(prefix)
         w, b = files.read_checkpoint_tensors(prefix, [files.SLIM_WEIGHTS_KEY,
@@ -370,13 +438,39 @@ class HeadStore:
                         "use --force (force=True) to import its classifier layer anyway"
                     )
                 source += f" (forced: trunk {theirs[:12]} differs from the serving trunk)"
-        return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor)
+        return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor,
+                             candidate=candidate)
 
     def _add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
-                     labels: tuple[str, ...], source: str, tenant: str, actor: str) -> int:
+                     labels: tuple[str, ...], source: str, tenant: str, actor: str,
+                     candidate: CandidateMode | None = None) -> int:
         version = self._backend.add_version(bot_id, weights, biases, labels, source, _step,
-                                            tenant=tenant, actor=actor)
+                                            tenant=tenant, actor=actor, candidate=candidate)
         self._refresh(force=True)  # read-your-writes in this process
+        return version
+
+    def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
+        """Make the bot's candidate its active version (audited "candidate_promote"); the
+        version that was active stays stored, so `rollback` goes back to it.
+
+        Returns:
+            (the version active before, the version active now).
+        Raises:
+            InvalidBotId, UnknownBot, NoCandidate (nothing written).
+        """
+        bot_id = validate_bot_id(bot_id)
+        actor = normalize_actor(actor)
+        result = self._backend.promote(bot_id, actor=actor)
+        self._refresh(force=True)
+        return result
+
+    def discard(self, bot_id: str, *, actor: str = OPERATOR) -> int:
+        """Delete the bot's candidate and its version (audited "candidate_discard"); returns
+        its version. Raises InvalidBotId, UnknownBot, NoCandidate (nothing written)."""
+        bot_id = validate_bot_id(bot_id)
+        actor = normalize_actor(actor)
+        version = self._backend.discard(bot_id, actor=actor)
+        self._refresh(force=True)
         return version
 
     # -- administration ------------------------------------------------------------------------
@@ -385,8 +479,9 @@ class HeadStore:
         """Every registered bot, ordered by id; only `tenant`'s if given (InvalidTenant)."""
         if tenant is not None:
             tenant = validate_tenant(tenant)
-        return [self._bot_info(*row) for row in self._backend.snapshot()
-                if tenant is None or row[3] == tenant]
+        rows = [row for row in self._backend.snapshot() if tenant is None or row[3] == tenant]
+        candidates = self._backend.candidates() if rows else {}
+        return [self._bot_info(*row, candidates.get(row[1].bot_id)) for row in rows]
 
     def owner(self, bot_id: str) -> str:
         """The tenant of a live bot, from memory (like `exists`: no store round trip).
@@ -404,16 +499,21 @@ class HeadStore:
         rows = self._backend.snapshot(bot_id)
         if not rows:
             raise UnknownBot(bot_id)
-        return self._bot_info(*rows[0])
+        return self._bot_info(*rows[0], self._backend.candidates(bot_id).get(bot_id))
 
     def history(self, bot_id: str) -> list[dict]:
-        """Every registration, rollback and removal of `bot_id`, oldest first."""
+        """Every registration, rollback and removal of `bot_id` (and its candidates: stored,
+        promoted, discarded), oldest first."""
         return self._backend.history(validate_bot_id(bot_id))
 
     @staticmethod
-    def _bot_info(active: int, row: VersionRow, versions: list[int], tenant: str) -> BotInfo:
+    def _bot_info(active: int, row: VersionRow, versions: list[int], tenant: str,
+                  candidate: CandidateInfo | None = None) -> BotInfo:
+        if candidate is not None and candidate.version == active:
+            candidate = None  # promoted between the two reads
+        skip = candidate.version if candidate is not None else None
         return BotInfo(row.bot_id, active, row.n_classes, row.labels, row.created, row.source,
-                       list(versions), tenant)
+                       [v for v in versions if v != skip], tenant, candidate)
 
     def remove(self, bot_id: str, *, actor: str = OPERATOR) -> None:
         """Unregister `bot_id` and delete all its versions (audited). Raises UnknownBot."""
@@ -439,6 +539,9 @@ class HeadStore:
         if to is not None and (isinstance(to, bool) or not isinstance(to, (int, np.integer))):
             raise UnknownVersion(f"version must be an integer, got {to!r}")
         info = self.info(bot_id)
+        if to is not None and info.candidate is not None and int(to) == info.candidate.version:
+            raise UnknownVersion(f"version {int(to)} of bot '{bot_id}' is its candidate: "
+                                 "promote it (multihead bots promote) to make it active")
         self._rollback_target(bot_id, info.version, info.versions, to)  # refuse before writing
         target = self._backend.rollback(
             bot_id, lambda active, versions: self._rollback_target(bot_id, active, versions, to),

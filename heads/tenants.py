@@ -35,7 +35,8 @@ OPERATOR = "operator"
 TOKEN_PREFIX = "mhk_"
 
 AUDIT_ACTIONS = ("register", "replace", "rollback", "remove", "tenant_add", "tenant_remove",
-                 "tenant_set", "key_add", "key_revoke")
+                 "tenant_set", "key_add", "key_revoke", "candidate_add", "candidate_promote",
+                 "candidate_discard")
 
 _KEY_ID_BYTES = 6  # 12 hex characters
 _SECRET_BYTES = 32  # token_urlsafe(32): 43 characters

@@ -58,6 +58,7 @@ SLOW_FIRST = (
     "tests/backbone/test_preprocess.py", "tests/service/test_app.py",
     "tests/service/test_interop.py", "tests/heads/test_slim_import.py",
     "tests/service/test_openapi.py", "tests/service/test_auth.py",
+    "tests/service/test_candidates.py",
     "tests/backbone/test_tfimport.py", "tests/heads/test_writers.py",
 )
 

@@ -27,10 +27,12 @@ import numpy as np
 
 from heads import files
 from heads.backend import SQLITE, Step, StoreBackend, VersionRow, utc_now
+from heads.candidates import CandidateInfo, CandidateMode
 from heads.directory.registry import Registry, Transaction
 from heads.errors import (
     BotOwnedElsewhere,
     HeadLoadError,
+    NoCandidate,
     UnknownBot,
     UnknownKey,
     UnknownTenant,
@@ -91,6 +93,9 @@ class DirectoryBackend(StoreBackend):
     def history(self, bot_id: str) -> list[dict]:
         return self._registry.history(bot_id)
 
+    def candidates(self, bot_id: str | None = None) -> dict[str, CandidateInfo]:
+        return self._registry.candidates(bot_id)
+
     def _on_disk(self, bot_id: str, versions: list[int]) -> list[int]:
         return [v for v in versions if self._version_dir(bot_id, v).is_dir()]
 
@@ -98,13 +103,17 @@ class DirectoryBackend(StoreBackend):
 
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                     labels: tuple[str, ...], source: str, step: Step, *,
-                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR) -> int:
+                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR,
+                    candidate: CandidateMode | None = None) -> int:
         bot_dir = self.heads_dir / bot_id
+        replaced = None  # the candidate a new one replaces: its files go after the commit
         with self._registry.write() as tx:
             # Refusals first: nothing written.
             if not tx.rows.tenant_exists(tenant):
                 raise UnknownTenant(tenant)
             previous = tx.active_version(bot_id)
+            if candidate is not None and previous is None:
+                raise UnknownBot(bot_id)  # a candidate is a candidate to a live version
             if previous is not None and tx.rows.owner(bot_id) != tenant:
                 raise BotOwnedElsewhere(bot_id)
             new_heads_dir = not self.heads_dir.exists()
@@ -128,17 +137,76 @@ class DirectoryBackend(StoreBackend):
                 renamed = True
                 files.fsync_dir(bot_dir)
                 step("renamed")
+                digest = combine_digests(manifest["files"])
                 tx.add_version(VersionRow(bot_id, version, int(weights.shape[1]), labels,
-                                          created, source), at=created)
-                tx.rows.set_owner(bot_id, tenant)
-                tx.rows.record(at=created, actor=actor,
-                               action="register" if previous is None else "replace",
-                               tenant=tenant, bot_id=bot_id, version=version,
-                               digest=combine_digests(manifest["files"]), detail=source)
+                                          created, source), at=created,
+                               active=candidate is None)
+                if candidate is None:
+                    tx.rows.set_owner(bot_id, tenant)
+                    tx.rows.record(at=created, actor=actor,
+                                   action="register" if previous is None else "replace",
+                                   tenant=tenant, bot_id=bot_id, version=version,
+                                   digest=digest, detail=source)
+                else:
+                    replaced = self._live_candidate(tx, bot_id, previous)
+                    if replaced is not None:
+                        tx.discard(bot_id, replaced[0], at=created)
+                        tx.rows.record(at=created, actor=actor, action="candidate_discard",
+                                       tenant=tenant, bot_id=bot_id, version=replaced[0],
+                                       detail=f"{replaced[1]}, replaced by v{version}")
+                    tx.set_candidate(bot_id, version, candidate, at=created)
+                    tx.rows.record(at=created, actor=actor, action="candidate_add",
+                                   tenant=tenant, bot_id=bot_id, version=version,
+                                   digest=digest, detail=f"{candidate}, {source}")
                 step("rows_added")
             except BaseException:
                 shutil.rmtree(final if renamed else tmp, ignore_errors=True)
                 raise
+        if replaced is not None:  # committed: no row points to it (numbers are never reused)
+            shutil.rmtree(self._version_dir(bot_id, replaced[0]), ignore_errors=True)
+        return version
+
+    @staticmethod
+    def _live_candidate(tx: Transaction, bot_id: str,
+                        active: int | None) -> tuple[int, CandidateMode] | None:
+        """The bot's candidate, or None (also for a row naming the active version, which a
+        build without candidates may leave after rolling back to it: never deleted)."""
+        found = tx.candidate(bot_id)
+        return found if found is not None and found[0] != active else None
+
+    def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
+        with self._registry.write() as tx:
+            active = tx.active_version(bot_id)
+            if active is None:
+                raise UnknownBot(bot_id)
+            found = self._live_candidate(tx, bot_id, active)
+            if found is None:
+                raise NoCandidate(bot_id)
+            version, mode = found
+            at = utc_now()
+            tx.promote(bot_id, version, at=at)
+            tx.rows.record(at=at, actor=actor, action="candidate_promote",
+                           tenant=tx.rows.owner(bot_id), bot_id=bot_id, version=version,
+                           digest=self._digest(bot_id, version),
+                           detail=f"{mode}, from v{active}")
+        return active, version
+
+    def discard(self, bot_id: str, *, actor: str = OPERATOR) -> int:
+        with self._registry.write() as tx:
+            active = tx.active_version(bot_id)
+            if active is None:
+                raise UnknownBot(bot_id)
+            found = self._live_candidate(tx, bot_id, active)
+            if found is None:
+                raise NoCandidate(bot_id)
+            version, mode = found
+            at = utc_now()
+            digest = self._digest(bot_id, version)
+            tx.discard(bot_id, version, at=at)
+            tx.rows.record(at=at, actor=actor, action="candidate_discard",
+                           tenant=tx.rows.owner(bot_id), bot_id=bot_id, version=version,
+                           digest=digest, detail=str(mode))
+        shutil.rmtree(self._version_dir(bot_id, version), ignore_errors=True)
         return version
 
     def _sweep(self, bot_dir: Path, keep: set[int]) -> list[int]:
@@ -177,7 +245,9 @@ class DirectoryBackend(StoreBackend):
             active = tx.active_version(bot_id)
             if active is None:
                 raise UnknownBot(bot_id)
-            target = choose(active, self._on_disk(bot_id, tx.versions(bot_id)))
+            candidate = self._live_candidate(tx, bot_id, active)
+            target = choose(active, [v for v in self._on_disk(bot_id, tx.versions(bot_id))
+                                     if candidate is None or v != candidate[0]])
             if target != active:
                 at = utc_now()
                 tx.set_active(bot_id, target, at=at)

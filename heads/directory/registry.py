@@ -11,8 +11,11 @@ Tables (`registry.sqlite` in the store), rendered from `heads.schema`:
     tenants, tenant_limits, api_keys,       tenants, their limits, keys, bot owners and the
     owners, audit                           audit log (`heads.accounts`); a registry made
                                             before them gains them at its next write, and an
-                                            audit table whose check lacks a newer action is
-                                            made again then (`heads.schema.rebuild_statements`)
+                                            audit or history table whose check lacks a newer
+                                            action is made again then
+                                            (`heads.schema.rebuild_statements`)
+    candidates(bot_id, version, mode, percent, created)   the candidate of a bot, if any
+                                            (`heads.candidates`), likewise added
 
 Readers and the writer use separate connections: WAL lets readers go on while a registration
 writes, and `PRAGMA data_version` on the reader connection changes whenever another connection
@@ -35,7 +38,14 @@ from pathlib import Path
 
 from heads.accounts import Rows
 from heads.backend import SQLITE, VersionRow
-from heads.schema import GROWING_CHECKS, create_statements, rebuild_statements, stale_check
+from heads.candidates import CandidateInfo, CandidateMode
+from heads.schema import (
+    GROWING_CHECKS,
+    STORING_ACTIONS,
+    create_statements,
+    rebuild_statements,
+    stale_check,
+)
 from heads.tenants import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
@@ -70,20 +80,50 @@ class Transaction:
         return [int(r[0]) for r in rows]
 
     def max_version_ever(self, bot_id: str) -> int:
+        stored = ", ".join(f"'{a}'" for a in STORING_ACTIONS)
         row = self._conn.execute(
-            "SELECT MAX(version) FROM history WHERE bot_id = ? AND action = 'register'", (bot_id,)
-        ).fetchone()
+            f"SELECT MAX(version) FROM history WHERE bot_id = ? AND action IN ({stored})",
+            (bot_id,)).fetchone()
         return int(row[0] or 0)
 
-    def add_version(self, row: VersionRow, *, at: str) -> None:
+    def add_version(self, row: VersionRow, *, at: str, active: bool = True) -> None:
+        """Store `row`; make it active (history "register"), or not (history "candidate":
+        the caller records it as the bot's candidate)."""
         previous = self.active_version(row.bot_id)
         self._conn.execute(
             "INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?)",
             (row.bot_id, row.version, row.n_classes, json.dumps(list(row.labels)), row.created,
              row.source),
         )
-        self._set_active(row.bot_id, row.version, at)
-        self._history(row.bot_id, "register", row.version, previous, at, row.source)
+        if active:
+            self._set_active(row.bot_id, row.version, at)
+        self._history(row.bot_id, "register" if active else "candidate", row.version, previous,
+                      at, row.source)
+
+    def candidate(self, bot_id: str) -> tuple[int, CandidateMode] | None:
+        """(version, mode) of the bot's candidate, or None."""
+        row = self._conn.execute(
+            "SELECT version, mode, percent FROM candidates WHERE bot_id = ?", (bot_id,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), CandidateMode(row[1], row[2]))
+
+    def set_candidate(self, bot_id: str, version: int, mode: CandidateMode, *, at: str) -> None:
+        self._conn.execute(
+            "INSERT INTO candidates VALUES (?, ?, ?, ?, ?) ON CONFLICT (bot_id) DO UPDATE SET "
+            "version = excluded.version, mode = excluded.mode, percent = excluded.percent, "
+            "created = excluded.created", (bot_id, version, mode.mode, mode.percent, at))
+
+    def promote(self, bot_id: str, version: int, *, at: str) -> None:
+        """The candidate `version` becomes active (history "promote"); no candidate left."""
+        self._conn.execute("DELETE FROM candidates WHERE bot_id = ?", (bot_id,))
+        self.set_active(bot_id, version, at=at, action="promote")
+
+    def discard(self, bot_id: str, version: int, *, at: str) -> None:
+        """The candidate and its version row go (history "discard")."""
+        self._conn.execute("DELETE FROM candidates WHERE bot_id = ?", (bot_id,))
+        self._conn.execute("DELETE FROM versions WHERE bot_id = ? AND version = ?",
+                           (bot_id, version))
+        self._history(bot_id, "discard", version, None, at, None)
 
     def set_active(self, bot_id: str, version: int, *, at: str, action: str = "rollback") -> None:
         previous = self.active_version(bot_id)
@@ -94,6 +134,7 @@ class Transaction:
         previous = self.active_version(bot_id)
         self._conn.execute("DELETE FROM versions WHERE bot_id = ?", (bot_id,))
         self._conn.execute("DELETE FROM bots WHERE bot_id = ?", (bot_id,))
+        self._conn.execute("DELETE FROM candidates WHERE bot_id = ?", (bot_id,))
         self._history(bot_id, "remove", None, previous, at, None)
 
     def commit(self) -> None:
@@ -216,6 +257,27 @@ class Registry:
             owners = dict(rows_of(conn).owner_map())
         return [(int(r[1]), _version_row(r), all_versions.get(r[0], []),
                  owners.get(r[0], DEFAULT_TENANT)) for r in active]
+
+    def candidates(self, bot_id: str | None = None) -> dict[str, CandidateInfo]:
+        """{bot id: its candidate} of the live bots that have one (only `bot_id`'s if given);
+        {} for a registry made before candidates, until its next write."""
+        with self._read() as conn:
+            if conn is None:
+                return {}
+            where, params = ("AND c.bot_id = ?", (bot_id,)) if bot_id is not None else ("", ())
+            try:
+                rows = conn.execute(
+                    "SELECT c.bot_id, c.version, c.mode, c.percent, v.n_classes, v.labels, "
+                    "v.created, v.source FROM candidates c JOIN bots b ON b.bot_id = c.bot_id "
+                    "JOIN versions v ON v.bot_id = c.bot_id AND v.version = c.version "
+                    f"WHERE c.version <> b.active_version {where}", params).fetchall()
+            except sqlite3.OperationalError as exc:
+                if not _no_schema_yet(exc):
+                    raise
+                return {}
+        return {b: CandidateInfo(b, int(v), CandidateMode(mode, percent), int(n),
+                                 tuple(json.loads(labels)), created, source)
+                for b, v, mode, percent, n, labels, created, source in rows}
 
     @contextmanager
     def reading(self) -> Iterator[Rows | None]:

@@ -16,9 +16,11 @@ from psycopg.types.json import Jsonb
 
 from heads.accounts import Rows
 from heads.backend import POSTGRESQL, Step, StoreBackend, VersionRow, redact_url, utc_now
+from heads.candidates import CandidateInfo, CandidateMode
 from heads.errors import (
     BotOwnedElsewhere,
     HeadLoadError,
+    NoCandidate,
     StoreUnavailable,
     UnknownBot,
     UnknownKey,
@@ -30,7 +32,7 @@ from heads.pg.listener import Changes, Listener, notify
 from heads.pg.pool import Pool
 from heads.pg.schema import NO_SCHEMA, ensure_schema
 from heads.pg.schema import SCHEMA as S
-from heads.schema import BLOB_NAMES
+from heads.schema import BLOB_NAMES, STORING_ACTIONS
 from heads.tenants import (
     DEFAULT_TENANT,
     OPERATOR,
@@ -141,6 +143,25 @@ class PgBackend(StoreBackend):
         keys = ("action", "version", "previous", "at", "source")
         return [dict(zip(keys, r)) for r in self._pool.run(work, read=True)]
 
+    def candidates(self, bot_id: str | None = None) -> dict[str, CandidateInfo]:
+        where, params = ("AND c.bot_id = %s", (bot_id,)) if bot_id is not None else ("", ())
+
+        def work(conn):
+            try:
+                return conn.execute(
+                    "SELECT c.bot_id, c.version, c.mode, c.percent, v.n_classes, v.labels, "
+                    f"v.created, v.source FROM {S}.candidates c "
+                    f"JOIN {S}.bots b ON b.bot_id = c.bot_id "
+                    f"JOIN {S}.versions v ON v.bot_id = c.bot_id AND v.version = c.version "
+                    f"WHERE c.version <> b.active_version {where}", params).fetchall()
+            except NO_SCHEMA:  # no schema, or one made before candidates
+                return []
+
+        return {b: CandidateInfo(b, int(v), CandidateMode(mode, percent), int(n), tuple(labels),
+                                 created, source)
+                for b, v, mode, percent, n, labels, created, source
+                in self._pool.run(work, read=True)}
+
     def load(self, bot_id: str, version: int) -> Head:
         def work(conn):
             try:
@@ -164,7 +185,8 @@ class PgBackend(StoreBackend):
 
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                     labels: tuple[str, ...], source: str, step: Step, *,
-                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR) -> int:
+                    tenant: str = DEFAULT_TENANT, actor: str = OPERATOR,
+                    candidate: CandidateMode | None = None) -> int:
         n = int(weights.shape[1])
         encoded = blobs.encode(weights, biases, labels)
         digest = combine_digests({name: encoded[name][1] for name in BLOB_NAMES})
@@ -178,13 +200,15 @@ class PgBackend(StoreBackend):
                 if not rows.tenant_exists(tenant):
                     raise UnknownTenant(tenant)
                 previous = self._active_version(conn, bot_id)
+                if candidate is not None and previous is None:
+                    raise UnknownBot(bot_id)  # a candidate is a candidate to a live version
                 if previous is not None and rows.owner(bot_id) != tenant:
                     raise BotOwnedElsewhere(bot_id)
                 row = conn.execute(
                     f"SELECT GREATEST((SELECT max(version) FROM {S}.history "
-                    "WHERE bot_id = %s AND action = 'register'), "
+                    "WHERE bot_id = %s AND action = ANY(%s)), "
                     f"(SELECT max(version) FROM {S}.versions WHERE bot_id = %s))",
-                    (bot_id, bot_id)).fetchone()
+                    (bot_id, list(STORING_ACTIONS), bot_id)).fetchone()
                 version = 1 + int(row[0] or 0)
                 created = utc_now()
                 conn.execute(f"INSERT INTO {S}.versions VALUES (%s, %s, %s, %s, %s, %s)",
@@ -194,16 +218,34 @@ class PgBackend(StoreBackend):
                                     [(bot_id, version, name, *encoded[name])
                                      for name in BLOB_NAMES])
                 step("written")
-                conn.execute(
-                    f"INSERT INTO {S}.bots VALUES (%s, %s, %s) ON CONFLICT (bot_id) DO UPDATE "
-                    "SET active_version = excluded.active_version, updated = excluded.updated",
-                    (bot_id, version, created))
-                self._history(conn, bot_id, "register", version, previous, created, source)
-                rows.set_owner(bot_id, tenant)
-                rows.record(at=created, actor=actor,
-                            action="register" if previous is None else "replace",
-                            tenant=tenant, bot_id=bot_id, version=version, digest=digest,
-                            detail=source)
+                if candidate is None:
+                    conn.execute(
+                        f"INSERT INTO {S}.bots VALUES (%s, %s, %s) ON CONFLICT (bot_id) DO "
+                        "UPDATE SET active_version = excluded.active_version, "
+                        "updated = excluded.updated", (bot_id, version, created))
+                    self._history(conn, bot_id, "register", version, previous, created, source)
+                    rows.set_owner(bot_id, tenant)
+                    rows.record(at=created, actor=actor,
+                                action="register" if previous is None else "replace",
+                                tenant=tenant, bot_id=bot_id, version=version, digest=digest,
+                                detail=source)
+                else:
+                    self._history(conn, bot_id, "candidate", version, previous, created, source)
+                    replaced = self._candidate(conn, bot_id, previous)
+                    if replaced is not None:
+                        self._drop_candidate(conn, bot_id, replaced[0], created)
+                        rows.record(at=created, actor=actor, action="candidate_discard",
+                                    tenant=tenant, bot_id=bot_id, version=replaced[0],
+                                    detail=f"{replaced[1]}, replaced by v{version}")
+                    conn.execute(
+                        f"INSERT INTO {S}.candidates VALUES (%s, %s, %s, %s, %s) "
+                        "ON CONFLICT (bot_id) DO UPDATE SET version = excluded.version, "
+                        "mode = excluded.mode, percent = excluded.percent, "
+                        "created = excluded.created",
+                        (bot_id, version, candidate.mode, candidate.percent, created))
+                    rows.record(at=created, actor=actor, action="candidate_add",
+                                tenant=tenant, bot_id=bot_id, version=version, digest=digest,
+                                detail=f"{candidate}, {source}")
                 notify(conn, seq)
                 step("rows_added")
             return version, seq
@@ -211,6 +253,72 @@ class PgBackend(StoreBackend):
         version, seq = self._pool.run(work, read=False)
         self._changes.saw(seq)  # our own write: no need to wait for its notification
         return version
+
+    @staticmethod
+    def _candidate(conn: psycopg.Connection, bot_id: str,
+                   active: int | None) -> tuple[int, CandidateMode] | None:
+        """(version, mode) of the bot's candidate, or None (also for a row naming the active
+        version, which a build without candidates may leave after rolling back to it)."""
+        row = conn.execute(f"SELECT version, mode, percent FROM {S}.candidates "
+                           "WHERE bot_id = %s", (bot_id,)).fetchone()
+        if row is None or int(row[0]) == active:
+            return None
+        return int(row[0]), CandidateMode(row[1], row[2])
+
+    def _drop_candidate(self, conn: psycopg.Connection, bot_id: str, version: int,
+                        at: str) -> None:
+        """The candidate row and its version (its blobs cascade) go; history "discard"."""
+        conn.execute(f"DELETE FROM {S}.candidates WHERE bot_id = %s", (bot_id,))
+        conn.execute(f"DELETE FROM {S}.versions WHERE bot_id = %s AND version = %s",
+                     (bot_id, version))
+        self._history(conn, bot_id, "discard", version, None, at, None)
+
+    def _digest(self, conn: psycopg.Connection, bot_id: str, version: int) -> str | None:
+        digests = dict(conn.execute(
+            f"SELECT name, sha256 FROM {S}.blobs WHERE bot_id = %s AND version = %s",
+            (bot_id, version)).fetchall())
+        return combine_digests(digests) if digests else None
+
+    def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
+        def change(conn, rows):
+            active = self._active_version(conn, bot_id)
+            if active is None:
+                raise UnknownBot(bot_id)
+            found = self._candidate(conn, bot_id, active)
+            if found is None:
+                raise NoCandidate(bot_id)
+            version, mode = found
+            at = utc_now()
+            conn.execute(f"DELETE FROM {S}.candidates WHERE bot_id = %s", (bot_id,))
+            conn.execute(f"UPDATE {S}.bots SET active_version = %s, updated = %s "
+                         "WHERE bot_id = %s", (version, at, bot_id))
+            self._history(conn, bot_id, "promote", version, active, at, None)
+            rows.record(at=at, actor=actor, action="candidate_promote", tenant=rows.owner(bot_id),
+                        bot_id=bot_id, version=version,
+                        digest=self._digest(conn, bot_id, version),
+                        detail=f"{mode}, from v{active}")
+            return active, version
+
+        return self._write(change)
+
+    def discard(self, bot_id: str, *, actor: str = OPERATOR) -> int:
+        def change(conn, rows):
+            active = self._active_version(conn, bot_id)
+            if active is None:
+                raise UnknownBot(bot_id)
+            found = self._candidate(conn, bot_id, active)
+            if found is None:
+                raise NoCandidate(bot_id)
+            version, mode = found
+            at = utc_now()
+            digest = self._digest(conn, bot_id, version)
+            self._drop_candidate(conn, bot_id, version, at)
+            rows.record(at=at, actor=actor, action="candidate_discard",
+                        tenant=rows.owner(bot_id), bot_id=bot_id, version=version,
+                        digest=digest, detail=str(mode))
+            return version
+
+        return self._write(change)
 
     def remove(self, bot_id: str, *, actor: str = OPERATOR) -> None:
         def work(conn):
@@ -228,8 +336,8 @@ class PgBackend(StoreBackend):
     def _remove_bot(self, conn: psycopg.Connection, bot_id: str, at: str, actor: str) -> None:
         rows = _rows(conn)
         previous, tenant = self._active_version(conn, bot_id), rows.owner(bot_id)
-        # The owners row goes with the bots row, the blobs with their versions (ON DELETE
-        # CASCADE).
+        # The owners and candidates rows go with the bots row, the blobs with their versions
+        # (ON DELETE CASCADE).
         conn.execute(f"DELETE FROM {S}.bots WHERE bot_id = %s", (bot_id,))
         conn.execute(f"DELETE FROM {S}.versions WHERE bot_id = %s", (bot_id,))
         self._history(conn, bot_id, "remove", None, previous, at, None)
@@ -246,9 +354,10 @@ class PgBackend(StoreBackend):
                 active = self._active_version(conn, bot_id)
                 if active is None:
                     raise UnknownBot(bot_id)
+                candidate = self._candidate(conn, bot_id, active)
                 versions = [int(r[0]) for r in conn.execute(
                     f"SELECT version FROM {S}.versions WHERE bot_id = %s ORDER BY version",
-                    (bot_id,))]
+                    (bot_id,)) if candidate is None or int(r[0]) != candidate[0]]
                 target = choose(active, versions)
                 if target == active:
                     raise psycopg.Rollback()  # nothing changes: no change_seq, no notification
@@ -256,13 +365,10 @@ class PgBackend(StoreBackend):
                 conn.execute(f"UPDATE {S}.bots SET active_version = %s, updated = %s "
                              "WHERE bot_id = %s", (target, at, bot_id))
                 self._history(conn, bot_id, "rollback", target, active, at, None)
-                digests = dict(conn.execute(
-                    f"SELECT name, sha256 FROM {S}.blobs WHERE bot_id = %s AND version = %s",
-                    (bot_id, target)).fetchall())
                 rows = _rows(conn)
                 rows.record(at=at, actor=actor, action="rollback", tenant=rows.owner(bot_id),
                             bot_id=bot_id, version=target,
-                            digest=combine_digests(digests) if digests else None,
+                            digest=self._digest(conn, bot_id, target),
                             detail=f"from v{active}")
                 notify(conn, seq)
                 committed = seq

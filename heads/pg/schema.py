@@ -14,7 +14,10 @@ one row of `state`, and creating them once, by the first writer.
     audit                                          the audit log (see `heads.tenants`); added to
                                                    a store made before them by its next writer,
                                                    which also replaces a check on audit.action
-                                                   that lacks a newer action (`_stale_checks`)
+                                                   or history.action that lacks a newer action
+                                                   (`_stale_checks`)
+    candidates(bot_id, version, mode, percent,     the candidate of a bot (`heads.candidates`),
+               created)                            likewise added
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`multihead register|train|bots`: register, train and administer bots in a store.
+"""`multihead register|train|bots`: register, train and administer bots in a store (and their
+candidates: `--candidate`, `bots promote`, `bots discard`).
 
 Every handler validates its arguments and inputs before it opens the store, so a refusal
 (raised as a `HeadsError` and printed by `service.cli.main` as one line, exit 2) leaves the
@@ -27,6 +28,11 @@ from service.cli.options import (
 BOT_HELP = "bot id: 1-64 characters of A-Z a-z 0-9 . _ -, a letter or digit first"
 TENANT_HELP = ("the tenant that owns a new bot (`multihead tenants add`; default: default); "
                "an id another tenant owns is refused")
+CANDIDATE_HELP = ("store the new version as BOT's candidate instead of making it active: "
+                  "'shadow' (scored on every request of BOT beside the live version, never "
+                  "returned) or 'canary:P' (answers P %% of BOT's requests, 0 < P < 100, split "
+                  "by routing key); replaces a candidate BOT has. Then `multihead bots promote "
+                  "BOT` or `multihead bots discard BOT`")
 
 
 def add_commands(sub) -> None:
@@ -50,10 +56,15 @@ def add_commands(sub) -> None:
             "                                 serving trunk (--trunk-checkpoint); if they differ\n"
             "                                 the import is refused unless --force, because the\n"
             "                                 bot would predict differently from that model.\n\n"
-            "A refused registration (bad shapes, NaN/Inf, label count, bad id, missing file)\n"
-            "leaves the store unchanged."),
-        epilog=("example:\n  multihead register acme --weights-checkpoint acme/head.ckpt "
-                "--labels acme/labels.txt"),
+            "With --candidate, the new version is stored as BOT's candidate and the active\n"
+            "version goes on answering: a shadow is scored on every request and compared with\n"
+            "it, a canary answers its share of the requests (see the user guide, 'Candidates').\n\n"
+            "A refused registration (bad shapes, NaN/Inf, label count, bad id, missing file,\n"
+            "a bad --candidate, a candidate for an unknown bot) leaves the store unchanged."),
+        epilog=("examples:\n  multihead register acme --weights-checkpoint acme/head.ckpt "
+                "--labels acme/labels.txt\n"
+                "  multihead register acme --weights-checkpoint acme/v2.ckpt "
+                "--labels acme/labels.txt --candidate canary:10"),
     )
     p.add_argument("bot", metavar="BOT", help=BOT_HELP)
     src = p.add_mutually_exclusive_group(required=True)
@@ -71,6 +82,7 @@ def add_commands(sub) -> None:
     p.add_argument("--force", action="store_true",
                    help="with --from-slim-checkpoint: import even if its trunk differs from the "
                         "serving trunk (or without comparing, if there is no serving trunk)")
+    p.add_argument("--candidate", metavar="MODE", default=None, help=CANDIDATE_HELP)
     p.set_defaults(func=cmd_register, _parser=p)
 
     p = sub.add_parser(
@@ -102,10 +114,12 @@ def add_commands(sub) -> None:
                    help="seed of the held-out split (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--tenant", metavar="NAME", default=None, help=TENANT_HELP)
+    p.add_argument("--candidate", metavar="MODE", default=None, help=CANDIDATE_HELP)
     p.set_defaults(func=cmd_train, _parser=p)
 
     bots = sub.add_parser(
-        "bots", help="list, show, remove or roll back registered bots",
+        "bots", help="list, show, remove, roll back registered bots; promote or discard their "
+                     "candidates",
         description="Inspect and administer the bots registered in a store.")
     bots_sub = bots.add_subparsers(dest="bots_command", required=True, metavar="ACTION")
 
@@ -116,8 +130,8 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_list)
 
     p = bots_sub.add_parser("show", parents=[store], help="show one bot",
-                            description="Show a bot's active version, labels, versions on disk "
-                                        "and history.")
+                            description="Show a bot's active version, labels, versions on disk, "
+                                        "candidate and history.")
     p.add_argument("bot", metavar="BOT", help="bot id")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_show)
@@ -138,10 +152,47 @@ def add_commands(sub) -> None:
                    help="version to activate (default: the previous one)")
     p.set_defaults(func=cmd_rollback)
 
+    p = bots_sub.add_parser(
+        "promote", parents=[store], help="make a bot's candidate its active version",
+        description="Make BOT's candidate (registered with --candidate) its active version. "
+                    "The version active until now stays stored: `multihead bots rollback BOT` "
+                    "goes back to it. Running servers switch within a second.")
+    p.add_argument("bot", metavar="BOT", help="bot id")
+    p.set_defaults(func=cmd_promote)
+
+    p = bots_sub.add_parser(
+        "discard", parents=[store], help="delete a bot's candidate",
+        description="Delete BOT's candidate (registered with --candidate) and its version; "
+                    "the active version goes on alone. Running servers stop scoring it within "
+                    "a second.")
+    p.add_argument("bot", metavar="BOT", help="bot id")
+    p.set_defaults(func=cmd_discard)
+
 
 def _tenant(args: argparse.Namespace) -> dict:
-    """The `tenant=` of a registration: --tenant if given (else the store's default)."""
-    return {"tenant": args.tenant} if args.tenant else {}
+    """The `tenant=` (and `candidate=`) of a registration: --tenant if given (else the store's
+    default), --candidate if given."""
+    out = {"tenant": args.tenant} if args.tenant else {}
+    if getattr(args, "candidate", None) is not None:
+        out["candidate"] = args.candidate
+    return out
+
+
+def _candidate(args: argparse.Namespace) -> None:
+    """--candidate checked before anything is read (InvalidCandidate: one line, exit 2)."""
+    if args.candidate is not None:
+        from heads.candidates import CandidateMode
+
+        args.candidate = CandidateMode.parse(args.candidate)
+
+
+def _registered(args: argparse.Namespace, store, bot_id: str, version: int, n: int) -> str:
+    where = redact_url(store_dir(args))
+    if args.candidate is None:
+        return f"registered bot '{bot_id}' version {version} ({n} classes) in {where}"
+    active = store.info(bot_id).version
+    return (f"registered bot '{bot_id}' version {version} ({n} classes) in {where} as its "
+            f"candidate ({args.candidate}); version {active} stays active")
 
 
 
@@ -157,6 +208,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         args._parser.error("--weights-name/--biases-name go with --weights-checkpoint")
     if args.weights_checkpoint and args.force:
         args._parser.error("--force goes with --from-slim-checkpoint")
+    _candidate(args)
     labels = read_labels(args.labels)
     if args.weights_checkpoint:
         with open_store(args) as store:
@@ -164,6 +216,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 bot_id, args.weights_checkpoint, labels,
                 weights_name=args.weights_name or "weights",
                 biases_name=args.biases_name or "biases", **_tenant(args))
+            print(_registered(args, store, bot_id, version, len(labels)))
     else:
         from backbone.checkpoint import checkpoint_exists
 
@@ -185,8 +238,7 @@ def cmd_register(args: argparse.Namespace) -> int:
             version = store.register_from_slim(bot_id, args.from_slim_checkpoint, labels,
                                                serving_trunk_prefix=serving, force=args.force,
                                                **_tenant(args))
-    print(f"registered bot '{bot_id}' version {version} ({len(labels)} classes) "
-          f"in {redact_url(store_dir(args))}")
+            print(_registered(args, store, bot_id, version, len(labels)))
     return 0
 
 
@@ -206,6 +258,7 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
         args._parser.error("--val-fraction must be in [0, 1)")
     if not args.l2 >= 0 or (args.learning_rate is not None and not args.learning_rate > 0):
         args._parser.error("--l2 must be >= 0 and --learning-rate > 0")
+    _candidate(args)
     folder = scan_image_folder(args.images)  # refusals before the trunk is built
     print(f"{len(folder.paths)} images, {len(folder.labels)} labels in {folder.root}",
           file=sys.stderr)
@@ -234,8 +287,7 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
         version = store.register(bot_id, result.weights, result.biases, result.labels,
                                  source=f"train:{os.path.abspath(args.images)}",
                                  **_tenant(args))
-    print(f"registered bot '{bot_id}' version {version} ({len(result.labels)} classes) "
-          f"in {redact_url(store_dir(args))}")
+        print(_registered(args, store, bot_id, version, len(result.labels)))
     return 0
 
 
@@ -271,12 +323,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not bots:
         print(f"no bots registered in {redact_url(store_dir(args))}")
         return 0
-    rows = [("BOT", "TENANT", "VERSION", "CLASSES", "VERSIONS", "CREATED", "SOURCE")]
+    rows = [("BOT", "TENANT", "VERSION", "CLASSES", "VERSIONS", "CANDIDATE", "CREATED",
+             "SOURCE")]
     rows += [(b.bot_id, b.tenant, str(b.version), str(b.n_classes),
-              ",".join(map(str, b.versions)), b.created, b.source) for b in bots]
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+              ",".join(map(str, b.versions)),
+              f"v{b.candidate.version} {b.candidate.mode}" if b.candidate else "-",
+              b.created, b.source) for b in bots]
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[6])
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[7])
     return 0
 
 
@@ -299,12 +354,21 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"labels:    {shown}")
     print(f"created:   {info.created}")
     print(f"source:    {info.source}")
+    if info.candidate is None:
+        print("candidate: none")
+    else:
+        c = info.candidate
+        print(f"candidate: v{c.version} {c.mode} ({c.n_classes} classes, registered "
+              f"{c.created}, source {c.source})")
     print("history:")
     for h in history:
         what = {"register": f"registered v{h['version']}",
                 "rollback": f"v{h['previous']} -> v{h['version']}",
-                "remove": f"removed (was v{h['previous']})"}.get(h["action"], h["action"])
-        print(f"  {h['at']}  {h['action']:<8}  {what}")
+                "remove": f"removed (was v{h['previous']})",
+                "candidate": f"v{h['version']} stored as the candidate",
+                "promote": f"v{h['previous']} -> v{h['version']} (the candidate)",
+                "discard": f"candidate v{h['version']} deleted"}.get(h["action"], h["action"])
+        print(f"  {h['at']}  {h['action']:<9}  {what}")
     return 0
 
 
@@ -330,4 +394,26 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         print(f"bot '{bot_id}': version {after} is already active")
     else:
         print(f"bot '{bot_id}': active version {before} -> {after}")
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from heads.head import validate_bot_id
+
+    bot_id = validate_bot_id(args.bot)
+    with open_store(args) as store:
+        before, after = store.promote(bot_id)
+    print(f"bot '{bot_id}': active version {before} -> {after} (its candidate); "
+          f"`multihead bots rollback {bot_id}` goes back to {before}")
+    return 0
+
+
+def cmd_discard(args: argparse.Namespace) -> int:
+    from heads.head import validate_bot_id
+
+    bot_id = validate_bot_id(args.bot)
+    with open_store(args) as store:
+        version = store.discard(bot_id)
+        active = store.info(bot_id).version
+    print(f"bot '{bot_id}': candidate version {version} deleted; version {active} stays active")
     return 0

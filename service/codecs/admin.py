@@ -1,6 +1,10 @@
 """Bots: `GET /bots`, `GET /bots/{bot_id}` (INFER), and the MANAGE routes `PUT /bots/{bot_id}`
-(upload a head checkpoint), `DELETE /bots/{bot_id}`, `POST /bots/{bot_id}/rollback` (checked
-once by `dispatch`; each sees only the caller's tenant's bots: `service.core.context.Caller`)."""
+(upload a head checkpoint, as the active version or, with a `candidate` part, as the bot's
+candidate), `DELETE /bots/{bot_id}`, `POST /bots/{bot_id}/rollback`,
+`POST /bots/{bot_id}/candidate/promote` and `DELETE /bots/{bot_id}/candidate` (checked once by
+`dispatch`; each sees only the caller's tenant's bots: `service.core.context.Caller`).
+`GET /bots/{bot_id}` shows the bot's candidate, with this process's comparison of it with the
+live version, to a caller that may manage the bot."""
 from __future__ import annotations
 
 import tempfile
@@ -8,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from heads import HeadsError
+from heads import CandidateMode, HeadsError
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_SCHEMA, is_number
 from service.codecs.native import Part, parse_multipart
 from service.core.auth import INFER, MANAGE
+from service.core.candidates import TOP_DISAGREEMENTS
 from service.core.errors import BadRequest, UnsupportedMediaType
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,15 +34,17 @@ class HeadUpload:
     shards: dict[str, bytes]  # ".data-00000-of-00001" -> bytes
     labels: bytes
     names: dict[str, str]  # optional weights_name / biases_name
+    candidate: CandidateMode | None = None  # register it as the bot's candidate
 
 
 def parse_head_upload(parts: list[Part]) -> HeadUpload:
-    """Checkpoint `.index` and `.data-*` parts (by file name, or named index/data) and `labels`.
+    """Checkpoint `.index` and `.data-*` parts (by file name, or named index/data) and `labels`;
+    an optional `candidate` part (`shadow` or `canary:P`).
 
     Raises:
-        BadRequest: naming every missing part.
+        BadRequest: naming every missing part. InvalidCandidate: a bad `candidate`.
     """
-    index = labels = None
+    index = labels = candidate = None
     shards: dict[str, bytes] = {}
     names: dict[str, str] = {}
     for part in parts:
@@ -53,17 +60,21 @@ def parse_head_upload(parts: list[Part]) -> HeadUpload:
             if "/" in shard or "\\" in shard:
                 raise BadRequest(f"bad checkpoint shard file name '{filename[:64]}'")
             shards[shard] = part.data
-        elif part.name in ("weights_name", "biases_name"):
+        elif part.name in ("weights_name", "biases_name", "candidate"):
             try:
-                names[part.name] = part.data.decode().strip()
+                text = part.data.decode().strip()
             except UnicodeDecodeError:
                 raise BadRequest(f"{part.name} is not UTF-8 text") from None
+            if part.name == "candidate":
+                candidate = CandidateMode.parse(text)
+            else:
+                names[part.name] = text
     missing = [n for n, ok in (("checkpoint .index file", index is not None),
                                ("checkpoint .data file", bool(shards)),
                                ("labels", labels is not None)) if not ok]
     if missing:
         raise BadRequest(f"missing multipart part(s): {', '.join(missing)}")
-    return HeadUpload(index, shards, labels, names)
+    return HeadUpload(index, shards, labels, names, candidate)
 
 
 def register_upload(registry, bot_id: str, upload: HeadUpload, tenant: str | None = None) -> int:
@@ -82,6 +93,8 @@ def register_upload(registry, bot_id: str, upload: HeadUpload, tenant: str | Non
         labels_path.write_bytes(upload.labels)
         try:
             options = {"tenant": tenant} if tenant is not None else {}
+            if upload.candidate is not None:
+                options["candidate"] = upload.candidate
             return registry.register_checkpoint(bot_id, prefix, labels_path, source="http",
                                                 **upload.names, **options)
         except HeadsError as exc:
@@ -96,9 +109,13 @@ def register_upload(registry, bot_id: str, upload: HeadUpload, tenant: str | Non
 
 def render_info(service: Service, info) -> dict:
     """A bot's public description: the registry's view (no training source: a server path) and
-    whether it is pinned (its head always resident)."""
-    return {**info.to_dict(with_source=False),
-            "pinned": service.is_pinned(info.bot_id)}
+    whether it is pinned (its head always resident); for a caller that may manage the bot, its
+    candidate (null if none) with this process's stats of it."""
+    out = {**info.to_dict(with_source=False, with_candidate=False),
+           "pinned": service.is_pinned(info.bot_id)}
+    if service.may(MANAGE):
+        out["candidate"] = service.candidate_report(info)
+    return out
 
 
 async def list_bots(service: Service, request: Request) -> Reply:
@@ -127,6 +144,18 @@ async def put_bot(service: Service, request: Request) -> Reply:
     return json_reply(render_info(service, info), status=201 if version == 1 else 200)
 
 
+async def promote_candidate(service: Service, request: Request) -> Reply:
+    bot_id = request.params["bot_id"]
+    await service.promote(bot_id)
+    return json_reply(render_info(service, await service.info(bot_id)))
+
+
+async def discard_candidate(service: Service, request: Request) -> Reply:
+    bot_id = request.params["bot_id"]
+    version = await service.discard(bot_id)
+    return json_reply({"bot_id": bot_id, "discarded": version})
+
+
 async def delete_bot(service: Service, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     await service.remove(bot_id)
@@ -147,6 +176,48 @@ async def rollback_bot(service: Service, request: Request) -> Reply:
 
 _PINNED = {"type": "boolean",
            "description": "pinned with `--pin`: its head is always resident (never evicted)"}
+_COUNT = {"type": "integer", "minimum": 0}
+_SHARE = {"type": "number", "minimum": 0, "maximum": 1, "nullable": True}
+CANDIDATE_SCHEMA = {
+    "title": "Candidate", "type": "object", "additionalProperties": False, "nullable": True,
+    "description": "the bot's candidate (shadow or canary), null if it has none; shown to a "
+                   "caller that may manage the bot",
+    "required": ["version", "mode", "percent", "n_classes", "labels", "created", "stats"],
+    "properties": {
+        "version": {"type": "integer", "minimum": 1},
+        "mode": {"type": "string", "enum": ["shadow", "canary"]},
+        "percent": {"type": "number", "minimum": 0, "maximum": 100, "nullable": True,
+                    "description": "a canary's share of the bot's requests (null: a shadow)"},
+        "n_classes": {"type": "integer", "minimum": 1},
+        "labels": {"type": "array", "items": {"type": "string"}},
+        "created": {"type": "string", "description": "when it was registered (ISO 8601, UTC)"},
+        "stats": {
+            "type": "object", "additionalProperties": False,
+            "description": "its comparison with the live version in the process that answered "
+                           "(in memory, from its start: /metrics has the counters of every "
+                           "process)",
+            "required": ["since", "images", "agreed", "agreement", "mean_abs_diff", "answered",
+                         "failures", "disagreements"],
+            "properties": {
+                "since": {"type": "string", "nullable": True,
+                          "description": "when this process first scored it"},
+                "images": {**_COUNT, "description": "images scored by both versions"},
+                "agreed": {**_COUNT, "description": "of them, with the same top-1 label"},
+                "agreement": {**_SHARE, "description": "agreed / images"},
+                "mean_abs_diff": {**_SHARE, "description": "mean over the images of |p_live - "
+                                  "p_candidate| of the live version's top-1 label"},
+                "answered": {**_COUNT, "description": "images the candidate answered (canary)"},
+                "failures": {**_COUNT, "description": "images it failed on (the live version "
+                                                      "answered)"},
+                "disagreements": {
+                    "type": "array", "maxItems": TOP_DISAGREEMENTS,
+                    "description": "the most frequent (live label, candidate label) pairs of "
+                                   "the images they disagree on, most frequent first",
+                    "items": {"type": "object", "additionalProperties": False,
+                              "required": ["live", "candidate", "images"],
+                              "properties": {"live": {"type": "string"},
+                                             "candidate": {"type": "string"},
+                                             "images": _COUNT}}}}}}}
 BOT_SUMMARY_SCHEMA = {
     "title": "BotSummary", "type": "object", "additionalProperties": False,
     "required": ["bot_id", "version", "n_classes", "tenant", "pinned"],
@@ -170,8 +241,10 @@ BOT_INFO_SCHEMA = {
         "created": {"type": "string", "description": "when the active version was registered "
                                                       "(ISO 8601, UTC)"},
         "versions": {"type": "array", "items": {"type": "integer", "minimum": 1},
-                     "description": "every version still on disk, ascending"},
-        "pinned": _PINNED}}
+                     "description": "every version still on disk that can be made active, "
+                                    "ascending (the candidate's is not one)"},
+        "pinned": _PINNED,
+        "candidate": CANDIDATE_SCHEMA}}
 _BINARY = {"type": "string", "format": "binary"}
 HEAD_UPLOAD_BODY = Body(
     content={"multipart/form-data": {
@@ -185,7 +258,12 @@ HEAD_UPLOAD_BODY = Body(
             "weights_name": {"type": "string",
                              "description": "the weights variable (default: found by shape)"},
             "biases_name": {"type": "string",
-                            "description": "the biases variable (default: found by shape)"}}}},
+                            "description": "the biases variable (default: found by shape)"},
+            "candidate": {"type": "string", "pattern": "^(shadow|canary:[0-9.]+)$",
+                          "description": "register it as the bot's candidate instead of its "
+                                         "active version: `shadow` (scored, never returned) or "
+                                         "`canary:P` (answers P % of the requests, 0 < P < "
+                                         "100); replaces a candidate the bot had"}}}},
     description="a TF checkpoint of the head (weights [1536, n], biases [n]) and its labels",
 )
 
@@ -206,8 +284,8 @@ ENDPOINTS = [
                            "the operator's: the tenant of a new bot (default: `default`); a "
                            "key registers in its own tenant"),),
              answers={201: json_answer("a new bot, registered as version 1", BOT_INFO_SCHEMA),
-                      200: json_answer("a new version of the bot, now active",
-                                       BOT_INFO_SCHEMA)},
+                      200: json_answer("a new version of the bot, now active (or, with "
+                                       "`candidate`, its candidate)", BOT_INFO_SCHEMA)},
              errors=(400, 404, 409, 415, 422)),
     Endpoint("DELETE", "/bots/{bot_id}", "delete_bot", delete_bot, access=MANAGE,
              summary="unregister a bot and delete its versions", tag="bots",
@@ -225,5 +303,24 @@ ENDPOINTS = [
                            "the version to make active (default: the one before the active "
                            "version)"),),
              answers={200: json_answer("the bot, its active version changed", BOT_INFO_SCHEMA)},
+             errors=(400, 404)),
+    Endpoint("POST", "/bots/{bot_id}/candidate/promote", "promote_candidate", promote_candidate,
+             access=MANAGE, summary="make the bot's candidate its active version", tag="bots",
+             description="The version active until now stays stored: `rollback` goes back "
+                         "to it. `no_candidate` (404) when the bot has none.",
+             path_params={"bot_id": BOT_ID_SCHEMA},
+             answers={200: json_answer("the bot, its candidate now active", BOT_INFO_SCHEMA)},
+             errors=(400, 404)),
+    Endpoint("DELETE", "/bots/{bot_id}/candidate", "discard_candidate", discard_candidate,
+             access=MANAGE, summary="delete the bot's candidate", tag="bots",
+             description="Its version is deleted; the live version goes on alone. "
+                         "`no_candidate` (404) when the bot has none.",
+             path_params={"bot_id": BOT_ID_SCHEMA},
+             answers={200: json_answer("the candidate is gone", {
+                 "type": "object", "additionalProperties": False,
+                 "required": ["bot_id", "discarded"],
+                 "properties": {"bot_id": {"type": "string"},
+                                "discarded": {"type": "integer", "minimum": 1,
+                                              "description": "its version"}}})},
              errors=(400, 404)),
 ]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.core import logs
 from service.core.auth import ACCESS, MANAGE, OPERATOR
+from service.core.candidates import ROUTE_KEY_HEADER
 from service.core.errors import ServiceError, error_body, error_status
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -206,12 +207,14 @@ class Endpoint:
 
 async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Reply:
     """Runs one endpoint for one request: who calls and may they (`Service.caller`), the
-    handler on the `Service` as that caller sees it, errors mapped to a Reply. The bot a path
+    handler on the `Service` as that caller sees it (with the request's routing key for
+    canaries, its `X-Multihead-Route-Key` header), errors mapped to a Reply. The bot a path
     names goes to the request's access line (`logs.note`)."""
     if "bot_id" in request.params:
         logs.note(bots=(request.params["bot_id"],))
     try:
-        caller = service.caller(request.header("authorization"), endpoint.access)
+        caller = service.caller(request.header("authorization"), endpoint.access,
+                                route_key=request.header(ROUTE_KEY_HEADER))
         return await endpoint.handle(caller, request)
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         return error_reply(exc)

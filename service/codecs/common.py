@@ -156,9 +156,11 @@ async def model_head(service: Service, model: Model) -> Head:
 
 
 async def classify_with(service: Service, head: Head, images: Images,
-                        top_k: int) -> list[Prediction]:
-    """Every image under one head, in order."""
-    return [r[0] for r in await service.classify(images, [head], top_k=top_k)]
+                        top_k: int, route_key: str | None = None) -> list[Prediction]:
+    """Every image under one head (or its bot's canary candidate, for the requests it
+    answers: `Prediction.version` says which), in order."""
+    return [r[0] for r in await service.classify(images, [head], top_k=top_k,
+                                                 route_key=route_key)]
 
 
 def endpoint_name(name: str, version: object) -> str:

@@ -17,6 +17,11 @@ its parameters it is BYTES [N, min(k, n)] of "score:index:label" strings instead
 returns. Errors keep the `{"error": "...", "code": "..."}` body: the protocol's `{"error":
 $string}` plus a field clients ignore.
 
+A request's `route_key` parameter (a string) is its routing key for a bot's canary
+(`service.core.candidates`); it wins over the `X-Multihead-Route-Key` header. `model_version`
+of an answer is the version that answered it: the live one, or the canary candidate's (whose
+classes, and so the output's shape, may differ from the live version's).
+
 The typed calls (`infer_call`, `model_metadata_call`, ...) and the input rules (`tensor_images`
 over the neutral `Tensor`, `check_one_input`, `output_request`) serve the KServe gRPC service
 too (`service.transports.grpc.kserve`).
@@ -60,6 +65,7 @@ from service.codecs.common import (
     parse_json_object,
 )
 from service.core.auth import INFER, PUBLIC
+from service.core.candidates import MAX_ROUTE_KEY_CHARS, ROUTE_KEY_PARAMETER
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, HeadUnavailable, NotReady
 
@@ -99,11 +105,13 @@ class OutputRequest:
 
 @dataclass(frozen=True)
 class InferRequest:
-    """A parsed inference request, whatever carried it."""
+    """A parsed inference request, whatever carried it (`route_key`: its routing key for a
+    canary, from its `route_key` parameter)."""
 
     id: str | None
     images: Images
     outputs: tuple[OutputRequest, ...]
+    route_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,18 @@ def _parameters(obj: dict, where: str) -> dict:
     if not isinstance(params, dict):
         raise BadRequest(f"{where} 'parameters' must be a JSON object")
     return params
+
+
+def route_key_parameter(params: dict) -> str | None:
+    """The request's `route_key` parameter: a string of at most MAX_ROUTE_KEY_CHARS, or
+    None (absent or empty). Raises BadRequest."""
+    value = params.get(ROUTE_KEY_PARAMETER)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_ROUTE_KEY_CHARS:
+        raise BadRequest(f"the '{ROUTE_KEY_PARAMETER}' parameter must be a string of at most "
+                         f"{MAX_ROUTE_KEY_CHARS} characters")
+    return value
 
 
 def _flatten(data: Any) -> list:
@@ -337,6 +357,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise BadRequest("binary_data_output must be true or false")
+    key = route_key_parameter(params)
     inputs = obj.get("inputs")
     check_one_input(len(inputs) if isinstance(inputs, list) else None)
     tensor, used = _json_input(inputs[0], binary, 0)
@@ -347,7 +368,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
 
     wanted = obj.get("outputs")
     if wanted is None:
-        return InferRequest(request_id, images, (OutputRequest(binary_default, None),))
+        return InferRequest(request_id, images, (OutputRequest(binary_default, None),), key)
     if not isinstance(wanted, list) or not wanted:
         raise BadRequest("'outputs' must be a non-empty list when given")
     outputs = []
@@ -357,7 +378,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         name = spec.get("name")
         params = _parameters(spec, f"output {OUTPUT!r}") if name == OUTPUT else {}
         outputs.append(output_request(name, params, binary_default))
-    return InferRequest(request_id, images, tuple(outputs))
+    return InferRequest(request_id, images, tuple(outputs), key)
 
 
 def _serialize_bytes(elements: list[bytes]) -> bytes:
@@ -366,7 +387,10 @@ def _serialize_bytes(elements: list[bytes]) -> bytes:
 
 def infer_result(head: Head, request: InferRequest,
                  predictions: list[Prediction]) -> InferResult:
-    """The answer to `request`: each requested output of every image's prediction."""
+    """The answer to `request`: each requested output of every image's prediction, named by
+    the version that answered (`head`'s, or its bot's canary candidate's: every image of a
+    request is answered by the same one)."""
+    labels = predictions[0].labels or head.labels
     probabilities = np.stack([p.probabilities for p in predictions])  # [N, n]
     outputs = []
     for wanted in request.outputs:
@@ -376,11 +400,11 @@ def infer_result(head: Head, request: InferRequest,
             continue
         # Triton's classification extension: "value:index:label", best first, per row;
         # the value as the shortest text that reads back as the same float32.
-        rows = [[f"{str(row[i])}:{i}:{head.labels[i]}"
+        rows = [[f"{str(row[i])}:{i}:{labels[i]}"
                  for i in top_indices(row, wanted.classification)] for row in probabilities]
         outputs.append(OutputTensor(OUTPUT, "BYTES", (len(rows), len(rows[0])),
                                     [s for row in rows for s in row], wanted.binary))
-    return InferResult(head.bot_id, str(head.version), request.id, tuple(outputs))
+    return InferResult(head.bot_id, str(predictions[0].version), request.id, tuple(outputs))
 
 
 def infer_response(result: InferResult) -> tuple[bytes, bytes]:
@@ -405,8 +429,10 @@ def infer_response(result: InferResult) -> tuple[bytes, bytes]:
 
 
 async def infer_call(service: Service, head: Head, request: InferRequest) -> InferResult:
-    """The inference: every image of `request` under `head` (from `model_head`)."""
-    predictions = await classify_with(service, head, request.images, top_k=1)
+    """The inference: every image of `request` under `head` (from `model_head`), or under its
+    bot's canary candidate for the requests the canary answers."""
+    predictions = await classify_with(service, head, request.images, top_k=1,
+                                      route_key=request.route_key)
     return infer_result(head, request, predictions)
 
 
@@ -502,7 +528,12 @@ INFER_REQUEST_SCHEMA = {
         "id": {"type": "string"},
         "parameters": {"type": "object", "properties": {
             "binary_data_output": {"type": "boolean",
-                                   "description": "every output as binary data by default"}}},
+                                   "description": "every output as binary data by default"},
+            ROUTE_KEY_PARAMETER: {"type": "string", "maxLength": MAX_ROUTE_KEY_CHARS,
+                                  "description": "the routing key of a bot's canary: the "
+                                                 "same key, the same version (default: the "
+                                                 "X-Multihead-Route-Key header, else the "
+                                                 "first image's digest)"}}},
         "inputs": {
             "type": "array", "minItems": 1, "maxItems": 1,
             "description": f"one input: {BYTES_INPUT!r} BYTES [N] (encoded images, base64 in "

@@ -7,7 +7,8 @@
 An image is `{"b64": "..."}` (encoded bytes) or a nested list [299, 299, 3] (preprocessed),
 either bare or under one input name (`{"image_bytes": {"b64": ...}}`). Each prediction has
 `probabilities` (all classes), `classes` and `scores` (the top `?top_k=`, default from the
-settings).
+settings). TF Serving's `:predict` answer names no version: the `X-Multihead-Version` header
+says which one answered (the active one, or the bot's canary candidate).
 """
 from __future__ import annotations
 
@@ -19,7 +20,16 @@ import numpy as np
 
 from backbone.spec import INPUT
 from heads import BotInfo, Head
-from service.codecs.base import JSON, Body, Endpoint, Reply, Request, json_answer, json_reply
+from service.codecs.base import (
+    JSON,
+    Answer,
+    Body,
+    Endpoint,
+    Reply,
+    Request,
+    json_answer,
+    json_reply,
+)
 from service.codecs.common import (
     MODEL_PATH_PARAMS,
     TOP_K,
@@ -48,6 +58,8 @@ SIGNATURE = "serving_default"
 
 OUTPUTS = (OUTPUT, "classes", "scores")  # a prediction's outputs, in the order rendered
 PREDICT_METHOD = "tensorflow/serving/predict"
+# `:predict` answers: the version that answered (TF Serving's answer body names none).
+VERSION_HEADER = "X-Multihead-Version"
 
 
 # -- the typed calls: what REST and gRPC both parse into and render from ---------------------
@@ -240,7 +252,8 @@ async def tf_call(service: Service, request: Request) -> Reply:
     images, columnar = await service.run_blocking(
         lambda: parse_predict_request(parse_json_object(body, "predict request")))
     predictions = await predict_call(service, head, images, top_k)
-    return json_reply(render_predictions(predictions, columnar))
+    return json_reply(render_predictions(predictions, columnar),
+                      headers={VERSION_HEADER: str(predictions[0].version)})
 
 
 # -- API description ---------------------------------------------------------------------------
@@ -310,9 +323,11 @@ def _model_endpoints() -> list[Endpoint]:
                      summary="TF Serving :predict with a bot", tag="tf-serving",
                      path_params={**params, "verb": _VERB}, params=(TOP_K,),
                      body=Body({JSON: PREDICT_REQUEST_SCHEMA}, "a TF Serving predict request"),
-                     answers={200: json_answer("one prediction per image (row format), or "
-                                               "columns (columnar request)",
-                                               PREDICT_RESPONSE_SCHEMA)},
+                     answers={200: Answer(
+                         "one prediction per image (row format), or columns (columnar "
+                         "request)", {JSON: PREDICT_RESPONSE_SCHEMA},
+                         {VERSION_HEADER: ("the version that answered: the active one, or "
+                                           "the bot's canary candidate", True)})},
                      errors=(400, 404, 500, 503, 504)),
         ]
     return out

@@ -26,12 +26,21 @@ from typing import Any
 from backbone.spec import FEATURE_DIM
 from backbone.tfimport import import_tensorflow
 from backbone.trunk import warm_up
-from heads import BotInfo, Head, HeadLoadError, HeadStore, StoreUnavailable, UnknownBot
+from heads import (
+    BotInfo,
+    Candidate,
+    Head,
+    HeadLoadError,
+    HeadStore,
+    StoreUnavailable,
+    UnknownBot,
+)
 from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo, TenantLimits
 from heads.tenants import OPERATOR as OPERATOR_ACTOR
 from service.core import logs
 from service.core.admission import ByteBudget
-from service.core.auth import Authenticator, Principal
+from service.core.auth import MANAGE, Authenticator, Principal
+from service.core.candidates import CandidateStats
 from service.core.engine import Engine, Images, Prediction
 from service.core.errors import (
     Forbidden,
@@ -237,6 +246,8 @@ class Service:
         self._limits_table: dict | None = None
         self._limits_filled: dict[str, TenantLimits] = {}
         self.preloaded = Preloaded()
+        # The comparison of each bot's candidate with its live version, in this process.
+        self.candidate_stats = CandidateStats()
         self.metrics.set_pinned_bots(pinned)
         self.metrics.bind_pinned_heads(
             lambda: self.store.cache_stats().get("pinned_resident", 0))
@@ -349,7 +360,8 @@ class Service:
             None, warm_up, trunk.features, sizes)
         self.engine = Engine(trunk, settings, self.metrics, quotas=self.quotas,
                              weight=self.tenant_weight, max_queued=self.tenant_max_queued,
-                             tracing=self.tracing)
+                             tracing=self.tracing,
+                             candidate_stats=self.candidate_stats)
         await self.engine.batcher.start()
 
     async def close(self) -> None:
@@ -433,10 +445,12 @@ class Service:
 
     # -- the store, off the event loop -----------------------------------------------------------
 
-    def caller(self, authorization: str | None, access: str) -> Caller:
+    def caller(self, authorization: str | None, access: str, *,
+               route_key: str | None = None) -> Caller:
         """This service as the caller of one call sees it, after checking that the caller
         may call an endpoint with rule `access` (`service.core.auth`): the one place where a
-        call's credential is read, for every transport.
+        call's credential is read, for every transport. `route_key` is the call's routing key
+        for canaries (`service.core.candidates.ROUTE_KEY_HEADER`), if it carries one.
 
         Raises:
             Unauthorized, Forbidden: see `Authenticator.identify` and `authorize`.
@@ -444,7 +458,7 @@ class Service:
         principal = self.auth.admit(authorization, access)
         if principal.tenant is not None:
             logs.note(tenant=principal.tenant)
-        return Caller(self, principal)
+        return Caller(self, principal, route_key=route_key)
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the default executor (parsing, registrations, file writes)."""
@@ -493,6 +507,15 @@ class Service:
         """Whether the bot's head is pinned (always resident, never evicted)."""
         return bot_id in self.settings.pinned_bots
 
+    def candidate_report(self, info: BotInfo) -> dict | None:
+        """The bot's candidate as `GET /bots/{id}` shows it to a caller that may manage the
+        bot: the registry's view and this process's comparison with the live version (`stats`:
+        `CandidateStats.report`). None if it has no candidate."""
+        if info.candidate is None:
+            return None
+        return {**info.candidate.to_dict(with_source=False),
+                "stats": self.candidate_stats.report(info.bot_id, info.candidate.version)}
+
     # -- bot changes (admin), off the event loop ---------------------------------------------
 
     def register_checkpoint(self, bot_id: str, prefix: Path, labels_path: Path,
@@ -510,6 +533,16 @@ class Service:
                        actor: str = OPERATOR_ACTOR) -> int:
         """Makes version `to` (default: the previous one) the bot's active version."""
         return await self.run_blocking(functools.partial(self.store.rollback, bot_id, to,
+                                                         actor=actor))
+
+    async def promote(self, bot_id: str, *, actor: str = OPERATOR_ACTOR) -> tuple[int, int]:
+        """Makes the bot's candidate its active version: (previous, new active version)."""
+        return await self.run_blocking(functools.partial(self.store.promote, bot_id,
+                                                         actor=actor))
+
+    async def discard(self, bot_id: str, *, actor: str = OPERATOR_ACTOR) -> int:
+        """Deletes the bot's candidate; returns its version."""
+        return await self.run_blocking(functools.partial(self.store.discard, bot_id,
                                                          actor=actor))
 
     # -- tenants, keys, audit (the operator's; a manage key reads its tenant's audit) --------
@@ -565,9 +598,12 @@ class Service:
         return time.monotonic() + self.settings.request_timeout_s
 
     async def classify(self, images: Images, heads: Sequence[Head], *,
-                       top_k: int, tenant: str = DEFAULT_TENANT) -> list[list[Prediction]]:
+                       top_k: int, tenant: str = DEFAULT_TENANT,
+                       route_key: str | None = None) -> list[list[Prediction]]:
         """Every image under every head: result[i][j] is image i under heads[j], charged to
-        `tenant` (quota, fair share).
+        `tenant` (quota, fair share). A bot's candidate, if it has one, is scored beside it
+        and a canary answers its share of the requests, by `route_key` (else the first image's
+        digest): `service.core.candidates`.
 
         `heads` come from `heads_for()` / `head()`, which checked readiness for the request: the
         engine exists from then on (it is started before readiness says ready, and readiness
@@ -575,11 +611,40 @@ class Service:
         """
         engine = self.engine
         assert engine is not None, "heads_for() checks readiness before a request is scored"
+        candidates = await self._candidates(heads, len(images))
         if images.arrays is not None:
             return await engine.classify_arrays(images.arrays, heads, top_k=top_k,
-                                                deadline=self.deadline(), tenant=tenant)
+                                                deadline=self.deadline(), tenant=tenant,
+                                                candidates=candidates, route_key=route_key)
         return await engine.classify(images.encoded, heads, top_k=top_k,
-                                     deadline=self.deadline(), tenant=tenant)
+                                     deadline=self.deadline(), tenant=tenant,
+                                     candidates=candidates, route_key=route_key)
+
+    async def _candidates(self, heads: Sequence[Head], n_images: int
+                          ) -> tuple[Candidate | None, ...]:
+        """The candidate of each head's bot (None for a bot without one), or () when none has
+        one: then no thread hop (the store answers from memory)."""
+        if not any(self.store.has_candidate(h.bot_id) for h in heads):
+            return ()
+        return tuple(await self._lookup(self._load_candidates, heads, n_images))
+
+    def _load_candidates(self, heads: Sequence[Head], n_images: int) -> list[Candidate | None]:
+        out: list[Candidate | None] = []
+        for head in heads:
+            try:
+                candidate = self.store.candidate(head.bot_id)
+            except HeadLoadError as exc:  # StoreUnavailable too: the live version answers
+                candidate = None
+                found = self.store.candidate_mode(head.bot_id)
+                log.error("candidate of bot %r cannot be loaded: %s", head.bot_id, exc)
+                if found is not None:
+                    self.candidate_stats.observe(head.bot_id, found[0], found[1].mode, None,
+                                                 failed=n_images)
+                    self.metrics.observe_candidate(head.bot_id, found[0], failed=n_images)
+            if candidate is not None and candidate.head.version == head.version:
+                candidate = None  # promoted since the request took its head
+            out.append(candidate)
+        return out
 
 
 class Caller:
@@ -596,9 +661,11 @@ class Caller:
     operator, the tenant of the first bot named): its quota and fair share (`Engine`).
     """
 
-    def __init__(self, service: Service, principal: Principal) -> None:
+    def __init__(self, service: Service, principal: Principal, *,
+                 route_key: str | None = None) -> None:
         self._service = service
         self.principal = principal
+        self.route_key = route_key  # the call's routing key for canaries, if it gave one
         self._charged: str | None = None  # the tenant of this call's classification
 
     def __getattr__(self, name: str) -> Any:
@@ -641,9 +708,12 @@ class Caller:
             return DEFAULT_TENANT
 
     async def classify(self, images: Images, heads: Sequence[Head], *,
-                       top_k: int) -> list[list[Prediction]]:
+                       top_k: int, route_key: str | None = None) -> list[list[Prediction]]:
+        """As `Service.classify`; `route_key` (an OIP request's parameter) wins over the call's
+        own (its header or metadata)."""
         tenant = self._charged if self._charged is not None else self._charge_to(heads)
-        return await self._service.classify(images, heads, top_k=top_k, tenant=tenant)
+        return await self._service.classify(images, heads, top_k=top_k, tenant=tenant,
+                                            route_key=route_key or self.route_key)
 
     async def head(self, bot_id: str) -> Head:
         (head,) = await self.heads_for([bot_id])
@@ -652,6 +722,13 @@ class Caller:
     async def info(self, bot_id: str) -> BotInfo:
         await self._own(bot_id)
         return await self._service.info(bot_id)
+
+    def candidate_report(self, info: BotInfo) -> dict | None:
+        """The candidate of a bot this caller reached, as a caller that may manage it sees it;
+        refused (Forbidden) to one that may not."""
+        if not self.may(MANAGE):
+            raise Forbidden("a bot's candidate is shown to a manage key or the operator only")
+        return self._service.candidate_report(info)
 
     async def bots(self) -> list[BotInfo]:
         infos = await self._service.bots()
@@ -685,6 +762,14 @@ class Caller:
     async def rollback(self, bot_id: str, to: int | None) -> int:
         await self._own(bot_id)
         return await self._service.rollback(bot_id, to, actor=self.principal.actor)
+
+    async def promote(self, bot_id: str) -> tuple[int, int]:
+        await self._own(bot_id)
+        return await self._service.promote(bot_id, actor=self.principal.actor)
+
+    async def discard(self, bot_id: str) -> int:
+        await self._own(bot_id)
+        return await self._service.discard(bot_id, actor=self.principal.actor)
 
     async def add_tenant(self, name: str, *, limits: TenantLimits | None = None) -> TenantInfo:
         return await self._service.add_tenant(name, actor=self.principal.actor, limits=limits)

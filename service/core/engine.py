@@ -5,7 +5,8 @@ HTTP handlers (native, WebSocket, interop) parse a request, resolve its heads, a
 float32 [N, 299, 299, 3]); the engine decodes in a thread pool, looks features up in the feature
 cache, queues the misses on the cross-bot `Batcher`, and scores every head. It knows nothing of
 aiohttp. `run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch,
-then each head applied once to the rows that asked for it.
+then each head applied once to the rows that asked for it, and each bot's candidate (shadow or
+canary, `service.core.candidates`) once to the same rows' features.
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ import numpy as np
 
 from backbone import preprocess
 from backbone.spec import FEATURE_DIM, INPUT
-from heads import Head, top_indices
+from heads import Candidate, Head, top_indices
 from heads.tenants import DEFAULT_TENANT
 from service.core import tracing as trace
 from service.core.batcher import Batcher, Booking, Row
+from service.core.candidates import CandidateStats, Comparison, Route, compare, route_for, route_key
 from service.core.errors import (
     BadRequest,
     Overloaded,
@@ -67,15 +69,19 @@ class Prediction:
     """One head's answer for one image.
 
     Attributes:
+        version: the version that answered: the live one, or the bot's canary candidate.
         labels_scores: the top-k (label, probability), best first.
         probabilities: float32 [n], read-only: the whole softmax row in class index order
             (`labels[i]` is entry i). Not part of equality or repr.
+        labels: the answering version's labels, in class index order. Not part of equality
+            or repr.
     """
 
     bot_id: str
     version: int
     labels_scores: list[tuple[str, float]]
     probabilities: np.ndarray | None = field(default=None, repr=False, compare=False)
+    labels: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ class Item:
     heads: tuple[Head, ...]
     top_k: int
     trace: RowTrace | None = None  # the request's span, for the batch thread (tracing on)
+    # Per head, its bot's candidate for this request (or None); () when no bot has one.
+    routes: tuple[Route | None, ...] = ()
 
 
 def check_image_count(n_images: int, limit: int) -> None:
@@ -129,23 +137,48 @@ class FeatureCache:
         return len(self._data)
 
 
-def score(features: np.ndarray, items: Sequence[Item]) -> list[list[Prediction] | Exception]:
-    """Applies each distinct head once to the rows that asked for it.
+# How `score` reports a candidate's scoring: (live head, its route, the comparison or None if
+# the candidate failed, images it answered, images it failed on).
+ObserveCandidate = Callable[[Head, Route, Comparison | None, int, int], None]
+
+
+def _answer(head: Head, p: np.ndarray, top_k: int) -> tuple[Head, list[tuple[str, float]],
+                                                             np.ndarray]:
+    top = top_indices(p, top_k)
+    return head, [(head.labels[i], float(p[i])) for i in top], p
+
+
+def score(features: np.ndarray, items: Sequence[Item],
+          observe: ObserveCandidate | None = None) -> list[list[Prediction] | Exception]:
+    """Applies each distinct head once to the rows that asked for it, then each candidate
+    (`Item.routes`) once to the rows of its bot.
+
+    A candidate answers the rows its route says it answers (a canary's); the live head is
+    scored on every row anyway, for the comparison. A candidate that raises fails alone: its
+    rows keep the live answer, and `observe` counts the failure.
 
     Args:
       features: float32 [R, 1536], row r for items[r].
+      observe: told of each candidate's scoring (see `ObserveCandidate`).
 
     Returns:
-      Per item, its predictions in the order of its heads, or the Exception of a failing head
-      (that item alone fails; other rows are untouched).
+      Per item, its predictions in the order of its heads, or the Exception of a failing live
+      head (that item alone fails; other rows are untouched).
     """
     by_head: dict[int, list[int]] = collections.defaultdict(list)
     heads: dict[int, Head] = {}
+    # (live head, candidate head) -> [(row, its route)]: one candidate matmul per batch, each
+    # row answered as its own request's route says.
+    by_route: dict[tuple[int, int], list[tuple[int, Route]]] = collections.defaultdict(list)
     for row, item in enumerate(items):
         for head in item.heads:
             by_head[id(head)].append(row)
             heads[id(head)] = head
-    answers: dict[tuple[int, int], tuple[list[tuple[str, float]], np.ndarray]] = {}
+        for head, route in zip(item.heads, item.routes):
+            if route is not None:
+                by_route[(id(head), id(route.head))].append((row, route))
+    answers: dict[tuple[int, int], tuple[Head, list[tuple[str, float]], np.ndarray]] = {}
+    scored: dict[int, np.ndarray] = {}  # live head -> its probabilities of its rows
     failed: dict[int, Exception] = {}
     for key, rows in by_head.items():
         head = heads[key]
@@ -157,18 +190,63 @@ def score(features: np.ndarray, items: Sequence[Item]) -> list[list[Prediction] 
                 failed[row] = exc
             continue
         probabilities.setflags(write=False)  # rows are handed out as Prediction.probabilities
+        scored[key] = probabilities
         for position, row in enumerate(rows):
-            p = probabilities[position]  # [n]
-            top = top_indices(p, items[row].top_k)
-            answers[(row, key)] = ([(head.labels[i], float(p[i])) for i in top], p)
+            answers[(row, key)] = _answer(head, probabilities[position], items[row].top_k)
+    for (key, _), routed in by_route.items():
+        _score_candidate(features, items, heads[key], routed, by_head[key], scored.get(key),
+                         answers, observe)
     results: list[list[Prediction] | Exception] = []
     for row, item in enumerate(items):
         if row in failed:
             results.append(failed[row])
             continue
-        results.append([Prediction(h.bot_id, h.version, *answers[(row, id(h))])
-                        for h in item.heads])
+        predictions = []
+        for h in item.heads:
+            head, labels_scores, p = answers[(row, id(h))]
+            predictions.append(Prediction(h.bot_id, head.version, labels_scores, p, head.labels))
+        results.append(predictions)
     return results
+
+
+def _score_candidate(features: np.ndarray, items: Sequence[Item], live: Head,
+                     routed: list[tuple[int, Route]], live_rows: list[int],
+                     live_p: np.ndarray | None, answers: dict,
+                     observe: ObserveCandidate | None) -> None:
+    """One candidate on its rows: its answers replace the live ones where the row's route says
+    it answers; its comparison with the live head (when that one did not fail) goes to
+    `observe`."""
+    rows = [row for row, _ in routed]
+    route = routed[0][1]
+    try:
+        p = route.head.probabilities(features[rows])  # [len(rows), m]
+    except Exception:  # noqa: BLE001 - a candidate fails alone: the live answers stand
+        log.exception("candidate v%s of bot %s failed", route.head.version, live.bot_id)
+        _observe(observe, live, route, None, 0, len(rows))
+        return
+    p.setflags(write=False)
+    if live_p is None:  # the live head failed: these rows fail with it
+        return
+    answered = 0
+    for position, (row, row_route) in enumerate(routed):
+        if row_route.answers:
+            answers[(row, id(live))] = _answer(route.head, p[position], items[row].top_k)
+            answered += 1
+    if observe is not None:
+        where = {row: i for i, row in enumerate(live_rows)}
+        mine = live_p[[where[row] for row in rows]]
+        _observe(observe, live, route, lambda: compare(live, mine, route.head, p), answered, 0)
+
+
+def _observe(observe: ObserveCandidate | None, live: Head, route: Route,
+             comparison: Callable[[], Comparison] | None, answered: int, failed: int) -> None:
+    if observe is None:
+        return
+    try:
+        observe(live, route, comparison() if comparison is not None else None, answered,
+                failed)
+    except Exception:  # noqa: BLE001 - stats must never fail the answers
+        log.exception("candidate stats of bot %s failed", live.bot_id)
 
 
 class Engine:
@@ -185,11 +263,14 @@ class Engine:
                  quotas: Quotas | None = None,
                  weight: Callable[[str], float] = lambda tenant: 1.0,
                  max_queued: Callable[[str], int | None] = lambda tenant: None,
-                 tracing: Tracing | None = None):
+                 tracing: Tracing | None = None,
+                 candidate_stats: CandidateStats | None = None):
         self.trunk = trunk
         self.tracing = tracing
         self.settings = settings
         self.metrics = metrics
+        self.candidate_stats = candidate_stats if candidate_stats is not None \
+            else CandidateStats()
         self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
         self.cache = FeatureCache(settings.feature_cache_size)
         self.decode_pool = concurrent.futures.ThreadPoolExecutor(
@@ -234,10 +315,21 @@ class Engine:
                 self.cache.put(items[i].digest, row)
         start = time.perf_counter()
         with batch.heads():
-            results = score(features, items)
+            results = score(features, items, self.observe_candidate)
         self.metrics.heads_seconds.observe(time.perf_counter() - start)
         return results
 
+    def observe_candidate(self, live: Head, route: Route, comparison: Comparison | None,
+                          answered: int, failed: int) -> None:
+        """A candidate's scoring, into the per-process stats and the metrics."""
+        version = route.head.version
+        self.candidate_stats.observe(live.bot_id, version, route.mode, comparison,
+                                     answered=answered, failed=failed)
+        self.metrics.observe_candidate(
+            live.bot_id, version, images=comparison.images if comparison else 0,
+            agreed=comparison.agreed if comparison else 0,
+            abs_diff=comparison.abs_diff if comparison else 0.0, answered=answered,
+            failed=failed)
 
     # -- the event loop ---------------------------------------------------------------------
 
@@ -281,9 +373,15 @@ class Engine:
 
     async def classify(self, images: Sequence[bytes], heads: Sequence[Head], *,
                        top_k: int, deadline: float | None = None,
-                       tenant: str = DEFAULT_TENANT) -> list[list[Prediction]]:
+                       tenant: str = DEFAULT_TENANT,
+                       candidates: Sequence[Candidate | None] = (),
+                       route_key: str | None = None) -> list[list[Prediction]]:
         """Scores every image with every head: result[i][j] is image i under heads[j], charged
         to `tenant` (its quota, its fair share of the trunk).
+
+        `candidates` (empty, or one per head: that bot's candidate or None) are scored on the
+        same features; a canary answers for its bot when the request's routing key (`route_key`,
+        else the first image's digest) falls in its share (`service.core.candidates`).
 
         Raises:
           RateLimited (the tenant's quota, before any image is decoded), QueueShareExceeded,
@@ -292,11 +390,13 @@ class Engine:
         """
         check_image_count(len(images), self.settings.max_images_per_request)
         return await self._run(self._look, self._decode, images, tuple(heads), top_k, deadline,
-                               tenant)
+                               tenant, candidates, route_key)
 
     async def classify_arrays(self, images: np.ndarray, heads: Sequence[Head], *,
                               top_k: int, deadline: float | None = None,
-                              tenant: str = DEFAULT_TENANT) -> list[list[Prediction]]:
+                              tenant: str = DEFAULT_TENANT,
+                              candidates: Sequence[Candidate | None] = (),
+                              route_key: str | None = None) -> list[list[Prediction]]:
         """Like `classify`, for images already preprocessed: float32 [N, 299, 299, 3] in [-1, 1].
 
         Same batcher, limits and deadlines; features are cached by a digest of each image's
@@ -313,10 +413,12 @@ class Engine:
         check_image_count(images.shape[0], self.settings.max_images_per_request)
         images = np.ascontiguousarray(images, dtype=np.float32)
         return await self._run(self._look_array, self._as_is, images, tuple(heads), top_k,
-                               deadline, tenant)
+                               deadline, tenant, candidates, route_key)
 
     async def _run(self, look, decode, inputs, heads: tuple[Head, ...], top_k: int,
-                   deadline: float | None, tenant: str) -> list[list[Prediction]]:
+                   deadline: float | None, tenant: str,
+                   candidates: Sequence[Candidate | None] = (),
+                   given_key: str | None = None) -> list[list[Prediction]]:
         """`look` (digest, feature cache) of every input in the decode pool, then `decode` of
         the misses, then the heads (and the trunk for the misses); raises the first failed
         row's error.
@@ -340,14 +442,19 @@ class Engine:
                                         for x in inputs))
         misses = [i for i, (_, cached) in enumerate(looked) if cached is None]
         group = ",".join(sorted({h.bot_id for h in heads}))
+        routes = () if not any(candidates) else tuple(
+            None if c is None else route_for(c, h.bot_id, route_key(given_key, looked[0][0]))
+            for h, c in zip(heads, candidates))
         if not misses:
-            items = [Item(None, cached, digest, heads, top_k) for digest, cached in looked]
+            items = [Item(None, cached, digest, heads, top_k, routes=routes)
+                     for digest, cached in looked]
             self._observe_bots(heads, len(items))
             # Every image seen before: no quota, no trunk, no queue; the heads' numpy still
             # runs off the event loop (a 1001-class head on 32 rows is milliseconds).
             features = np.stack([item.features for item in items])
             with trace.span(self.tracing, trace.HEADS, heads=heads):
-                results = await loop.run_in_executor(self.decode_pool, score, features, items)
+                results = await loop.run_in_executor(self.decode_pool, score, features, items,
+                                                     self.observe_candidate)
         else:
             with trace.span(self.tracing, trace.ADMISSION,
                             {trace.TENANT: tenant, trace.IMAGES: len(misses)}):
@@ -362,7 +469,8 @@ class Engine:
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None
                                  else None)
-                    items = [Item(decoded.get(i), cached, digest, heads, top_k, row_trace)
+                    items = [Item(decoded.get(i), cached, digest, heads, top_k, row_trace,
+                                  routes=routes)
                              for i, (digest, cached) in enumerate(looked)]
                     self._observe_bots(heads, len(items))
                     costs = [0.0 if item.features is not None else 1.0 for item in items]

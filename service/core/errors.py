@@ -149,6 +149,9 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     "heads.errors.TenantNotEmpty": (409, "tenant_not_empty", "FAILED_PRECONDITION"),
     "heads.errors.UnknownKey": (404, "unknown_key", "NOT_FOUND"),
     "heads.errors.BotOwnedElsewhere": (409, "bot_id_taken", "ALREADY_EXISTS"),
+    # candidates: a mode other than shadow / canary:P; promote or discard with none there
+    "heads.errors.InvalidCandidate": (400, "invalid_candidate", "INVALID_ARGUMENT"),
+    "heads.errors.NoCandidate": (404, "no_candidate", "NOT_FOUND"),
 }
 
 _INTERNAL = (500, "internal", "INTERNAL")

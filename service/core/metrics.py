@@ -139,7 +139,13 @@ class Metrics:
         feature_cache_misses_total, bot_requests_total{bot},
         tenant_images_total{tenant}, tenant_refusals_total{tenant,code} (code: one of
         `REFUSAL_CODES`), tenant_queued_rows{tenant}, tenant_counter{tenant} (the last two set
-        from `bind_tenant_state` at each `render`).
+        from `bind_tenant_state` at each `render`), candidate_images_total{bot,version},
+        candidate_agreed_total, candidate_top1_abs_diff_total, candidate_answers_total,
+        candidate_failures_total (the same labels: `observe_candidate`).
+
+    Candidate series follow the bots' labels: a labelled bot's candidate has its own series
+    (`bot`, and its `version`), the others count under bot="other", version="other"; a bot
+    keeps the series of its latest candidate version only, and loses them with its label.
     """
 
     def __init__(
@@ -245,6 +251,35 @@ class Metrics:
             f"images served ({tenants}: the largest among them)", ["tenant"],
             namespace=ns, registry=r,
         )
+        bots = f"busiest {top_bots} bots; rest '{OTHER}'"
+        self.candidate_images_total = Counter(
+            "candidate_images", f"images scored by a bot's candidate (shadow or canary) and by "
+            f"its live version ({bots})", ["bot", "version"], namespace=ns, registry=r,
+        )
+        self.candidate_agreed_total = Counter(
+            "candidate_agreed", "of candidate_images, those whose top-1 label is the live "
+            "version's (agreement: the ratio of their rates)", ["bot", "version"],
+            namespace=ns, registry=r,
+        )
+        self.candidate_top1_abs_diff_total = Counter(
+            "candidate_top1_abs_diff", "sum over candidate_images of |p_live - p_candidate| "
+            "of the live version's top-1 label (mean: divide by candidate_images)",
+            ["bot", "version"], namespace=ns, registry=r,
+        )
+        self.candidate_answers_total = Counter(
+            "candidate_answers", "images answered by a canary candidate instead of the live "
+            "version", ["bot", "version"], namespace=ns, registry=r,
+        )
+        self.candidate_failures_total = Counter(
+            "candidate_failures", "images a candidate failed to score (its head raised or "
+            "could not be loaded); the live version answered them", ["bot", "version"],
+            namespace=ns, registry=r,
+        )
+        self._candidate_counters = (
+            self.candidate_images_total, self.candidate_agreed_total,
+            self.candidate_top1_abs_diff_total, self.candidate_answers_total,
+            self.candidate_failures_total)
+        self._candidate_series: dict[str, str] = {}  # labelled bot -> its version label
         self._top = TopN(top_bots, name="top_bots")
         self._top_tenants = TopN(top_tenants, name="top_tenants")
         self._tenant_state: Callable[[], Mapping[str, tuple[int, float]]] | None = None
@@ -283,8 +318,41 @@ class Metrics:
                     self.bot_requests_total.remove(demoted)
                 except KeyError:
                     pass
+                self._drop_candidate_series(demoted)
             self.bot_requests_total.labels(bot=label).inc(n)
         return label
+
+    def observe_candidate(self, bot_id: str, version: int, *, images: int = 0,
+                          agreed: int = 0, abs_diff: float = 0.0, answered: int = 0,
+                          failed: int = 0) -> tuple[str, str]:
+        """Count one scoring of `bot_id`'s candidate `version` (see the candidate_* metrics);
+        returns the (bot, version) labels used. Does not count the bot's traffic
+        (`observe_bot` does)."""
+        with self._lock:
+            if bot_id in self._top.labelled and bot_id != OTHER:
+                labels = (bot_id, str(int(version)))
+                if self._candidate_series.get(bot_id) not in (None, labels[1]):
+                    self._drop_candidate_series(bot_id)  # a new candidate: one series a bot
+                self._candidate_series[bot_id] = labels[1]
+            else:
+                labels = (OTHER, OTHER)
+            for counter, value in zip(self._candidate_counters,
+                                      (images, agreed, abs_diff, answered, failed)):
+                child = counter.labels(*labels)
+                if value:
+                    child.inc(value)
+        return labels
+
+    def _drop_candidate_series(self, bot_id: str) -> None:
+        """The candidate series of `bot_id` go (the caller holds the lock)."""
+        version = self._candidate_series.pop(bot_id, None)
+        if version is None:
+            return
+        for counter in self._candidate_counters:
+            try:
+                counter.remove(bot_id, version)
+            except KeyError:
+                pass
 
     def observe_batch(
         self, size: int, groups: int, queue_wait_s: Sequence[float], run_s: float

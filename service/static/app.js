@@ -349,7 +349,39 @@ async function mapLimited(items, limit, fn) {
 
 const CHIPS_SHOWN = 40;
 
-function botRow(info) {
+const percent = (share) => share == null ? "–" : `${(100 * share).toFixed(1)} %`;
+
+function candidateCell(candidate) {
+  // Shown to a manage key or the operator only (GET /bots/{id} has no `candidate` otherwise).
+  if (!candidate) return el("td", { class: "candidate muted", text: "none" });
+  const stats = candidate.stats || {};
+  const mode = candidate.mode === "canary" ? `canary ${candidate.percent} %` : "shadow";
+  const figures = [
+    `${stats.images || 0} images compared`,
+    `${percent(stats.agreement)} agree`,
+    `mean |Δp| ${stats.mean_abs_diff == null ? "–" : stats.mean_abs_diff.toFixed(3)}`,
+  ];
+  if (candidate.mode === "canary") figures.push(`${stats.answered || 0} answered`);
+  if (stats.failures) figures.push(`${stats.failures} failed`);
+  const cell = el("td", { class: "candidate", "data-version": String(candidate.version),
+                          "data-mode": candidate.mode,
+                          title: "counted by the server process that answered this page, "
+                                 + (stats.since ? `since ${stats.since}` : "not scored yet") },
+    el("div", { class: "candidate-version", text: `v${candidate.version} · ${mode}` }),
+    el("div", { class: "candidate-stats muted", text: figures.join(" · ") }));
+  const disagreements = stats.disagreements || [];
+  if (disagreements.length) {
+    cell.append(el("details", {},
+      el("summary", { text: "most frequent disagreements" }),
+      el("ol", { class: "disagreements" }, ...disagreements.map((d) =>
+        el("li", { "data-live": d.live, "data-candidate": d.candidate,
+                   "data-images": String(d.images),
+                   text: `${d.live} → ${d.candidate} (${d.images})` })))));
+  }
+  return cell;
+}
+
+function botRow(info, withCandidates) {
   // A bot can have a thousand classes: show the first ones, fold the rest away.
   const chipList = (labels) => el("ul", { class: "chips" },
     ...labels.map((label) => el("li", { text: label })));
@@ -374,6 +406,7 @@ function botRow(info) {
                title: versions ? `versions: ${versions}` : "" }),
     el("td", { class: "n-classes num", text: String(info.n_classes) }),
     el("td", {}, chips),
+    withCandidates ? candidateCell(info.candidate) : null,
     el("td", { class: "muted created", text: created && !isNaN(created) ?
       created.toISOString().slice(0, 16).replace("T", " ") : "" }));
 }
@@ -392,11 +425,14 @@ async function initBots() {
     if (!infos.length) {
       table.replaceChildren(el("p", { class: "muted", text: "No bots registered yet." }));
     } else {
+      // A caller that may manage the bots sees their candidates (shadow or canary).
+      const withCandidates = infos.some((info) => "candidate" in info);
+      const columns = ["Bot", "Version", "Classes", "Labels",
+                       ...(withCandidates ? ["Candidate"] : []), "Created (UTC)"];
       const head = el("thead", {}, el("tr", {},
-        ...["Bot", "Version", "Classes", "Labels", "Created (UTC)"].map(
-          (name) => el("th", { scope: "col", text: name }))));
+        ...columns.map((name) => el("th", { scope: "col", text: name }))));
       table.replaceChildren(el("table", { class: "bots" }, head,
-        el("tbody", {}, ...infos.map(botRow))));
+        el("tbody", {}, ...infos.map((info) => botRow(info, withCandidates)))));
     }
     table.dataset.state = "ready";
     $("bots-count").textContent = `${infos.length} bot${infos.length === 1 ? "" : "s"}`;

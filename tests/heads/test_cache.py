@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heads.cache import HeadCache
+from heads.cache import CANDIDATE, HeadCache
 from heads.head import Head
 from tests.heads.helpers import random_head
 
@@ -94,3 +94,23 @@ def test_concurrent_puts_and_gets_keep_the_accounting_exact():
     stats = cache.stats()
     assert stats["resident_bytes"] == size * stats["resident_heads"] <= 5 * size
     assert stats["hits"] + stats["misses"] == 1200
+
+
+def test_a_candidate_slot_sits_beside_the_active_head_counted_and_never_pinned():
+    size = head("a").nbytes
+    cache = HeadCache(memory_budget_bytes=2 * size, pinned=["a"])
+    cache.put(head("a", 1))
+    cache.put(head("a", 2), CANDIDATE)
+    assert cache.get("a", 1).version == 1 and cache.get("a", 2, CANDIDATE).version == 2
+    assert cache.get("a", 2) is None and cache.get("a", 1, CANDIDATE) is None
+    assert cache.stats()["resident_bytes"] == 2 * size
+    assert cache.stats()["pinned_resident"] == 1  # the bot is pinned, its candidate is not
+    cache.put(head("b"))  # over the budget: the candidate goes, not the pinned head
+    assert cache.resident_bot_ids() == ["a", "b"]
+    cache.put(head("a", 3), CANDIDATE)
+    cache.retain(lambda h: h.version != 3)  # retain sees every slot's heads
+    assert cache.peek("a", 3, CANDIDATE) is None and cache.peek("a", 1) is not None
+    cache.put(head("a", 3), CANDIDATE)  # a candidate is a head like the others: b goes
+    assert cache.resident_bot_ids() == ["a", "a#candidate"]
+    cache.discard("a", CANDIDATE)
+    assert cache.resident_bot_ids() == ["a"] and cache.stats()["evictions"] == 2

@@ -24,6 +24,10 @@ REPO = Path(__file__).resolve().parents[2]
     (["bots", "show"], "history"),
     (["bots", "remove"], "delete every version"),
     (["bots", "rollback"], "--to"),
+    (["bots", "promote"], "stays stored"),
+    (["bots", "discard"], "goes on alone"),
+    (["register"], "--candidate MODE"),
+    (["train"], "--candidate MODE"),
 ])
 def test_every_subcommand_has_help(argv, expect, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -103,6 +107,49 @@ def test_admin_flow(location, files, capsys):
     assert "no bots registered" in out
 
 
+def test_candidate_flow(location, files, capsys):
+    """A canary, promoted, then rolled back; a shadow, discarded: on both backends."""
+    store = location
+    assert run(capsys, "register", "acme", "--weights-checkpoint", files["plain"], "--labels",
+               files["labels"], "--store", store)[0] == 0
+    code, out, _ = run(capsys, "register", "acme", "--weights-checkpoint", files["ckpt"],
+                       "--labels", files["labels"], "--weights-name", "dense/kernel",
+                       "--biases-name", "dense/bias", "--candidate", "canary:30",
+                       "--store", store)
+    assert code == 0 and out.strip().endswith(
+        "as its candidate (canary:30); version 1 stays active")
+    assert "registered bot 'acme' version 2 (3 classes)" in out
+    code, out, _ = run(capsys, "bots", "list", "--store", store)
+    header, row = out.splitlines()
+    assert header.split()[5] == "CANDIDATE" and row.split()[4:7] == ["1", "v2", "canary:30"]
+    listed = json.loads(run(capsys, "bots", "list", "--json", "--store", store)[1])
+    assert (listed[0]["versions"], listed[0]["candidate"]["version"],
+            listed[0]["candidate"]["percent"]) == ([1], 2, 30.0)
+    out = run(capsys, "bots", "show", "acme", "--store", store)[1]
+    assert "candidate: v2 canary:30 (3 classes" in out and "versions:  1\n" in out
+    code, out, _ = run(capsys, "bots", "promote", "acme", "--store", store)
+    assert code == 0 and "bot 'acme': active version 1 -> 2 (its candidate)" in out
+    out = run(capsys, "bots", "show", "acme", "--store", store)[1]
+    assert "candidate: none" in out and "v1 -> v2 (the candidate)" in out
+    assert run(capsys, "bots", "rollback", "acme", "--store", store)[1].strip() == \
+        "bot 'acme': active version 2 -> 1"
+
+    code, out, _ = run(capsys, "register", "acme", "--weights-checkpoint", files["plain"],
+                       "--labels", files["labels"], "--candidate", "shadow", "--store", store)
+    assert code == 0 and "version 3 (3 classes)" in out and "(shadow); version 1" in out
+    code, out, _ = run(capsys, "bots", "discard", "acme", "--store", store)
+    assert code == 0 and out.strip() == ("bot 'acme': candidate version 3 deleted; version 1 "
+                                         "stays active")
+    shown = json.loads(run(capsys, "bots", "show", "acme", "--json", "--store", store)[1])
+    assert [h["action"] for h in shown["history"]] == [
+        "register", "candidate", "promote", "rollback", "candidate", "discard"]
+    assert (shown["versions"], shown["candidate"]) == ([1, 2], None)
+    with open_store(store) as s:
+        assert [r.action for r in s.audit()][-5:] == [
+            "candidate_add", "candidate_promote", "rollback", "candidate_add",
+            "candidate_discard"]
+
+
 def test_store_from_environment(tmp_path, files, capsys, monkeypatch):
     monkeypatch.setenv("MULTIHEAD_STORE", str(tmp_path / "env-store"))
     assert run(capsys, "register", "acme", "--weights-checkpoint", files["plain"],
@@ -156,6 +203,22 @@ REFUSALS = {
     "rollback missing version": (["bots", "rollback", "acme", "--to", "9"],
                                  "bot 'acme' has no version 9 (versions on disk: 1, 2)"),
     "remove bad id": (["bots", "remove", "a/b"], "invalid bot id 'a/b'"),
+    **{f"candidate {mode}": (["register", "acme", "--weights-checkpoint", "{tmp}/none.ckpt",
+                              "--labels", "{tmp}/none.txt", "--candidate", mode],
+                             f"invalid candidate mode '{mode}': use shadow, or canary:P with "
+                             "0 < P < 100") for mode in ("canary:0", "canary:100", "canary:x",
+                                                         "canary", "green")},
+    "train candidate": (["train", "acme", "--images", "{tmp}/nowhere", "--candidate",
+                         "canary:0"], "invalid candidate mode 'canary:0'"),
+    "candidate of an unknown bot": (["register", "gamma", "--weights-checkpoint", "{plain}",
+                                     "--labels", "{labels}", "--candidate", "shadow"],
+                                    "unknown bot 'gamma'"),
+    "promote without a candidate": (["bots", "promote", "acme"],
+                                    "bot 'acme' has no candidate (register one with "
+                                    "--candidate shadow or --candidate canary:P)"),
+    "discard without a candidate": (["bots", "discard", "acme"], "bot 'acme' has no candidate"),
+    "promote unknown": (["bots", "promote", "gamma"], "unknown bot 'gamma'"),
+    "discard unknown": (["bots", "discard", "gamma"], "unknown bot 'gamma'"),
 }
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heads import BotOwnedElsewhere, files, open_store
+from heads import BotOwnedElsewhere, CandidateMode, files, open_store
 from heads.backend import POSTGRESQL, SQLITE
 from heads.schema import BIGINT, DIALECTS, SERIAL, TABLES, create_statements, stale_check, tables
 from heads.tenants import AUDIT_ACTIONS, TenantLimits
-from tests.heads.helpers import pg_execute, random_head, tree_digest
+from tests.heads.helpers import pg_execute, random_head, store_digest, tree_digest
 
 # -- introspection ---------------------------------------------------------------------------
 
@@ -123,9 +123,10 @@ def pg_schema(url: str) -> dict:
 def test_the_description_holds_both_backends_tables_with_their_constraints():
     assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history",
                                         "tenants", "tenant_limits", "api_keys", "owners",
-                                        "audit"]
+                                        "audit", "candidates"]
     assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history", "tenants",
-                                                "tenant_limits", "api_keys", "owners", "audit"]
+                                                "tenant_limits", "api_keys", "owners", "audit",
+                                                "candidates"]
     assert [t.name for t in tables(POSTGRESQL)] == [t.name for t in TABLES]
     # Referenced tables come first: the statements run in this order.
     for i, t in enumerate(TABLES):
@@ -155,6 +156,10 @@ def test_the_sqlite_checks_refuse_what_the_description_forbids(store):
                     "NULL)",
                     "INSERT INTO api_keys VALUES ('k', 't', 'infer', 'short', 'x', NULL, NULL)",
                     "INSERT INTO audit (at, actor, action) VALUES ('x', 'y', 'drop')",
+                    "INSERT INTO candidates VALUES ('b', 2, 'blue-green', NULL, 'x')",
+                    "INSERT INTO candidates VALUES ('b', 2, 'canary', 0, 'x')",
+                    "INSERT INTO candidates VALUES ('b', 2, 'canary', 100, 'x')",
+                    "INSERT INTO candidates VALUES ('b', 0, 'shadow', NULL, 'x')",
                     *(f"INSERT INTO tenant_limits (name, {column}, updated) VALUES ('t', "
                       f"{value}, 'x')" for column, value in [
                           ("weight", 0), ("weight", -1), ("weight", 1000.5), ("rate", 0),
@@ -265,6 +270,8 @@ def _old_rows(insert_version, insert_bot, insert_history) -> None:
 
 # The tables tenants added: a store of 42dd771 gains them, empty, at its first write.
 TENANT_TABLES = ("tenants", "tenant_limits", "api_keys", "owners", "audit")
+# ... and the tables added since (candidates).
+ADDED_TABLES = (*TENANT_TABLES, "candidates")
 
 
 def _in_the_default_tenant(s) -> None:
@@ -347,15 +354,19 @@ def test_a_directory_store_written_by_42dd771_opens_unchanged(tmp_path):
         _in_the_default_tenant(s)
     assert tree_digest(root) == before
     _works_with_the_new_code(root)
-    # No rewrite: the old tables are kept as they were, the tenants' ones were added.
+    # No rewrite but history's: the other old tables are kept as they were, the new ones were
+    # added; history (no check at all) was made again with its check, rows kept (above).
     new_schema = sqlite_schema(db)
-    assert {t: new_schema[t] for t in old_schema} == old_schema
-    assert set(new_schema) - set(old_schema) == set(TENANT_TABLES)
-    assert {t: new_schema[t] for t in TENANT_TABLES} == {
-        t: expected_schema(SQLITE)[t] for t in TENANT_TABLES}
+    assert {t: new_schema[t] for t in old_schema if t != "history"} == {
+        t: v for t, v in old_schema.items() if t != "history"}
+    assert new_schema["history"] == expected_schema(SQLITE)["history"]
+    assert not stale_check("history", _table_sql(db, "history"))
+    assert set(new_schema) - set(old_schema) == set(ADDED_TABLES)
+    assert {t: new_schema[t] for t in ADDED_TABLES} == {
+        t: expected_schema(SQLITE)[t] for t in ADDED_TABLES}
     # The old tables differ from the description only in what the description added: the
     # checks, and NOT NULL on bots.bot_id (which SQLite's inline PRIMARY KEY did not imply).
-    new = {t: v for t, v in expected_schema(SQLITE).items() if t not in TENANT_TABLES}
+    new = {t: v for t, v in expected_schema(SQLITE).items() if t not in ADDED_TABLES}
     assert {t: {k: v for k, v in old_schema[t].items() if k != "checks"} for t in old_schema} \
         == {t: {k: v if k != "columns" else [c if (t, c[0]) != ("bots", "bot_id")
                                              else (*c[:2], True, *c[3:]) for c in v]
@@ -388,7 +399,7 @@ def test_a_postgresql_store_written_by_42dd771_opens_unchanged(pg_url):
     # The DDL of 42dd771 and the description make the same tables, constraint for constraint
     # (but for the tables tenants added).
     assert pg_schema(pg_url) == {t: v for t, v in expected_schema(POSTGRESQL).items()
-                                 if t not in TENANT_TABLES}
+                                 if t not in ADDED_TABLES}
 
     _works_with_the_new_code(pg_url)
     assert pg_schema(pg_url) == expected_schema(POSTGRESQL)
@@ -428,6 +439,26 @@ PG_AUDIT_D17EB97 = f"""CREATE TABLE IF NOT EXISTS {S}.audit (
     detail text
 )"""
 AUDIT_INDEX = "CREATE INDEX IF NOT EXISTS audit_by_tenant ON {prefix}audit (tenant, id)"
+# The history table as every version from the first checks (d17eb97's time) to 3d50dba made it,
+# verbatim: its check lacks the candidates' actions.
+HISTORY_3D50DBA = {SQLITE: """CREATE TABLE IF NOT EXISTS {prefix}history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    bot_id TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('register', 'rollback', 'remove')),
+    version INTEGER,
+    previous INTEGER,
+    at TEXT NOT NULL,
+    source TEXT
+)""", POSTGRESQL: """CREATE TABLE IF NOT EXISTS {prefix}history (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    bot_id text COLLATE "C" NOT NULL,
+    action text NOT NULL CHECK (action IN ('register', 'rollback', 'remove')),
+    version integer,
+    previous integer,
+    at text NOT NULL,
+    source text
+)"""}
+HISTORY_INDEX = "CREATE INDEX IF NOT EXISTS history_by_bot ON {prefix}history (bot_id, version)"
 # Three records, the last one deleted: the next id is 4 (a counter outlives its rows).
 OLD_RECORDS = [(AT, "operator", "tenant_add", "t1", None), (AT, "key:k1", "key_add", "t1",
                                                              "key k1 scope infer"),
@@ -435,10 +466,12 @@ OLD_RECORDS = [(AT, "operator", "tenant_add", "t1", None), (AT, "key:k1", "key_a
 
 
 def _d17eb97_statements(dialect: str, prefix: str, audit: str) -> list[str]:
-    """The DDL of a store written by d17eb97: today's tables but tenant_limits, and its audit."""
+    """The DDL of a store written by d17eb97: today's tables but tenant_limits and candidates,
+    its audit, and its history (whose check lacks the candidates' actions)."""
     today = create_statements(dialect, prefix, only={t.name for t in tables(dialect)}
-                              - {"audit", "tenant_limits"})
-    return [*today, audit, AUDIT_INDEX.format(prefix=prefix)]
+                              - {"audit", "tenant_limits", "candidates", "history"})
+    return [*today, HISTORY_3D50DBA[dialect].format(prefix=prefix),
+            HISTORY_INDEX.format(prefix=prefix), audit, AUDIT_INDEX.format(prefix=prefix)]
 
 
 def _old_audit(execute, prefix: str) -> None:
@@ -497,7 +530,8 @@ def test_a_directory_store_written_by_d17eb97_gains_the_tenant_set_action(tmp_pa
     # The store now has the described tables; the others are as they were.
     assert sqlite_schema(db) == expected_schema(SQLITE)
     assert {t: v for t, v in old_schema.items() if t != "audit"} == {
-        t: v for t, v in expected_schema(SQLITE).items() if t not in ("audit", "tenant_limits")}
+        t: v for t, v in expected_schema(SQLITE).items()
+        if t not in ("audit", "tenant_limits", "candidates")}
     # Made again once: a later writer finds the check current and leaves the table alone.
     sql = _table_sql(db, "audit")
     with open_store(root) as s:
@@ -536,7 +570,7 @@ def test_a_postgresql_store_written_by_d17eb97_gains_the_tenant_set_action(pg_ur
     ((name, old_check),) = _pg_audit_check(pg_url)
     assert name == "audit_action_check" and stale_check("audit", old_check)
     assert pg_schema(pg_url) == {t: v for t, v in expected_schema(POSTGRESQL).items()
-                                 if t != "tenant_limits"}
+                                 if t not in ("tenant_limits", "candidates")}
 
     _gains_tenant_set(pg_url)
     ((name, check),) = _pg_audit_check(pg_url)
@@ -545,3 +579,149 @@ def test_a_postgresql_store_written_by_d17eb97_gains_the_tenant_set_action(pg_ur
     assert pg_execute(pg_url, f"SELECT change_seq FROM {S}.state") == [(2 + 3,)]
     with pytest.raises(Exception, match="audit_action_check"):
         pg_execute(pg_url, f"INSERT INTO {S}.audit (at, actor, action) VALUES ('x', 'y', 'drop')")
+
+
+# -- stores written by 3d50dba (before candidates) gain them at their first write ----------------
+
+# The audit table as 3d50dba made it, verbatim: its check lacks the candidates' actions.
+AUDIT_3D50DBA = {SQLITE: """CREATE TABLE IF NOT EXISTS {prefix}audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('register', 'replace', 'rollback', 'remove', \
+'tenant_add', 'tenant_remove', 'tenant_set', 'key_add', 'key_revoke')),
+    tenant TEXT,
+    bot_id TEXT,
+    version INTEGER,
+    digest TEXT,
+    detail TEXT
+)""", POSTGRESQL: """CREATE TABLE IF NOT EXISTS {prefix}audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at text NOT NULL,
+    actor text NOT NULL,
+    action text NOT NULL CHECK (action IN ('register', 'replace', 'rollback', 'remove', \
+'tenant_add', 'tenant_remove', 'tenant_set', 'key_add', 'key_revoke')),
+    tenant text COLLATE "C",
+    bot_id text COLLATE "C",
+    version integer,
+    digest text,
+    detail text
+)"""}
+# table -> (its DDL at 3d50dba, its index, the column that identifies a row's author)
+_OLD_TABLES = {"history": (HISTORY_3D50DBA, HISTORY_INDEX, "history_by_bot", "bot_id"),
+               "audit": (AUDIT_3D50DBA, AUDIT_INDEX, "audit_by_tenant", "actor")}
+
+
+def _as_3d50dba_wrote_it(location: str) -> None:
+    """A store of this version made into the one 3d50dba writes: no candidates table, and its
+    history and audit tables as 3d50dba made them (their rows and ids kept). What 3d50dba wrote
+    in them (registrations, rollbacks, tenants) it wrote as this version does."""
+    if location.startswith("postgresql"):
+        pg_execute(location, f"DROP TABLE {S}.candidates")
+        for table, (ddl, index, index_name, _) in _OLD_TABLES.items():
+            pg_execute(location, f"ALTER TABLE {S}.{table} RENAME TO {table}_old")
+            pg_execute(location, f"ALTER INDEX {S}.{index_name} RENAME TO {table}_old_index")
+            pg_execute(location, ddl[POSTGRESQL].format(prefix=f"{S}."))
+            pg_execute(location, f"INSERT INTO {S}.{table} OVERRIDING SYSTEM VALUE "
+                                 f"SELECT * FROM {S}.{table}_old")
+            pg_execute(location, f"SELECT setval(pg_get_serial_sequence('{S}.{table}', 'id'), "
+                                 f"(SELECT max(id) FROM {S}.{table}))")
+            pg_execute(location, f"DROP TABLE {S}.{table}_old")
+            pg_execute(location, index.format(prefix=f"{S}."))
+        return
+    conn = sqlite3.connect(Path(location) / "registry.sqlite", isolation_level=None)
+    try:
+        conn.execute("DROP TABLE candidates")
+        for table, (ddl, index, _, _) in _OLD_TABLES.items():
+            conn.execute(f"ALTER TABLE {table} RENAME TO {table}_old")
+            conn.execute(ddl[SQLITE].format(prefix=""))
+            conn.execute(f"INSERT INTO {table} SELECT * FROM {table}_old")
+            conn.execute(f"DROP TABLE {table}_old")
+            conn.execute(index.format(prefix=""))
+    finally:
+        conn.close()
+
+
+def _schema_of(location: str) -> dict:
+    if location.startswith("postgresql"):
+        return pg_schema(location)
+    return sqlite_schema(Path(location) / "registry.sqlite")
+
+
+def _refuses(location: str, table: str, action: str) -> bool:
+    """Whether the store's `table` refuses a row of `action` (its check); nothing is kept."""
+    author = _OLD_TABLES[table][3]
+    if location.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(location, autocommit=True) as conn:
+            try:
+                with conn.transaction():
+                    conn.execute(f"INSERT INTO {S}.{table} (at, {author}, action) "
+                                 "VALUES ('x', 'y', %s)", (action,))
+                    raise psycopg.Rollback()
+            except psycopg.errors.CheckViolation:
+                return True
+        return False
+    conn = sqlite3.connect(Path(location) / "registry.sqlite", isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        try:
+            conn.execute(f"INSERT INTO {table} (at, {author}, action) VALUES ('x', 'y', ?)",
+                         (action,))
+        except sqlite3.IntegrityError:
+            return True
+        finally:
+            conn.execute("ROLLBACK")
+        return False
+    finally:
+        conn.close()
+
+
+def test_a_store_written_by_3d50dba_gains_candidates_at_its_first_write(location):
+    with open_store(location) as s:
+        s.add_tenant("t1")
+        s.register("acme", *random_head(3, seed=1), tenant="t1")
+        s.register("acme", *random_head(3, seed=2), tenant="t1")
+        s.rollback("acme")
+        s.register("beta", *random_head(3, seed=3))
+        old_audit = [(r.id, r.action, r.bot_id, r.version) for r in s.audit()]
+    _as_3d50dba_wrote_it(location)
+    expected = expected_schema(POSTGRESQL if location.startswith("postgresql") else SQLITE)
+    assert _schema_of(location) == {t: v for t, v in expected.items() if t != "candidates"}
+    assert _refuses(location, "history", "candidate") and _refuses(location, "audit",
+                                                                  "candidate_add")
+    assert not _refuses(location, "history", "rollback")  # (the test's probe works)
+    before = store_digest(location)
+
+    with open_store(location) as s:  # reading: no candidate anywhere, nothing written
+        assert [(i.bot_id, i.version, i.versions, i.candidate) for i in s.list()] == [
+            ("acme", 1, [1, 2], None), ("beta", 1, [1], None)]
+        assert s.candidate("acme") is None and not s.has_candidate("beta")
+    assert store_digest(location) == before
+
+    with open_store(location) as s:
+        assert s.register("acme", *random_head(4, seed=4), tenant="t1",
+                          candidate="canary:25") == 3
+        assert s.info("acme").candidate.mode == CandidateMode("canary", 25.0)
+        assert s.promote("acme") == (1, 3)
+        assert s.register("acme", *random_head(3, seed=5), tenant="t1", candidate="shadow") == 4
+        assert s.discard("acme") == 4
+        assert s.register("beta", *random_head(3, seed=6), candidate="shadow") == 2
+    with open_store(location) as fresh:  # as another process sees it
+        assert [(h["action"], h["version"], h["previous"]) for h in fresh.history("acme")] == [
+            ("register", 1, None), ("register", 2, 1), ("rollback", 1, 2), ("candidate", 3, 1),
+            ("promote", 3, 1), ("candidate", 4, 3), ("discard", 4, None)]
+        audit = [(r.id, r.action, r.bot_id, r.version) for r in fresh.audit()]
+        assert audit[:len(old_audit)] == old_audit  # rows and ids kept
+        assert [a[1:] for a in audit[len(old_audit):]] == [
+            ("candidate_add", "acme", 3), ("candidate_promote", "acme", 3),
+            ("candidate_add", "acme", 4), ("candidate_discard", "acme", 4),
+            ("candidate_add", "beta", 2)]
+        assert [a[0] for a in audit] == sorted({a[0] for a in audit})  # ids still grow
+        assert fresh.candidate("beta").head.version == 2 and fresh.info("acme").candidate is None
+        np.testing.assert_array_equal(fresh.get("acme").weights, random_head(4, seed=4)[0])
+        assert fresh.rollback("acme") == 2  # the promoted version's predecessor is kept
+    assert _schema_of(location) == expected
+    assert not _refuses(location, "history", "discard")
+    assert _refuses(location, "audit", "drop")

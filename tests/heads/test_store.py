@@ -121,11 +121,23 @@ def test_bot_info_to_dict_public_and_admin(store):
     admin = info.to_dict()
     assert admin == {"bot_id": "acme", "version": 2, "n_classes": 3, "labels": list(labels),
                      "created": info.created, "versions": [1, 2], "source": "second",
-                     "tenant": "default"}
+                     "tenant": "default", "candidate": None}
     assert isinstance(admin["labels"], list) and isinstance(admin["versions"], list)
     public = info.to_dict(with_source=False)
     assert public == {k: v for k, v in admin.items() if k != "source"}
     json.dumps(admin)  # JSON-ready
+    # A candidate: its own entry (not among the versions rollback may activate).
+    w4, b4, labels4 = random_head(4, seed=3)
+    store.register("acme", w4, b4, labels4, source="third", candidate="canary:12.5")
+    info = store.info("acme")
+    admin = info.to_dict()
+    assert admin["versions"] == [1, 2] and admin["candidate"] == {
+        "version": 3, "mode": "canary", "percent": 12.5, "n_classes": 4,
+        "labels": list(labels4), "created": info.candidate.created, "source": "third"}
+    public = info.to_dict(with_source=False)
+    assert public["candidate"] == {k: v for k, v in admin["candidate"].items() if k != "source"}
+    assert "candidate" not in info.to_dict(with_candidate=False)
+    json.dumps(admin)
 
 
 @pytest.mark.parametrize("to", ["2", 2.0, True, None])

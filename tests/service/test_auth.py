@@ -81,11 +81,15 @@ class World:
             self.headers[name] = {"Authorization": f"Bearer {token}"}
         self.upload_dir = tmp_path / "uploads"
 
-    def fresh_bot(self, versions: int = 2) -> str:
-        """A new bot of the own tenant, for a request that changes or removes it."""
+    def fresh_bot(self, versions: int = 2, *, candidate: bool = False) -> str:
+        """A new bot of the own tenant, for a request that changes or removes it (with a
+        candidate to promote or discard, if asked)."""
         bot_id = f"acme-{uuid.uuid4().hex[:8]}"
         for v in range(versions):
             self.store.register(bot_id, *random_head(3, seed=10 + v), tenant=OWN)
+        if candidate:
+            self.store.register(bot_id, *random_head(3, seed=20), tenant=OWN,
+                                candidate="shadow")
         return bot_id
 
     def upload(self) -> tuple[bytes, str]:
@@ -131,10 +135,11 @@ OIP_BODY = js({"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": 
 TFS_BODY = js({"instances": [{"b64": B64}]})
 
 
-def bot_route(method, path, body=None, headers=None, *, fresh=False):
-    """A request on one bot: `path` with `{bot}`; `fresh`: on a new own bot (it changes it)."""
+def bot_route(method, path, body=None, headers=None, *, fresh=False, candidate=False):
+    """A request on one bot: `path` with `{bot}`; `fresh`: on a new own bot (it changes it);
+    `candidate`: that bot has a candidate."""
     return {"method": method, "path": path, "body": body, "headers": headers or {},
-            "fresh": fresh, "bot": True}
+            "fresh": fresh, "bot": True, "candidate": candidate}
 
 
 def route(method, path, body=None, headers=None):
@@ -151,6 +156,10 @@ REQUESTS = {
     "put_bot": bot_route("PUT", "/bots/{bot}", "upload", fresh=True),
     "delete_bot": bot_route("DELETE", "/bots/{bot}", fresh=True),
     "rollback_bot": bot_route("POST", "/bots/{bot}/rollback", fresh=True),
+    "promote_candidate": bot_route("POST", "/bots/{bot}/candidate/promote", fresh=True,
+                                   candidate=True),
+    "discard_candidate": bot_route("DELETE", "/bots/{bot}/candidate", fresh=True,
+                                   candidate=True),
     "list_tenants": route("GET", "/tenants"),
     "put_tenant": route("PUT", "/tenants/{new_tenant}"),
     "patch_tenant": route("PATCH", "/tenants/{fresh_tenant}", js({"weight": 2, "rate": None}),
@@ -214,7 +223,8 @@ def expected(endpoint, credential: str) -> int | str:
 
 async def call(world: World, endpoint, credential: str, bot: str | None = None):
     spec = REQUESTS[endpoint.name]
-    target = bot or (world.fresh_bot() if spec["fresh"] else OWN_BOT)
+    target = bot or (world.fresh_bot(candidate=spec.get("candidate", False)) if spec["fresh"]
+                     else OWN_BOT)
     path = spec["path"].format(
         bot=target, new_tenant=f"t-{uuid.uuid4().hex[:8]}",
         fresh_tenant=_fresh_tenant(world), fresh_key=_fresh_key(world))
@@ -282,6 +292,23 @@ async def test_a_listing_shows_only_the_callers_tenant(world, credential, sees):
         assert all(bot.startswith(("acme", "globex")) for bot in listed)
         assert not any(bot.startswith("globex" if OWN_BOT in sees else "acme")
                        for bot in listed)
+
+
+async def test_a_bots_candidate_is_shown_to_who_may_manage_it(world):
+    bot = world.fresh_bot(candidate=True)
+    async with aiohttp.ClientSession() as session:
+        async def shown(credential: str):
+            async with session.get(f"{world.server.url}/bots/{bot}",
+                                   headers=world.headers[credential]) as resp:
+                body = await resp.json()
+                return resp.status, body.get("candidate", "absent")
+
+        for credential in ("own_manage", "operator"):
+            status, candidate = await shown(credential)
+            assert status == 200 and (candidate["version"], candidate["mode"]) == (3, "shadow")
+            assert candidate["stats"]["images"] == 0
+        assert await shown("own_infer") == (200, "absent")
+        assert (await shown("other_manage"))[0] == 404
 
 
 async def test_a_manage_key_registers_in_its_tenant_and_reads_only_its_audit(world):

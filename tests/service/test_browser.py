@@ -351,6 +351,63 @@ async def test_with_api_keys_the_page_asks_for_a_key_and_shows_its_tenants_bots_
     assert_rendered(rendered["acme-bot"], _api_predictions(await resp.json()))
 
 
+def read_candidates(driver, url, token):
+    """The bots page without a key, then with `token` (a manager's): (the column names
+    without, the column names with, {bot: what its candidate cell shows})."""
+    driver.get(url)
+    _wait_for(driver, "#bot-table[data-state='ready']", "the bots page")
+    anonymous = [th.text for th in _css(driver, "table.bots thead th")]
+    driver.execute_script("sessionStorage.setItem('multihead-api-key', arguments[0])", token)
+    try:
+        driver.get(url)
+        _wait_for(driver, "#bot-table[data-state='ready']", "the bots page with the key")
+        columns = [th.text for th in _css(driver, "table.bots thead th")]
+        cells = {}
+        for row in _css(driver, "table.bots tbody tr"):
+            cell = row.find_element("css selector", "td.candidate")
+            cells[row.get_attribute("data-bot")] = {
+                "version": cell.get_attribute("data-version"),
+                "mode": cell.get_attribute("data-mode"),
+                "text": cell.get_attribute("textContent"),
+                "disagreements": [
+                    (li.get_attribute("data-live"), li.get_attribute("data-candidate"),
+                     int(li.get_attribute("data-images")))
+                    for li in cell.find_elements("css selector", ".disagreements li")]}
+        _screenshot(driver, "bots-candidates")
+        return anonymous, columns, cells
+    finally:
+        driver.execute_script("sessionStorage.clear()")  # the next test's page has no key
+
+
+async def test_the_bots_page_shows_a_candidate_and_its_stats_to_a_manager(browser, make_client,
+                                                                          store, jpegs):
+    store.register("alpha", *random_head(4, seed=71), candidate="canary:50")
+    client = await make_client(admin_token="page-operator")
+    auth = {"Authorization": "Bearer page-operator"}
+    for i, image in enumerate(jpegs[:4]):
+        resp = await client.post("/classify/alpha", data=image,
+                                 headers={"Content-Type": "image/jpeg",
+                                          "X-Multihead-Route-Key": f"user-{i}"})
+        assert resp.status == 200
+    info = await (await client.get("/bots/alpha", headers=auth)).json()
+    stats = info["candidate"]["stats"]
+    assert stats["images"] == 4
+
+    anonymous, columns, cells = await asyncio.to_thread(
+        read_candidates, browser, str(client.make_url("/static/bots.html")), "page-operator")
+    assert "Candidate" not in anonymous  # an anonymous caller is not shown candidates
+    assert columns == ["Bot", "Version", "Classes", "Labels", "Candidate", "Created (UTC)"]
+    shown = cells.pop("alpha")
+    assert (shown["version"], shown["mode"]) == ("2", "canary")
+    assert "v2 · canary 50 %" in shown["text"]
+    assert f"4 images compared · {100 * stats['agreement']:.1f} % agree" in shown["text"]
+    assert f"mean |Δp| {stats['mean_abs_diff']:.3f} · {stats['answered']} answered" \
+        in shown["text"]
+    assert shown["disagreements"] == [(d["live"], d["candidate"], d["images"])
+                                      for d in stats["disagreements"]]
+    assert all(cell["text"] == "none" for cell in cells.values())  # the other bots
+
+
 async def test_the_page_and_its_assets_are_served(shared_client):
     client = shared_client
     for path, content_type in (("/", "text/html"), ("/static/bots.html", "text/html"),

@@ -102,8 +102,9 @@ def test_routes_are_unique_and_every_admin_route_is_a_write_on_bots_tenants_or_k
     assert len({e.name for e in ENDPOINTS}) == len(ENDPOINTS)
     assert len({(e.method, e.path) for e in ENDPOINTS}) == len(ENDPOINTS)
     assert sorted((e.method, e.path) for e in ENDPOINTS if e.admin) == [
-        ("DELETE", "/bots/{bot_id}"), ("DELETE", "/keys/{key_id}"),
-        ("DELETE", "/tenants/{tenant}"), ("PATCH", "/tenants/{tenant}"),
+        ("DELETE", "/bots/{bot_id}"), ("DELETE", "/bots/{bot_id}/candidate"),
+        ("DELETE", "/keys/{key_id}"), ("DELETE", "/tenants/{tenant}"),
+        ("PATCH", "/tenants/{tenant}"), ("POST", "/bots/{bot_id}/candidate/promote"),
         ("POST", "/bots/{bot_id}/rollback"), ("POST", "/keys"), ("PUT", "/bots/{bot_id}"),
         ("PUT", "/tenants/{tenant}")]
 

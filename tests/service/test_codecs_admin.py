@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from heads import InvalidHead
+from heads import CandidateMode, InvalidHead
 from service.codecs import admin, native, ops
 from service.codecs.admin import DEFAULT_SHARD, HeadUpload, parse_head_upload, register_upload
 from service.codecs.base import JSON, Endpoint, Reply, Request, dispatch, json_reply
@@ -203,10 +203,13 @@ async def call(service, module, name: str, **kwargs):
     return reply.status, reply
 
 
-def info_dict(head) -> dict:
-    return {"bot_id": head.bot_id, "version": head.version, "n_classes": head.n_classes,
-            "labels": list(head.labels), "created": "2024-01-01T00:00:00Z",
-            "versions": [head.version], "tenant": "default", "pinned": False}
+def info_dict(head, *, manager: bool = False) -> dict:
+    """`GET /bots/{id}` of the head's bot; a `manager` (who may manage it) sees its candidate
+    (none here)."""
+    out = {"bot_id": head.bot_id, "version": head.version, "n_classes": head.n_classes,
+           "labels": list(head.labels), "created": "2024-01-01T00:00:00Z",
+           "versions": [head.version], "tenant": "default", "pinned": False}
+    return {**out, "candidate": None} if manager else out
 
 
 def test_admin_routes():
@@ -214,7 +217,9 @@ def test_admin_routes():
         ("GET", "/bots", "list_bots", False), ("GET", "/bots/{bot_id}", "show_bot", False),
         ("PUT", "/bots/{bot_id}", "put_bot", True),
         ("DELETE", "/bots/{bot_id}", "delete_bot", True),
-        ("POST", "/bots/{bot_id}/rollback", "rollback_bot", True)]
+        ("POST", "/bots/{bot_id}/rollback", "rollback_bot", True),
+        ("POST", "/bots/{bot_id}/candidate/promote", "promote_candidate", True),
+        ("DELETE", "/bots/{bot_id}/candidate", "discard_candidate", True)]
 
 
 async def test_list_and_show_bots():
@@ -226,6 +231,9 @@ async def test_list_and_show_bots():
          "pinned": False}]})
     status, reply = await call(admin_service(), admin, "show_bot", params={"bot_id": "acme"})
     assert (status, json.loads(reply.body)) == (200, info_dict(ACME))
+    status, reply = await call(admin_service(), admin, "show_bot", params={"bot_id": "acme"},
+                               headers=TOKEN)
+    assert (status, json.loads(reply.body)) == (200, info_dict(ACME, manager=True))
     status, reply = await call(admin_service(), admin, "show_bot", params={"bot_id": "nope"})
     assert (status, json.loads(reply.body)["code"]) == (404, "unknown_bot")
 
@@ -240,7 +248,7 @@ async def test_put_bot_is_201_for_a_new_bot_200_for_a_new_version(version, statu
     service.store.next_version = version
     got, reply = await call(service, admin, "put_bot", params={"bot_id": "acme"},
                             headers={**TOKEN, "Content-Type": MULTIPART}, body=UPLOAD)
-    assert (got, json.loads(reply.body)) == (status, info_dict(ACME))
+    assert (got, json.loads(reply.body)) == (status, info_dict(ACME, manager=True))
     assert service.store.calls == [("register_checkpoint", "acme", "head.ckpt", "labels.txt",
                                     {"source": "http"})]
     assert service.store.written == {"head.ckpt.index": b"IDX", "head.ckpt.data-0": b"D",
@@ -282,7 +290,7 @@ async def test_rollback_bot(query, to):
     service = admin_service()
     status, reply = await call(service, admin, "rollback_bot", params={"bot_id": "acme"},
                                query=query, headers=TOKEN)
-    assert (status, json.loads(reply.body)) == (200, info_dict(ACME))
+    assert (status, json.loads(reply.body)) == (200, info_dict(ACME, manager=True))
     assert service.store.calls == [("rollback", "acme", to)]
 
 
@@ -296,7 +304,51 @@ async def test_rollback_to_a_non_number_is_400(to):
     assert not service.store.calls
 
 
-@pytest.mark.parametrize("name", ["put_bot", "delete_bot", "rollback_bot"])
+@pytest.mark.parametrize("mode", ["shadow", "canary:30", " canary:2.5\n"])
+async def test_put_bot_with_a_candidate_part_registers_a_candidate(mode):
+    service = admin_service()
+    service.store.next_version = 4
+    body = multipart_body(("files", b"IDX", "h.ckpt.index"), ("files", b"D", "h.ckpt.data-0"),
+                          ("labels", b"cat\ndog", "labels.txt"),
+                          ("candidate", mode.encode(), None))
+    status, reply = await call(service, admin, "put_bot", params={"bot_id": "acme"},
+                               headers={**TOKEN, "Content-Type": MULTIPART}, body=body)
+    assert (status, json.loads(reply.body)) == (200, info_dict(ACME, manager=True))
+    assert service.store.calls == [("register_checkpoint", "acme", "head.ckpt", "labels.txt",
+                                    {"source": "http",
+                                     "candidate": CandidateMode.parse(mode)})]
+
+
+@pytest.mark.parametrize("mode", [b"canary:0", b"canary:100", b"canary:x", b"blue", b"\xff"])
+async def test_put_bot_with_a_bad_candidate_is_400_and_registers_nothing(mode):
+    service = admin_service()
+    body = multipart_body(("files", b"IDX", "h.ckpt.index"), ("files", b"D", "h.ckpt.data-0"),
+                          ("labels", b"cat\ndog", "labels.txt"), ("candidate", mode, None))
+    status, reply = await call(service, admin, "put_bot", params={"bot_id": "acme"},
+                               headers={**TOKEN, "Content-Type": MULTIPART}, body=body)
+    answer = json.loads(reply.body)
+    assert status == 400 and not service.store.calls
+    assert answer["code"] == ("bad_request" if mode == b"\xff" else "invalid_candidate")
+
+
+async def test_promote_and_discard_the_candidate():
+    service = admin_service()
+    status, reply = await call(service, admin, "promote_candidate", params={"bot_id": "acme"},
+                               headers=TOKEN)
+    assert (status, json.loads(reply.body)) == (200, info_dict(ACME, manager=True))
+    status, reply = await call(service, admin, "discard_candidate", params={"bot_id": "acme"},
+                               headers=TOKEN)
+    assert (status, json.loads(reply.body)) == (200, {"bot_id": "acme", "discarded": 2})
+    assert service.store.calls == [("promote", "acme"), ("discard", "acme")]
+    for name in ("promote_candidate", "discard_candidate"):
+        status, reply = await call(service, admin, name, params={"bot_id": "nope"},
+                                   headers=TOKEN)
+        assert (status, json.loads(reply.body)["code"]) == (404, "unknown_bot")
+    assert len(service.store.calls) == 2
+
+
+@pytest.mark.parametrize("name", ["put_bot", "delete_bot", "rollback_bot", "promote_candidate",
+                                  "discard_candidate"])
 async def test_admin_endpoints_without_a_token_touch_nothing(name):
     service = admin_service()
     status, _ = await call(service, admin, name, params={"bot_id": "acme"},

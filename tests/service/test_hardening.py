@@ -170,9 +170,9 @@ async def test_heads_of_a_fully_cached_request_run_off_the_event_loop(make_clien
     threads = []
     real = engine_module.score
 
-    def recording(features, items):
+    def recording(features, items, *more):
         threads.append(threading.current_thread())
-        return real(features, items)
+        return real(features, items, *more)
 
     monkeypatch.setattr(engine_module, "score", recording)
     client = await make_client()

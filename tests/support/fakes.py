@@ -80,6 +80,14 @@ class FakeStore:
         self.calls.append(("rollback", bot_id, to))
         return 1
 
+    def promote(self, bot_id: str) -> tuple[int, int]:
+        self.calls.append(("promote", bot_id))
+        return 1, 2
+
+    def discard(self, bot_id: str) -> int:
+        self.calls.append(("discard", bot_id))
+        return 2
+
     def cache_stats(self) -> dict:
         return {"resident_heads": 3, "resident_bytes": 4096, "hits": 0}
 
@@ -101,9 +109,13 @@ class FakeService:
     blocking: list[str] = dataclasses.field(default_factory=list)
 
     principal: Principal = ANONYMOUS
+    route_key: str | None = None  # the last call's (its header)
+    route_keys: list[str | None] = dataclasses.field(default_factory=list)  # per classify
 
-    def caller(self, authorization: str | None, access: str) -> FakeService:
+    def caller(self, authorization: str | None, access: str, *,
+               route_key: str | None = None) -> FakeService:
         self.principal = self._auth().admit(authorization, access)
+        self.route_key = route_key
         return self
 
     def may(self, access: str) -> bool:
@@ -155,6 +167,9 @@ class FakeService:
     def is_pinned(self, bot_id: str) -> bool:
         return bot_id in self.settings.pinned_bots
 
+    def candidate_report(self, info: BotInfo) -> dict | None:
+        return None
+
     def register_checkpoint(self, bot_id, prefix, labels_path, **options) -> int:
         return self.store.register_checkpoint(bot_id, prefix, labels_path, **options)
 
@@ -164,14 +179,24 @@ class FakeService:
     async def rollback(self, bot_id: str, to) -> int:
         return self.store.rollback(bot_id, to)
 
+    async def promote(self, bot_id: str) -> tuple[int, int]:
+        self._head(bot_id)
+        return self.store.promote(bot_id)
+
+    async def discard(self, bot_id: str) -> int:
+        self._head(bot_id)
+        return self.store.discard(bot_id)
+
     def render_metrics(self) -> tuple[bytes, str]:
         stats = self.store.cache_stats()
         self.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
         return self.metrics.render()
 
-    async def classify(self, images: Images, heads, *, top_k: int) -> list[list[Prediction]]:
+    async def classify(self, images: Images, heads, *, top_k: int,
+                       route_key: str | None = None) -> list[list[Prediction]]:
         check_image_count(len(images), self.settings.max_images_per_request)  # the engine's rule
         self.classified.append((images, [h.bot_id for h in heads], top_k))
+        self.route_keys.append(route_key or self.route_key)
         out = []
         for i in range(len(images)):
             row = []

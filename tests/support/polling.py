@@ -3,13 +3,14 @@
 One schedule (check, then sleep `interval_s`, until `timeout_s` has passed) with two ways to
 sleep between checks: `wait_until` blocks the calling thread (plain tests: stores, processes),
 `until` awaits on the event loop (async tests, where blocking would stop the very work being
-waited for). Both return the seconds it took, for the tests whose contract is a latency.
+waited for), and `until_checked` awaits the check itself too (a request to a server). Each
+returns the seconds it took, for the tests whose contract is a latency.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 What = str | Callable[[], str] | None  # what is waited for, named in the failure
 
@@ -49,3 +50,14 @@ async def until(predicate: Callable[[], object], timeout_s: float = 30.0, *,
     while not deadline.reached(predicate):
         await asyncio.sleep(interval_s)
     return deadline.elapsed()
+
+
+async def until_checked(check: Callable[[], Awaitable[object]], timeout_s: float = 30.0, *,
+                        what: What = None, interval_s: float = 0.005) -> float:
+    """`until` with a check that must be awaited (a request to a server under test, say)."""
+    deadline = _Deadline(timeout_s, what)
+    while True:
+        holds = await check()
+        if deadline.reached(lambda holds=holds: holds):
+            return deadline.elapsed()
+        await asyncio.sleep(interval_s)

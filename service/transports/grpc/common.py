@@ -11,7 +11,8 @@ Every RPC runs through `Rpcs.run`:
 
 - auth: the `authorization` metadata is checked as HTTP's header is, with the access rule of
   the RPC's REST twin (`Service.caller`); the handler gets the `Service` as that caller sees
-  it (another tenant's bot is NOT_FOUND, as an unknown one);
+  it (another tenant's bot is NOT_FOUND, as an unknown one), with the call's routing key for
+  canaries (the `x-multihead-route-key` metadata, as HTTP's `X-Multihead-Route-Key` header);
 - admission: the request message's bytes are taken from the process's in-flight byte budget
   (`Service.inflight`, shared with HTTP) until the answer is built; when they do not fit, the
   call fails with RESOURCE_EXHAUSTED (gRPC has already received the message by then: its size is
@@ -50,6 +51,7 @@ from google.protobuf.message import Message
 
 from service.codecs.routes import ENDPOINTS
 from service.core.admission import Reservation
+from service.core.candidates import ROUTE_KEY_METADATA
 from service.core.errors import (
     DeadlineExceeded,
     ServiceError,
@@ -83,10 +85,7 @@ ACCESS = {endpoint.name: endpoint.access for endpoint in ENDPOINTS}
 
 def authorization(context: grpc.aio.ServicerContext) -> str | None:
     """The call's `authorization` metadata (as HTTP's header), or None."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and isinstance(value, str):
-            return value
-    return None
+    return metadata(context).get("authorization")
 
 
 def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -187,7 +186,8 @@ class Rpcs:
         try:
             if self.draining:
                 raise ShuttingDown("the server is shutting down and accepts no new calls")
-            caller = self.service.caller(authorization(context), ACCESS[name])
+            caller = self.service.caller(authorization(context), ACCESS[name],
+                                         route_key=metadata(context).get(ROUTE_KEY_METADATA))
             with Reservation(self.service.inflight) as held:
                 held.take(message.ByteSize())
                 budget = client_budget_s(context)

@@ -109,7 +109,8 @@ def infer_request(request: pb.ModelInferRequest) -> oip.InferRequest:
     outputs = tuple(oip.output_request(out.name, {**parameters(out.parameters),
                                                   "binary_data": True}, True)
                     for out in request.outputs) or (oip.OutputRequest(True, None),)
-    return oip.InferRequest(request.id or None, images, outputs)
+    return oip.InferRequest(request.id or None, images, outputs,
+                            oip.route_key_parameter(parameters(request.parameters)))
 
 
 def infer_response(result: oip.InferResult) -> pb.ModelInferResponse:

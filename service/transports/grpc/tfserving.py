@@ -130,7 +130,8 @@ def predict_response(head: Head, predictions: list[Prediction],
     columns = tfserving.prediction_columns(predictions)
     response = predict_pb2.PredictResponse()
     response.model_spec.name = head.bot_id
-    response.model_spec.version.value = head.version
+    # The version that answered: the live one, or the bot's canary candidate.
+    response.model_spec.version.value = predictions[0].version if predictions else head.version
     response.model_spec.signature_name = tfserving.SIGNATURE
     for name in dict.fromkeys(names):
         values = np.asarray(columns[name])

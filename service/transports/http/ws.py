@@ -1,6 +1,8 @@
 """`GET /ws/classify/{bot_id}` (aiohttp WebSocket): one image per binary message, one JSON
 reply per image, in order; the native codec renders each answer and each error. The upgrade
-request carries the credential (`Authorization`, access INFER as `POST /classify`).
+request carries the credential (`Authorization`, access INFER as `POST /classify`) and, if any,
+the routing key for a bot's canary (`X-Multihead-Route-Key`: every message of the socket is
+routed by it; without it, each message by its image's digest).
 
 Each message is a request of its own for logs and traces (`service.core.logs.request_scope`):
 its id is the socket's (the upgrade's `X-Request-Id`, echoed in the upgrade's answer) with
@@ -17,6 +19,7 @@ from service.codecs.common import parse_top_k
 from service.codecs.native import render_bot_result
 from service.core.admission import Reservation
 from service.core.auth import INFER
+from service.core.candidates import ROUTE_KEY_HEADER
 from service.core.context import Service
 from service.core.engine import Images
 from service.core.logs import REQUEST_ID_HEADER, current, request_scope
@@ -25,7 +28,8 @@ from service.core.logs import REQUEST_ID_HEADER, current, request_scope
 async def classify_ws(service: Service, request: web.Request) -> web.WebSocketResponse:
     bot_id = request.match_info["bot_id"]
     # Auth (INFER, as POST /classify) and the bot's 404 before the upgrade: JSON errors.
-    service = service.caller(request.headers.get("Authorization"), INFER)
+    service = service.caller(request.headers.get("Authorization"), INFER,
+                             route_key=request.headers.get(ROUTE_KEY_HEADER))
     await service.head(bot_id)
     top_k = parse_top_k(request.query, service.settings.top_k_default)
     with Reservation(service.inflight) as held:
