@@ -261,6 +261,24 @@ class InProcessModel:
     async def _run(self, sent: bytes):
         return pickle.loads(pickle.dumps(await answer(self.service, pickle.loads(sent))))
 
+    def broadcast(self, method: str) -> InProcessBroadcast:
+        """`handle.broadcast(method)` to the one replica (what the ingress merges /metrics
+        from), as Ray 2.60's broadcast response is read: one result per replica."""
+        assert method == "metrics_text", method
+        return InProcessBroadcast(self.service)
+
+
+class InProcessBroadcast:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def _fetch_replica_results_async(self) -> list[InProcessBroadcast]:
+        return [self]
+
+    async def get_async(self) -> tuple[str, str]:
+        body, _ = self.service.render_metrics()
+        return pickle.loads(pickle.dumps(("in-process", body.decode())))
+
 
 def starlette_request(case: Case) -> HttpRequest:
     """The request Ray's HTTP proxy hands the ingress, from the ASGI scope of `case`."""

@@ -303,12 +303,12 @@ class Ingress:
         METRICS_TIMEOUT_S, and how many replicas asked did not (killed, stuck)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + METRICS_TIMEOUT_S
-        broadcast = self.model.broadcast("metrics_text")
         # NOTE: the public `results_async` has one timeout for all the replicas: one stuck
         # replica would lose every answer. So each replica's result is awaited within the
         # deadline on its own, through `_fetch_replica_results_async` (the step `results_async`
         # starts with in Ray 2.60, pinned in setup.py; tests/scaleout/test_ray.py calls it).
         try:
+            broadcast = self.model.broadcast("metrics_text")
             results = await asyncio.wait_for(broadcast._fetch_replica_results_async(),
                                              METRICS_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - no replica to ask: the sums remembered
