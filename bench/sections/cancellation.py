@@ -31,16 +31,18 @@ whole load, the clients' give-ups and the requests still in flight when the load
 
 Why the median of ONE client: a timeout of 2 x the 16-client median is almost never reached.
 The closed loop holds 16 rows, so a request waits for one batch and runs in the next, whatever
-the machine: its latency spreads little (p95 / p50 about 1.1), and the rare request that
-outlives 2 m is late because its batch runs slow, so it is in the running batch when its
-client leaves, where nothing can be withdrawn any more. A first run that way had no give-up in
-the impatient clients' window, and the two servers could not differ. A client whose timeout
-is 2 x what the service takes unloaded gives up on every request under this load: 8 rows every
-2 m arrive, 2-4 x what the trunk runs on a CPU (m is about one batch-1 forward, and a batch of
-8 takes about 8 of them there, less where batching pays). With cancellation those rows leave
-the queue; without, they stay until the trunk runs them or the deadline (30 s) drops them, and
-the patient clients' rows wait behind them: docs/performance.md#cancellation has the
-expectation and the numbers.
+the machine: its latency spreads little, and the rare request that outlives 2 m is late because
+its batch runs slow, so it is in the running batch when its client leaves, where nothing can be
+withdrawn any more. Run that way (a median of 11.9 s on 2 loaded cores), no request of either
+comparison load took longer than 14.1 s: no give-up, and the two servers could not differ. A
+client whose timeout is 2 x what the service takes unloaded gives up on every request under
+this load: 8 rows every 2 m arrive, 2-5 x what the trunk runs on a CPU (m is about one batch-1
+forward, and a batch of 8 takes 4-9 of them there). With cancellation those rows leave the
+queue; without, they stay until the trunk runs them or the deadline (30 s) drops them, and the
+patient clients' rows wait behind them. Rows already in the running batch are run either way
+(with a timeout shorter than a batch, every impatient row a batch takes), so with cancellation
+the 8 impatient clients cost the patient ones what 8 more patient clients would:
+docs/performance.md#cancellation has the expectation and the numbers.
 
 A scenario is one line of `SCENARIOS` on a server of `SERVERS` (its `serve` flags, and
 `prepare`, run on the store before that server starts): a shadow candidate on every bot
