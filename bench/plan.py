@@ -48,6 +48,12 @@ class Plan:
     fairness_warmup_s: float = 10.0  # flood load before its window
     fairness_s: float = 30.0  # the flood's window, per scheduler
     quota_s: float = 20.0  # the quota's window, from the limited client's first 429
+    # The cancellation servers' --max-batch-size: 8, as fairness's, so that 16 one-image
+    # clients keep a batch queued behind the one running (a give-up can be withdrawn only
+    # while its row waits).
+    cancellation_batch_size: int = 8
+    cancellation_warmup_s: float = 10.0  # load before each 16-client window
+    cancellation_s: float = 30.0  # each 16-client load's window
     seed: int = 0
     max_batch_size: int = 16
     max_wait_ms: float | None = None  # None: the server's default
@@ -61,6 +67,7 @@ class Plan:
                       fanout_requests=8, rebuild_reps=2, full_models_requests=24, images=48,
                       overload_uploads=100, soak_s=60.0,
                       fairness_warmup_s=5.0, fairness_s=20.0, quota_s=10.0,
+                      cancellation_warmup_s=5.0, cancellation_s=15.0,
                       int8_samples=32, int8_held_out=32)
         values.update(overrides)
         return cls(**values)

@@ -13,6 +13,7 @@ with a `SECTION`, and list it here.
     baselines  rebuild per request; K full models (one Trunk per bot)
     overload   N concurrent 10 MB uploads: RSS start/peak/after, refused vs answered
     fairness   one tenant's flood vs quiet tenants, fair vs fifo scheduler; a tenant's quota
+    cancellation  16 clients, 8 giving up after 2 x the median: with vs without cancellation
     soak       minutes of mixed valid and hostile traffic: RSS must stay flat
     replicas   Ray Serve, 1 vs 2 replicas, PostgreSQL vs SQLite store
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from bench.sections import (
     baselines,
+    cancellation,
     coldstart,
     fairness,
     fanout,
@@ -35,8 +37,8 @@ from bench.sections.base import Section
 
 SECTIONS: tuple[Section, ...] = (
     trunk.SECTION, service.SECTION, fanout.SECTION, grpc.SECTION, scale.SECTION,
-    coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION, soak.SECTION,
-    replicas.SECTION)
+    coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION,
+    cancellation.SECTION, soak.SECTION, replicas.SECTION)
 NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
 
 

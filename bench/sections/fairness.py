@@ -148,12 +148,16 @@ def _seconds(header: str | None) -> float | None:
         return None
 
 
-async def post_images(session, url: str, images: Sequence[bytes]) -> tuple[int, str, float | None]:
+async def post_images(session, url: str, images: Sequence[bytes], *,
+                      timeout_s: float | None = None) -> tuple[int, str, float | None]:
     """POSTs `images` to `url` (one: the raw body; more: multipart `image` parts); returns
     (status, error code, Retry-After seconds); status -1 and the error's type on a transport
-    error."""
+    error. With `timeout_s`, the client gives up after that many seconds (status -1,
+    "TimeoutError"): aiohttp then closes the request's connection, as a client that goes away
+    does."""
     import aiohttp
 
+    timeout = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
     if len(images) == 1:
         data, headers = images[0], {"Content-Type": "image/jpeg"}
     else:
@@ -161,7 +165,7 @@ async def post_images(session, url: str, images: Sequence[bytes]) -> tuple[int, 
         for i, image in enumerate(images):
             data.add_field("image", image, filename=f"{i}.jpg", content_type="image/jpeg")
     try:
-        async with session.post(url, data=data, headers=headers) as response:
+        async with session.post(url, data=data, headers=headers, **timeout) as response:
             body = await response.read()
             status, retry_after = response.status, response.headers.get("Retry-After")
     except asyncio.CancelledError:
@@ -209,13 +213,15 @@ class InFlight:
 
 async def _closed_client(session, url: str, tenant: str, bot: str, pool: ImagePool,
                          calls: list[Call], stop: asyncio.Event, in_flight: InFlight,
-                         key: object) -> None:
-    """One closed-loop client of one image per request until `stop`; it honours Retry-After."""
+                         key: object, timeout_s: float | None = None) -> None:
+    """One closed-loop client of one image per request until `stop`; it honours Retry-After
+    and gives up on a request after `timeout_s` (if given), then sends the next one."""
     target = f"{url}/classify/{bot}"
     while not stop.is_set():
         start = time.perf_counter()
         in_flight.sent[key] = start
-        status, code, retry_after = await post_images(session, target, pool.take(1))
+        status, code, retry_after = await post_images(session, target, pool.take(1),
+                                                      timeout_s=timeout_s)
         del in_flight.sent[key]
         in_flight.answered.set()
         calls.append(Call(tenant, start, time.perf_counter(), status, code, retry_after))
@@ -225,11 +231,13 @@ async def _closed_client(session, url: str, tenant: str, bot: str, pool: ImagePo
 
 async def flood(url: str, jpegs: Sequence[bytes], bots: Mapping[str, str],
                 clients: Mapping[str, int], warmup_s: float, duration_s: float, *,
-                drain_s: float = 300.0) -> dict:
-    """Closed-loop clients (`clients[tenant]` of them, on `bots[tenant]`) on the server at `url`
-    for `warmup_s`, then a window of `duration_s`; the clients keep the load on until every
-    request sent inside the window is answered (at most `drain_s` more). Returns {"window":
-    (begin, end), "calls": [Call], "before": /metrics text at begin, "after": at end}."""
+                drain_s: float = 300.0, timeouts: Mapping[str, float] | None = None) -> dict:
+    """Closed-loop clients (`clients[tenant]` of them, on `bots[tenant]`, giving up on a
+    request after `timeouts[tenant]` seconds where given) on the server at `url` for
+    `warmup_s`, then a window of `duration_s`; the clients keep the load on until every
+    request sent inside the window is answered (at most `drain_s` more), then the requests
+    still in flight are abandoned. Returns {"window": (begin, end), "calls": [Call], "before":
+    /metrics text at begin, "after": at end, "unfinished": the requests abandoned so}."""
     from bench.load import client_session
 
     pool = ImagePool(jpegs)
@@ -238,8 +246,10 @@ async def flood(url: str, jpegs: Sequence[bytes], bots: Mapping[str, str],
     stop = asyncio.Event()
     async with client_session(limit=0) as session:
         tasks = [asyncio.create_task(_closed_client(session, url, tenant, bots[tenant], pool,
-                                                    calls, stop, in_flight, (tenant, i)))
+                                                    calls, stop, in_flight, (tenant, i),
+                                                    (timeouts or {}).get(tenant)))
                  for tenant, n in clients.items() for i in range(n)]
+        unfinished = 0
         try:
             begin = time.perf_counter() + warmup_s
             end = begin + duration_s
@@ -250,10 +260,12 @@ async def flood(url: str, jpegs: Sequence[bytes], bots: Mapping[str, str],
             await in_flight.drained(end, end + drain_s)
         finally:
             stop.set()
+            unfinished = len(in_flight.sent)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    return {"window": (begin, end), "calls": calls, "before": before, "after": after}
+    return {"window": (begin, end), "calls": calls, "before": before, "after": after,
+            "unfinished": unfinished}
 
 
 async def quota_load(url: str, jpegs: Sequence[bytes], limited_bot: str,
@@ -556,7 +568,7 @@ def _facts(server) -> dict:
     return {"ready_s": server.ready_s, "pid": server.pid, "runtime": server.runtime()}
 
 
-async def _warm_up(url: str, jpegs: Sequence[bytes], bot: str, n: int) -> None:
+async def warm_up_batch(url: str, jpegs: Sequence[bytes], bot: str, n: int) -> None:
     """One full batch of distinct images at once (not measured): the trunk's batch shape."""
     from bench.load import client_session
 
@@ -576,7 +588,7 @@ def _run_flood(context: Context, store: Path, bots: dict[str, str], scheduler: s
                                              "max-batch-size": plan.fairness_batch_size}))
     try:
         facts = _facts(server)
-        asyncio.run(_warm_up(server.url, context.jpegs, bots[NOISY], plan.fairness_batch_size))
+        asyncio.run(warm_up_batch(server.url, context.jpegs, bots[NOISY], plan.fairness_batch_size))
         say(f"fairness {scheduler}: {plan.fairness_noisy_clients} noisy clients + "
             f"{len(QUIET)} quiet ones, {plan.fairness_warmup_s:.0f} s warm-up + "
             f"{plan.fairness_s:.0f} s ...")

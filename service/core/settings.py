@@ -229,6 +229,13 @@ class Settings:
         256, "most images waiting for the trunk; beyond it: 503 + Retry-After", at_least=1)
     request_timeout_s: float = setting(
         30.0, "deadline of one request, in seconds (504 when it passes)", above=0)
+    cancel_on_disconnect: bool = setting(
+        True,
+        "cancel a request whose client disconnects (HTTP and WebSocket): its images still "
+        "queued for the trunk are withdrawn and /metrics counts it with status 499. Off, it "
+        "runs to its end and its answer is dropped: the comparison of `multihead bench "
+        "--sections cancellation`, and an escape hatch. gRPC calls end with their client "
+        "either way; under --ray, Ray's proxy decides")
     max_body_bytes: int = setting(
         20 * MIB, "largest accepted request body, in bytes (413 beyond)", at_least=1)
     max_inflight_bytes: int = setting(

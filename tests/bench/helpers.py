@@ -4,6 +4,8 @@ from __future__ import annotations
 import copy
 
 from bench.sections import NAMES
+from bench.sections.cancellation import IMPATIENT as IMPATIENT_KEY
+from bench.sections.cancellation import PATIENT as PATIENT_KEY
 from bench.sections.trunk import FLOPS_PER_IMAGE
 
 
@@ -66,6 +68,56 @@ def _fairness() -> dict:
                   "plain_images_per_s": 1.6, "measured_span_s": 19.1, "measured_images": 28,
                   "accepted_images_per_s": 1.47,
                   "quiet": _tenant(3, 30, 1.5, 1900.0)},
+    }
+
+
+def _load(patient: dict, impatient: dict | None, whole: dict, **server) -> dict:
+    return {"server": {"ready_s": 7.5, "pid": 4545, "runtime": "openvino-fp32",
+                       "cancels": server.pop("cancels", True)},
+            "window_s": 30.0, "warmup_s": 10.0, PATIENT_KEY: patient,
+            **({IMPATIENT_KEY: impatient} if impatient else {}), **server, **whole}
+
+
+def _patient(clients: int, requests: int, goodput: float, p50: float, p95: float,
+             statuses: dict) -> dict:
+    return {**_tenant(clients, requests, goodput, p50), "p95_ms": p95,
+            "answered": statuses.get("200", 0), "goodput": goodput, "gave_up": 0,
+            "statuses": statuses}
+
+
+def _cancellation() -> dict:
+    """The cancellation section: a median of 420 ms (timeout 0.84 s); the patient clients'
+    goodput 0.8 images/s with cancellation vs 0.05 without (0.0625); 290 give-ups over the
+    cancelling load and 306 × 499 there (16 requests abandoned at the end)."""
+    impatient = {"clients": 8, "requests": 250, "answered": 0, "images_per_s": 0.0,
+                 "goodput": 0.0, "gave_up": 250, "statuses": {"-1 TimeoutError": 250}}
+    return {
+        "image": "640×480 JPEG (~150 kB, 64 distinct)", "clients": 16, "batch_size": 8,
+        "warmup_s": 10.0, "duration_s": 30.0, "patience": 2.0, "median_ms": 420.0,
+        "timeout_s": 0.84,
+        "runs": {
+            "one-client": _load(_patient(1, 24, 2.4, 420.0, 450.0, {"200": 24}), None,
+                                {"gave_up": 0, "unfinished": 1,
+                                 "server_statuses": {"200": 30, "499": 1}},
+                                trunk_images=24, answered_images=24, mean_batch_size=1.0,
+                                server_trunk_ms=400.0, total_images_per_s=2.4),
+            "all-patient": _load(_patient(16, 48, 1.6, 9000.0, 9600.0, {"200": 48}), None,
+                                 {"gave_up": 0, "unfinished": 16,
+                                  "server_statuses": {"200": 70, "499": 16}},
+                                 trunk_images=48, answered_images=48, mean_batch_size=8.0,
+                                 server_trunk_ms=4100.0, total_images_per_s=1.62),
+            "cancel": _load(_patient(8, 24, 0.8, 9100.0, 9800.0, {"200": 24}), impatient,
+                            {"gave_up": 290, "unfinished": 16,
+                             "server_statuses": {"200": 30, "499": 306}},
+                            trunk_images=48, answered_images=24, mean_batch_size=8.0,
+                            server_trunk_ms=4200.0, total_images_per_s=0.81),
+            "no-cancel": _load(_patient(8, 6, 0.05, 25000.0, 29000.0, {"200": 2, "504": 4}),
+                               impatient, {"gave_up": 290, "unfinished": 16,
+                                           "server_statuses": {"200": 61, "503": 4,
+                                                               "504": 37}},
+                               cancels=False, trunk_images=56, answered_images=2,
+                               mean_batch_size=8.0, server_trunk_ms=4300.0,
+                               total_images_per_s=0.06)},
     }
 
 
@@ -172,6 +224,7 @@ def passing_results() -> dict:
                      "peak_over_start_bytes": 280_000_000, "peak_limit_bytes": 335_544_320,
                      "after_over_start": 0.0099},
         "fairness": _fairness(),
+        "cancellation": _cancellation(),
         "soak": {"duration_s": 300.0, "clients": 8, "requests": 4321,
                  "statuses": {"200": 2100, "400": 2221}, "rss_start_bytes": 1_000_000_000,
                  "rss_end_bytes": 1_010_000_000, "rss_max_bytes": 1_050_000_000,

@@ -29,7 +29,7 @@ from bench.load import (
 )
 from bench.plan import Plan
 from bench.report import evaluate_targets, write_reports
-from bench.sections import fairness, fanout, scale, service
+from bench.sections import cancellation, fairness, fanout, scale, service
 from bench.stats import rss_bytes
 
 
@@ -247,3 +247,50 @@ def test_random_heads_are_seeded_and_shaped():
     w, bias, labels = random_head(np.random.default_rng(0), 7)
     assert w.shape == (FEATURE_DIM, 7) and w.dtype == np.float32 and bias.shape == (7,)
     assert len(labels) == 7 == len(set(labels))
+
+
+@pytest.mark.parametrize("cancel", [True, False])
+async def test_an_impatient_client_leaves_and_only_a_cancelling_server_counts_a_499(
+        trunk, jpegs, tmp_path, cancel):
+    """The cancellation section's impatient client (`post_images` with a timeout) against a
+    real server whose trunk holds its row at a gate: the client gives up and its connection
+    closes. With `cancel_on_disconnect` the server counts a 499 while the row is still in the
+    trunk; without, the handler waits for the trunk and answers 200 to nobody."""
+    from heads import HeadStore
+    from service.core.settings import Settings
+    from service.transports.http.app import SERVICE, create_app
+    from tests.support.fakes import GatedTrunk
+    from tests.support.polling import until
+    from tests.support.servers import AppServer
+
+    (bot,) = register_bots(tmp_path / "store", 1, classes=5, seed=0)
+    gated = GatedTrunk(trunk)
+    store = HeadStore(tmp_path / "store")
+    app = create_app(Settings(store=str(tmp_path / "store"), warmup=False, auth="none",
+                              feature_cache_size=0, cancel_on_disconnect=cancel),
+                     trunk=gated, store=store)
+    server = AppServer(app)
+
+    def counted() -> dict[str, int]:
+        text = app[SERVICE].metrics.render()[0].decode()
+        return cancellation.statuses("", text)
+
+    try:
+        await server.start_server()
+        assert await app[SERVICE].wait_ready()
+        url = str(server.make_url(f"/classify/{bot}"))
+        async with client_session() as session:
+            status, code, _ = await fairness.post_images(session, url, jpegs[:1],
+                                                         timeout_s=0.5)
+        assert cancellation.gave_up(fairness.Call("impatient-0", 0.0, 0.5, status, code))
+        assert gated.entered.is_set()  # it gave up with its row in the trunk
+        if cancel:
+            await until(lambda: counted() == {"499": 1}, what=lambda: f"a 499: {counted()}")
+        gated.gate.set()
+        await until(lambda: sum(counted().values()) == 1, what=lambda: f"one: {counted()}")
+    finally:
+        gated.gate.set()
+        await server.close()
+        store.close()
+    assert counted() == ({"499": 1} if cancel else {"200": 1})
+    assert gated.batches == [1]  # a row already running is not withdrawn: it ran

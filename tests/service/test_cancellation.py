@@ -5,7 +5,9 @@ requests from 16 clients behind it, makes 8 of those clients go away (an HTTP cl
 connection; a gRPC call's deadline passes or the client cancels it), waits until the server has
 withdrawn their rows (the queue depth drops to 8), then opens the gate: the trunk runs the
 blocker's row and exactly the other 8, and their clients get their answers. Nothing here waits
-for time except for the server to notice a disconnect, which is polled.
+for time except for the server to notice a disconnect, which is polled. With
+`cancel_on_disconnect` off, the same 8 HTTP clients leave and the trunk runs their rows all the
+same.
 """
 from __future__ import annotations
 
@@ -95,6 +97,50 @@ async def test_http_clients_that_disconnect_leave_the_queue(make_client, trunk, 
     assert not noise, [r.getMessage() for r in noise]  # a client leaving is no error
 
 
+async def test_with_cancellation_off_the_rows_of_clients_that_left_still_run(make_client, trunk,
+                                                                            images, caplog):
+    """`--no-cancel-on-disconnect`: the 8 clients leave as above (the server sees their
+    connections close), yet their rows stay queued and the trunk runs all 16; nothing is
+    counted 499, every handler runs to its answer (a 200 nobody reads)."""
+    caplog.set_level(logging.WARNING)
+    client, gated, blocker = await blocked(make_client, trunk, images, cancel_on_disconnect=False)
+    service = client.app[SERVICE]
+    batcher = service.engine.batcher
+    server = client.server.runner.server  # aiohttp's connection handling
+    sessions = [aiohttp.ClientSession() for _ in range(CLIENTS)]
+    url = client.make_url(f"/classify/{BOT}")
+    try:
+        posts = [asyncio.create_task(s.post(url, data=image, headers={"Content-Type": "image/png"}))
+                 for s, image in zip(sessions, images[1:])]
+        await until(lambda: batcher.queue_depth == CLIENTS, what="16 rows queued")
+        connected = sum(h.connected for h in server.connections)
+        for post, session in zip(posts[:LEAVING], sessions[:LEAVING]):
+            post.cancel()
+            await session.close()
+        await until(lambda: sum(h.connected for h in server.connections) == connected - LEAVING,
+                    what="the server sees 8 connections closed")
+        await asyncio.sleep(0)  # what a cancellation would have done by now (one loop step)
+        assert batcher.queue_depth == CLIENTS
+        await finish(gated, blocker)
+        for post in posts[LEAVING:]:
+            resp = await post
+            assert resp.status == 200, await resp.text()
+        # The leavers' handlers run to their answers too (their 200s go nowhere).
+        await until(lambda: service.inflight.used_bytes == 0,
+                    what=lambda: f"every handler done ({service.inflight.used_bytes} B held)")
+    finally:
+        gated.gate.set()
+        for session in sessions:
+            await session.close()
+    assert sum(gated.batches) == 1 + CLIENTS  # the leavers' 8 rows ran
+    metrics = await (await client.get("/metrics")).text()
+    assert metric(metrics, 'multihead_requests_total{route="classify",status="499"}') == 0
+    assert metric(metrics, 'multihead_requests_total{route="classify",status="200"}') == \
+        1 + CLIENTS
+    noise = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not noise, [r.getMessage() for r in noise]
+
+
 async def test_websocket_closed_while_its_image_waits(make_client, trunk, images):
     """A socket whose connection closes while its image waits for the trunk: the row leaves
     the queue and the socket's in-flight bytes are given back."""
@@ -172,12 +218,14 @@ async def test_grpc_calls_that_end_leave_the_queue(make_client, trunk, images, l
     assert client.app[SERVICE].inflight.used_bytes == 0
 
 
-def test_the_served_app_cancels_handlers_of_clients_that_left(monkeypatch):
+@pytest.mark.parametrize("cancel", [True, False])
+def test_the_served_app_cancels_handlers_of_clients_that_left(monkeypatch, cancel):
     """`run_app` (what `multihead serve` runs) makes aiohttp cancel a handler whose client
-    disconnected, as the servers of the tests above do (aiohttp's default does not)."""
+    disconnected, as the servers of the tests above do (aiohttp's default does not), unless
+    `--no-cancel-on-disconnect`."""
     seen = {}
     monkeypatch.setattr(http_app.web, "run_app", lambda app, **kwargs: seen.update(kwargs))
     monkeypatch.setattr(http_app, "create_app", lambda settings, listeners: None)
     monkeypatch.setattr(http_app.memory, "tune_allocator", lambda: None)
-    http_app.run_app(http_app.Settings(warmup=False, auth="none"))
-    assert seen["handler_cancellation"] is True
+    http_app.run_app(http_app.Settings(warmup=False, auth="none", cancel_on_disconnect=cancel))
+    assert seen["handler_cancellation"] is cancel

@@ -121,6 +121,7 @@ def test_environment_variables_are_parsed_to_each_fields_type():
 def test_boolean_variables_accept_the_usual_words_in_any_case(text, want):
     assert from_env(warmup=text).warmup is want
     assert from_env(graph_cache=text).graph_cache is want
+    assert from_env(cancel_on_disconnect=text).cancel_on_disconnect is want
 
 
 @pytest.mark.parametrize("env, message", [

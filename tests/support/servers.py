@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import yarl
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from heads import HeadStore
 from service.core.settings import Settings
-from service.transports.http.app import HANDLER_CANCELLATION, SERVICE, create_app
+from service.transports.http.app import SERVICE, create_app, server_options
 from tests.backbone.helpers import encode, pattern
 from tests.support.builders import random_head
 
@@ -78,11 +79,20 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in metrics")
 
 
+class AppServer(TestServer):
+    """aiohttp's test server made as `run_app` makes the service's server, with the app's
+    `server_options` (its own always cancels the handlers of clients that went away)."""
+
+    async def _make_runner(self, **kwargs) -> web.AppRunner:
+        kwargs.update(server_options(self.app[SERVICE].settings))
+        return web.AppRunner(self.app, **kwargs)
+
+
 async def started(aiohttp_client, settings: Settings, *, trunk, store, listeners=(),
                   wait_ready: bool = True):
     """A test client of the app on loopback; with `wait_ready`, once the service is ready."""
     app = create_app(settings, trunk=trunk, store=store, listeners=list(listeners))
-    client = await aiohttp_client(app)
+    client = await aiohttp_client(AppServer(app))
     if wait_ready:
         service = app[SERVICE]
         assert await service.wait_ready(), service.readiness.error
@@ -116,7 +126,7 @@ class ThreadedServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="shared-server",
                                         daemon=True)
         self._thread.start()
-        self._runner = web.AppRunner(app, **HANDLER_CANCELLATION)  # as run_app serves
+        self._runner = web.AppRunner(app, **server_options(app[SERVICE].settings))  # as run_app
         self.url = self._call(self._start(app))
 
     def _call(self, coro, timeout_s: float = 120.0):

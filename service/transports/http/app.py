@@ -9,10 +9,11 @@ the 404/405 answers, request metrics and Server-Timing by endpoint name) is
 errors and for requests it cannot parse, and the lifecycle (`cleanup_ctx`: the `Service` starts
 its bring-up at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped
 accepting). A client that goes away (its connection closes) cancels its handler
-(`HANDLER_CANCELLATION`, which every server of the app must be given): the request's rows still
-queued for the trunk are withdrawn, its in-flight bytes given back, and metrics count it with
-status 499 (`CLIENT_CLOSED`, as gRPC does); a WebSocket whose connection closes while its image
-waits likewise (a close frame alone is read once the image is answered). The listeners given
+(`server_options`, which every server of the app must be made with; unless the settings'
+`cancel_on_disconnect` is off): the request's rows still queued for the trunk are withdrawn, its
+in-flight bytes given back, and metrics count it with status 499 (`CLIENT_CLOSED`, as gRPC
+does); a WebSocket whose connection closes while its image waits likewise (a close frame alone
+is read once the image is answered). The listeners given
 to `create_app` (the gRPC server, when the command that serves has a `grpc_port`) run over the
 same `Service` and start and stop with it: they stop accepting when HTTP does, and drain within
 the same timeout.
@@ -59,11 +60,6 @@ SERVICE = web.AppKey("service", Service)
 # The listeners beside HTTP (the gRPC server when `grpc_port` is set), started and stopped with it.
 LISTENERS = web.AppKey("listeners", list)
 
-# NOTE: aiohttp (since 3.9) lets a handler run on after its client disconnected unless the server
-# is made with handler_cancellation=True: then the handler task is cancelled, which withdraws the
-# request's queued rows (`Batcher.submit_many`). `run_app` passes it; so must any other server
-# of the app (the tests' ThreadedServer; aiohttp's own TestServer sets it by default).
-HANDLER_CANCELLATION = {"handler_cancellation": True}
 WS_ROUTE = "classify_ws"
 
 # The codes of aiohttp's own errors other than "no route" (`common.exchange.no_route`).
@@ -156,7 +152,7 @@ async def _answer(request: web.Request, handler, matched: bool) -> web.StreamRes
                 {"error": exc.reason, "code": _HTTP_CODES.get(exc.status, "http_error")},
                 status=exc.status)
     except asyncio.CancelledError:
-        # The client went away (HANDLER_CANCELLATION), or shutdown cancelled what was left.
+        # The client went away (`server_options`), or shutdown cancelled what was left.
         # A socket's lifetime is not a request's latency (as below): counted, not timed.
         record(request.app[SERVICE].metrics, label, CLIENT_CLOSED,
                None if label == WS_ROUTE else start)
@@ -258,11 +254,22 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     return app
 
 
+def server_options(settings: Settings) -> dict[str, bool]:
+    """The options every aiohttp server of the app is made with (`run_app`'s, the tests'):
+    `handler_cancellation` as `settings.cancel_on_disconnect`.
+
+    NOTE: aiohttp (since 3.9) lets a handler run on after its client disconnected unless the
+    server is made with handler_cancellation=True: then the handler task is cancelled, which
+    withdraws the request's queued rows (`Batcher.submit_many`). aiohttp's own TestServer sets
+    it whatever it is given (tests/support/servers.py makes its servers with these options)."""
+    return {"handler_cancellation": settings.cancel_on_disconnect}
+
+
 def run_app(settings: Settings, listeners: Sequence[ListenerFactory] = ()) -> None:
     """Serves until SIGTERM/SIGINT, then shuts down gracefully: stop accepting, drain, close."""
     memory.tune_allocator()
     # NOTE: access_log=None: the access lines are service.core.logs' (every protocol alike,
     # --no-access-log), not aiohttp's.
     web.run_app(create_app(settings, listeners=listeners), host=settings.host, port=settings.port,
-                shutdown_timeout=settings.request_timeout_s, **HANDLER_CANCELLATION,
+                shutdown_timeout=settings.request_timeout_s, **server_options(settings),
                 access_log=None, print=lambda msg: log.info(msg.strip()))

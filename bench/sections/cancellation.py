@@ -1,0 +1,412 @@
+"""Section `cancellation`: what clients that give up cost the clients that stay (issue 23).
+
+16 closed-loop clients, each on a bot of its own (one store, the default tenant), one image per
+request (the run's JPEGs in turn). Every server runs `serve`'s defaults (runtime and precision
+auto, the 30 s request deadline, the 256-row queue bound) with the feature cache off (every
+image reaches the trunk) and `--max-batch-size 8` (`Plan.cancellation_batch_size`: 16
+one-image clients keep a batch queued behind the one running). The loads, `SCENARIOS`, in
+order:
+
+- `one-client`, on a server with cancellation (`--cancel-on-disconnect`, the default): one
+  client alone (2 s, then 10 s measured). Its p50 is THE median m: what a request takes when it
+  does not queue.
+- `all-patient`, on the same server: the 16 clients all wait for their answers (the 16-client
+  throughput, and what 8 patient clients get beside 8 others that wait too).
+- `cancel`, on the same server: 8 patient clients, and 8 impatient ones whose every request
+  has a client timeout of `PATIENCE` (2) x m. On a timeout aiohttp closes the request's
+  connection (the client goes away: a 499 on the server) and the client at once sends its next
+  request (after a refusal, it sleeps its Retry-After, as every client of the benchmark).
+- `no-cancel`: the same load on a second server with `--no-cancel-on-disconnect` (same store,
+  images and batch size): a request given up on runs to its end, its answer dropped.
+
+Each load: a warm-up (`Plan.cancellation_warmup_s`), then a window of `Plan.cancellation_s`.
+Per group of clients (patient, impatient): the requests SENT in the window, their statuses and
+the p50/p95 of those answered, and `goodput`, the images of those answered per second of window
+(charged to when they were sent: the clients keep the load on until each is answered or
+refused, so an overload that grows during the window is charged in full); the images/s
+answered in the window (`fairness.batch_rates`); the server's trunk images over the window (its
+trunk batches' rows, `multihead_batch_size`'s sum) against the images answered in it; over the
+whole load, the clients' give-ups and the requests still in flight when the load stopped
+(abandoned too) against the server's classify requests by status (`multihead_requests_total`).
+
+Why the median of ONE client: a timeout of 2 x the 16-client median is almost never reached.
+The closed loop holds 16 rows, so a request waits for one batch and runs in the next, whatever
+the machine: its latency spreads little, and the rare request that outlives 2 m is late because
+its batch runs slow, so it is in the running batch when its client leaves, where nothing can be
+withdrawn any more. Run that way (a median of 11.9 s on 2 loaded cores), no request of either
+comparison load took longer than 14.1 s: no give-up, and the two servers could not differ. A
+client whose timeout is 2 x what the service takes unloaded gives up on every request under
+this load: 8 rows every 2 m arrive, 2-5 x what the trunk runs on a CPU (m is about one batch-1
+forward, and a batch of 8 takes 4-9 of them there). With cancellation those rows leave the
+queue; without, they stay until the trunk runs them or the deadline (30 s) drops them, and the
+patient clients' rows wait behind them. Rows already in the running batch are run either way
+(with a timeout shorter than a batch, every impatient row a batch takes), so with cancellation
+the 8 impatient clients cost the patient ones what 8 more patient clients would:
+docs/performance.md#cancellation has the expectation and the numbers.
+
+A scenario is one line of `SCENARIOS` on a server of `SERVERS` (its `serve` flags, and
+`prepare`, run on the store before that server starts): a shadow candidate on every bot
+(issue 23, `multihead register BOT ... --candidate shadow`) is a server whose `prepare`
+registers them and an all-patient scenario on it, its total images/s compared with
+`all-patient`'s.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.context import Context, say
+from bench.markdown import fmt, table
+from bench.result import Result
+from bench.sections.base import Results, Section, Target, note
+from bench.sections.fairness import (
+    Call,
+    batch_rates,
+    call_stats,
+    flood,
+    labelled_samples,
+    warm_up_batch,
+)
+from bench.stats import num, ratio
+
+CLIENTS = 16
+PATIENCE = 2.0  # the impatient clients' timeout, x the median
+PATIENT, IMPATIENT = "patient", "impatient"
+MEDIAN_SCENARIO = "one-client"  # the scenario whose p50 is the median
+
+# Every server of the section: `serve`'s defaults but no feature cache (every image reaches
+# the trunk) and the plan's batch size.
+SERVER_OPTIONS = {"feature-cache-size": 0}
+SETTLE_S = 10.0  # longest wait for the server to count the last disconnects of a load
+STOP_S = 3.0  # a server's graceful stop, then SIGKILL (its backlog is nobody's: measured)
+
+# Targets.
+PATIENT_GOODPUT_WITHOUT = 0.5  # patient goodput, no-cancel / cancel
+UNCOUNTED_GIVE_UPS = 0.02  # share of the give-ups the server did not count as 499
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server of the section: its `serve` flags beyond `SERVER_OPTIONS`, whether it cancels
+    the requests of clients that go away, and `prepare(context, store, bots)`, run on the store
+    before it starts when given."""
+
+    options: Mapping[str, object]
+    cancels: bool = True
+    prepare: Callable[[Context, Path, list[str]], None] | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One load: `clients` closed-loop clients of which `impatient` give up after the timeout,
+    on `server` (scenarios of one server run on it one after the other, in order); its warm-up
+    and window in seconds, when not the plan's."""
+
+    name: str
+    server: str
+    clients: int
+    impatient: int
+    text: str
+    warmup_s: float | None = None
+    window_s: float | None = None
+
+
+SERVERS: dict[str, Server] = {
+    "cancel": Server({"cancel-on-disconnect": True}),
+    "no-cancel": Server({"cancel-on-disconnect": False}, cancels=False),
+}
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(MEDIAN_SCENARIO, "cancel", 1, 0, "1 client: the median", 2.0, 10.0),
+    Scenario("all-patient", "cancel", CLIENTS, 0, "16 patient"),
+    Scenario("cancel", "cancel", CLIENTS, CLIENTS // 2,
+             "8 patient + 8 giving up, `--cancel-on-disconnect`"),
+    Scenario("no-cancel", "no-cancel", CLIENTS, CLIENTS // 2,
+             "8 patient + 8 giving up, `--no-cancel-on-disconnect`"),
+)
+
+
+@dataclass
+class CancellationResult(Result):
+    image: str = ""
+    clients: int | None = None
+    batch_size: int | None = None
+    warmup_s: float | None = None
+    duration_s: float | None = None
+    patience: float | None = None  # the timeout, x the median
+    median_ms: float | None = None  # the one-client scenario's p50
+    timeout_s: float | None = None  # the impatient clients' timeout
+    # scenario -> `load_summary`, plus "server": {runtime, ready_s, pid, cancels}, "warmup_s"
+    runs: dict[str, dict] = field(default_factory=dict)
+
+    def patient_goodput(self, scenario: str) -> float | None:
+        """The patient clients' goodput in `scenario` (`load_summary`)."""
+        return ((self.runs.get(scenario) or {}).get(PATIENT) or {}).get("goodput")
+
+
+# -- numbers ------------------------------------------------------------------------------------
+
+
+def gave_up(call: Call) -> bool:
+    """A request its client gave up on (its timeout passed: no answer)."""
+    return call.status == -1 and "Timeout" in call.code
+
+
+def _group_of(label: str) -> str:
+    """"patient" of the client label "patient-3"."""
+    return label.split("-", 1)[0]
+
+
+def _histogram_delta(before: str, after: str, name: str):
+    from bench.stats import parse_histograms
+
+    hb, ha = parse_histograms(before), parse_histograms(after)
+    return ha[name].minus(hb.get(name)) if name in ha else None
+
+
+def statuses(before: str, after: str) -> dict[str, int]:
+    """The server's classify requests by status between two /metrics texts."""
+    b = labelled_samples(before, "multihead_requests_total")
+    a = labelled_samples(after, "multihead_requests_total")
+    out = {}
+    for key, value in sorted(a.items()):
+        route, _, status = key.partition(" ")
+        if route == "classify" and value - b.get(key, 0.0):
+            out[status] = int(value - b.get(key, 0.0))
+    return out
+
+
+def load_summary(data: Mapping, whole: Mapping[str, str] | None = None) -> dict:
+    """One load's numbers, from `fairness.flood`'s data (client labels "patient-i",
+    "impatient-i") and `whole`, the /metrics texts "before" the load and "after" it settled
+    (see the module doc)."""
+    begin, end = data["window"]
+    span = end - begin
+    calls: Sequence[Call] = data["calls"]
+    groups = [g for g in (PATIENT, IMPATIENT) if any(_group_of(c.tenant) == g for c in calls)]
+    out: dict = {"window_s": span}
+    for group in groups:
+        mine = [c for c in calls if _group_of(c.tenant) == group]
+        stats = call_stats(mine, begin, end)
+        stats["clients"] = len({c.tenant for c in mine})
+        stats["gave_up"] = sum(1 for c in mine if gave_up(c) and begin <= c.start < end)
+        answered = sum(c.images for c in mine if c.status == 200 and begin <= c.start < end)
+        stats["goodput"] = answered / span if span > 0 else math.nan
+        out[group] = stats
+    out["answered_images"] = sum(c.images for c in calls
+                                 if c.status == 200 and begin < c.end <= end)
+    before, after = data.get("before") or "", data.get("after") or ""
+    trunk_ms = math.nan
+    if after:
+        size = _histogram_delta(before, after, "multihead_batch_size")
+        trunk = _histogram_delta(before, after, "multihead_trunk_seconds")
+        trunk_ms = 1000 * trunk.mean if trunk else math.nan
+        out.update(batches=size.count if size else None,
+                   mean_batch_size=size.mean if size else None,
+                   trunk_images=size.sum if size else None,
+                   server_trunk_ms=None if math.isnan(trunk_ms) else trunk_ms)
+    # images/s answered in the window: from the first trunk batch's answers to the last one's
+    # (half the server's trunk time per batch tells batches apart); else over the window.
+    rates, measured = ({}, None) if math.isnan(trunk_ms) else batch_rates(calls, begin, end,
+                                                                           trunk_ms / 2000)
+    if measured:
+        for group in groups:
+            out[group]["images_per_s"] = sum(r for t, r in rates.items() if _group_of(t) == group)
+    out["measured_s"] = measured or span
+    out["total_images_per_s"] = sum(out[g]["images_per_s"] for g in groups)
+    out["gave_up"] = sum(1 for c in calls if gave_up(c))
+    out["unfinished"] = data.get("unfinished")
+    if whole:
+        out["server_statuses"] = statuses(whole["before"], whole["after"])
+    return out
+
+
+def uncounted_give_ups(run: Mapping) -> float:
+    """The load's give-ups the server did not count as 499: max(0, give-ups - 499s) (the 499s
+    may exceed the give-ups by the requests abandoned when the load stopped); NaN when either
+    count is missing."""
+    if run.get("gave_up") is None or "server_statuses" not in run:
+        return math.nan
+    return max(0.0, run["gave_up"] - (run["server_statuses"] or {}).get("499", 0))
+
+
+def rows_for_nobody(run: Mapping) -> float:
+    """Trunk images over the window minus the images answered in it: rows of requests whose
+    clients had left (up to a batch at either edge of the window); NaN when not measured."""
+    return num(run.get("trunk_images")) - num(run.get("answered_images"))
+
+
+# -- the section ------------------------------------------------------------------------------
+
+
+async def _scrape(url: str) -> str:
+    from bench.load import client_session
+
+    async with client_session() as session:
+        async with session.get(f"{url}/metrics") as response:
+            return await response.text() if response.status == 200 else ""
+
+
+async def _settled(url: str, expected_499: float, timeout_s: float = SETTLE_S) -> str:
+    """/metrics once it counts `expected_499` classify 499s or more (the server notices a
+    closed connection a moment after the client closed it), or after `timeout_s`."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        text = await _scrape(url)
+        count = labelled_samples(text, "multihead_requests_total").get("classify 499", 0.0)
+        if count >= expected_499 or time.perf_counter() >= deadline:
+            return text
+        await asyncio.sleep(0.2)
+
+
+def _load(context: Context, url: str, bots: list[str], scenario: Scenario,
+          timeout_s: float | None, cancels: bool) -> dict:
+    """`scenario`'s load on the server at `url`: `load_summary` and its warm-up."""
+    plan = context.plan
+    patient = scenario.clients - scenario.impatient
+    labels = [f"{PATIENT}-{i}" for i in range(patient)]
+    labels += [f"{IMPATIENT}-{i}" for i in range(scenario.impatient)]
+    warmup_s = scenario.warmup_s if scenario.warmup_s is not None else plan.cancellation_warmup_s
+    window_s = scenario.window_s if scenario.window_s is not None else plan.cancellation_s
+
+    async def go() -> dict:
+        before = await _scrape(url)
+        data = await flood(url, context.jpegs, dict(zip(labels, bots)), dict.fromkeys(labels, 1),
+                           warmup_s, window_s,
+                           timeouts={t: timeout_s for t in labels if t.startswith(IMPATIENT)})
+        # Every request given up on or abandoned at the end is a 499 on a server that cancels;
+        # on one that does not, none is: read its counts as they are.
+        base = labelled_samples(before, "multihead_requests_total").get("classify 499", 0.0)
+        given_up = sum(1 for c in data["calls"] if gave_up(c))
+        after = await _settled(url, base + given_up + data["unfinished"] if cancels else 0)
+        return {**load_summary(data, {"before": before, "after": after}),
+                "warmup_s": warmup_s}
+
+    say(f"cancellation {scenario.name}: {patient} patient + {scenario.impatient} impatient "
+        f"clients{'' if timeout_s is None else f' (timeout {timeout_s:.2f} s)'}, "
+        f"{warmup_s:.0f} s warm-up + {window_s:.0f} s ...")
+    return asyncio.run(go())
+
+
+def run(context: Context) -> CancellationResult:
+    plan = context.plan
+    store, bots = context.bot_store("cancellation", CLIENTS)
+    result = CancellationResult(image=context.image_summary(), clients=CLIENTS,
+                                batch_size=plan.cancellation_batch_size,
+                                warmup_s=plan.cancellation_warmup_s,
+                                duration_s=plan.cancellation_s, patience=PATIENCE)
+    server, server_name, facts = None, None, {}
+    try:
+        for scenario in SCENARIOS:
+            spec = SERVERS[scenario.server]
+            if scenario.impatient and result.timeout_s is None:
+                raise RuntimeError(f"no median from the {MEDIAN_SCENARIO} scenario: no timeout "
+                                   "for the impatient clients")
+            if scenario.server != server_name:
+                if server is not None:
+                    server.stop(STOP_S)
+                    server = None
+                if spec.prepare is not None:
+                    spec.prepare(context, store, bots)
+                server = context.start(context.server(
+                    f"cancellation-{scenario.server}", store,
+                    **{**SERVER_OPTIONS, "max-batch-size": plan.cancellation_batch_size,
+                       **spec.options}))
+                server_name = scenario.server
+                facts = {"ready_s": server.ready_s, "pid": server.pid,
+                         "runtime": server.runtime(), "cancels": spec.cancels}
+                asyncio.run(warm_up_batch(server.url, context.jpegs, bots[0],
+                                          plan.cancellation_batch_size))
+            try:
+                summary = _load(context, server.url, bots, scenario,
+                                result.timeout_s if scenario.impatient else None, spec.cancels)
+            except Exception as exc:  # noqa: BLE001 - the other scenarios are still worth it
+                if scenario.name == MEDIAN_SCENARIO:
+                    raise
+                context.record_error(f"cancellation-{scenario.name}", exc)
+                continue
+            result.runs[scenario.name] = {"server": facts, **summary}
+            if scenario.name == MEDIAN_SCENARIO:
+                result.median_ms = summary[PATIENT]["p50_ms"]
+                result.timeout_s = PATIENCE * result.median_ms / 1000
+            p = summary.get(PATIENT) or {}
+            say(f"cancellation {scenario.name}: patient {num(p.get('goodput')):.2f} "
+                f"images/s, p50 {num(p.get('p50_ms')):.0f} ms; {summary['gave_up']} give-ups; "
+                f"trunk images {fmt(summary.get('trunk_images'))} vs "
+                f"{summary['answered_images']} answered; server "
+                f"{_statuses(summary.get('server_statuses'))}")
+    finally:
+        if server is not None:
+            server.stop(STOP_S)
+    return result
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def _statuses(counts: Mapping[str, int] | None) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in (counts or {}).items()) or "—"
+
+
+def render(result: CancellationResult, results: Results) -> str:
+    runtime = next((r["server"].get("runtime") for r in result.runs.values()
+                    if r.get("server")), None) or "?"
+    out = [f"## Clients that give up ({runtime}, {result.image}, feature cache off)", ""]
+    out += [f"Closed-loop clients, one bot each, one image per request, `--max-batch-size "
+            f"{result.batch_size}`; {fmt(result.warmup_s)} s warm-up, then "
+            f"{fmt(result.duration_s)} s measured (the one client: 2 s, then 10 s). The "
+            f"impatient clients give up after {fmt(result.patience)} × the one client's median "
+            f"({fmt(result.median_ms)} ms): {fmt(result.timeout_s)} s, then at once send their "
+            "next request. Images/s: the answered images of the requests sent in the window, "
+            "per second of it (their latency: p50, p95); answered in the window: from the "
+            "first trunk batch's answers to the last one's, everyone's:", ""]
+    rows = []
+    for scenario in SCENARIOS:
+        run_ = result.runs.get(scenario.name)
+        if not run_:
+            continue
+        p, i = run_.get(PATIENT) or {}, run_.get(IMPATIENT) or {}
+        rows.append([scenario.name, scenario.text, p.get("goodput"), p.get("p50_ms"),
+                     p.get("p95_ms"), _statuses(p.get("statuses")),
+                     i.get("gave_up") if i else "—", run_.get("total_images_per_s"),
+                     run_.get("trunk_images"), run_.get("answered_images"),
+                     run_.get("mean_batch_size"), run_.get("server_trunk_ms")])
+    out += table(["scenario", "clients", "patient images/s", "patient p50 ms",
+                  "patient p95 ms", "patient answers", "give-ups", "answered images/s",
+                  "trunk images (server)", "answered images", "mean batch",
+                  "server trunk ms/batch"], rows)
+    rows = [[s.name, run_.get("gave_up"), run_.get("unfinished"),
+             _statuses(run_.get("server_statuses"))]
+            for s in SCENARIOS if (run_ := result.runs.get(s.name))]
+    if rows:
+        out += ["", "Over each whole load (warm-up, window and the answers still due): the "
+                "clients' give-ups, their requests abandoned when the load stopped, and the "
+                "server's classify requests by status:", ""]
+        out += table(["scenario", "give-ups", "abandoned at the end", "server statuses"], rows)
+    out += [""]
+    return "\n".join(out)
+
+
+def targets(result: CancellationResult, results: Results) -> list[Target]:
+    on, off = num(result.patient_goodput("cancel")), num(result.patient_goodput("no-cancel"))
+    cancel = result.runs.get("cancel") or {}
+    given_up = num(cancel.get("gave_up"))
+    # No give-up at all: the disconnects were not exercised (NaN: FAIL).
+    uncounted = ratio(uncounted_give_ups(cancel), given_up) if given_up else math.nan
+    return [
+        Target.of("cancel_patient_goodput", f"patient clients' images/s beside 8 giving up, "
+                  f"without cancellation <= {PATIENT_GOODPUT_WITHOUT} x with it",
+                  ("cancellation",), ratio(off, on), PATIENT_GOODPUT_WITHOUT, "<=", "x",
+                  note("{:.2f} without vs {:.2f} images/s with", off, on)),
+        Target.of("cancel_499", "with cancellation, share of the clients' give-ups the "
+                  "server did not count as 499", ("cancellation",), uncounted,
+                  UNCOUNTED_GIVE_UPS, "<=", "",
+                  note("{:.0f} give-ups, {:.0f} × 499", given_up,
+                       num((cancel.get("server_statuses") or {}).get("499", 0)))),
+    ]
+
+
+SECTION = Section("cancellation", CancellationResult, run, render, targets)
