@@ -62,7 +62,7 @@ scored on the features the trunk computed once for the row), and in a closed loo
 batch queued the throughput is rows per batch time: so the target takes `server_ratio`, the
 shadow run's per-image time with the heads time of the run without candidates in place of its
 own, ÷ its own. The two runs are two servers one after the other, whose trunk time per batch
-drifts with the machine (by 20 %, either way, in the runs measured: far more than the 3 %
+drifts with the machine (by 20-50 %, either way, in the runs measured: far more than the 3 %
 bound), which the clients' ratio carries in full and `server_ratio` does not:
 docs/performance.md#cancellation has both measured. That
 the shadows ran: `multihead_candidate_images_total` (all series) over the window against the
