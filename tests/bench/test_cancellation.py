@@ -5,8 +5,13 @@ server (its timeout closes the connection; a 499 only where the server cancels):
 tests/bench/test_sections.py."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
+from bench.bots import register_bots
+from bench.plan import Plan
 from bench.report import evaluate_targets, render_markdown
 from bench.sections import cancellation
 from bench.sections.base import FAIL, PASS
@@ -16,10 +21,13 @@ from bench.sections.cancellation import (
     PATIENT,
     SCENARIOS,
     SERVERS,
+    SHADOW_BASE,
     CancellationResult,
     gave_up,
     load_summary,
+    register_shadows,
     rows_for_nobody,
+    shadow_cost,
     statuses,
     uncounted_give_ups,
 )
@@ -35,7 +43,8 @@ def _targets(data: dict) -> dict:
 
 
 def _metrics(requests: dict[str, int], batches: int = 0, rows: int = 0,
-             trunk_s: float = 0.0) -> str:
+             trunk_s: float = 0.0, heads_s: float = 0.0,
+             candidates: dict[str, int] | None = None) -> str:
     lines = ["# TYPE multihead_requests_total counter"]
     lines += [f'multihead_requests_total{{route="{route}",status="{status}"}} {n}.0'
               for (route, status), n in ((k.split(" "), v) for k, v in requests.items())]
@@ -45,7 +54,15 @@ def _metrics(requests: dict[str, int], batches: int = 0, rows: int = 0,
               "# TYPE multihead_trunk_seconds histogram",
               f'multihead_trunk_seconds_bucket{{le="+Inf"}} {batches}.0',
               f"multihead_trunk_seconds_count {batches}.0",
-              f"multihead_trunk_seconds_sum {trunk_s}"]
+              f"multihead_trunk_seconds_sum {trunk_s}",
+              "# TYPE multihead_heads_seconds histogram",
+              f'multihead_heads_seconds_bucket{{le="+Inf"}} {batches}.0',
+              f"multihead_heads_seconds_count {batches}.0",
+              f"multihead_heads_seconds_sum {heads_s}"]
+    if candidates is not None:
+        lines += ["# TYPE multihead_candidate_images_total counter"]
+        lines += [f'multihead_candidate_images_total{{bot="{bot}",version="2"}} {n}.0'
+                  for bot, n in candidates.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -85,6 +102,68 @@ def test_goodput_is_charged_to_the_requests_sent_in_the_window():
     assert summary["batches"] == 2 and summary["trunk_images"] == 10
     assert summary["server_trunk_ms"] == pytest.approx(2000.0)
     assert rows_for_nobody(summary) == 10 - 3
+
+
+def test_the_servers_heads_time_and_its_candidate_images_over_the_window():
+    data = _load()
+    assert load_summary(data)["candidate_images"] is None  # no candidate: no series
+    assert load_summary(data)["server_heads_ms"] == 0.0
+    data["before"] = _metrics({}, batches=4, rows=20, trunk_s=8.0, heads_s=0.01,
+                              candidates={"bot-00000": 12, "other": 8})
+    data["after"] = _metrics({}, batches=6, rows=30, trunk_s=12.0, heads_s=0.03,
+                             candidates={"bot-00000": 15, "bot-00001": 2, "other": 13})
+    summary = load_summary(data)
+    assert summary["server_heads_ms"] == pytest.approx(10.0)  # 20 ms over 2 batches
+    assert summary["candidate_images"] == 10  # every series, a new one included
+
+
+def _run(images_per_s: float, trunk_ms: float, heads_ms: float, candidates=None) -> dict:
+    """A 16-patient load's summary: 6 batches of 8 rows."""
+    return {"total_images_per_s": images_per_s, "batches": 6, "trunk_images": 48,
+            "server_trunk_ms": trunk_ms, "server_heads_ms": heads_ms,
+            "candidate_images": candidates}
+
+
+def test_the_shadow_cost_counts_the_heads_not_the_trunks_drift():
+    # The trunk ran 10 % slower on the shadow's server: the clients' ratio carries it, the
+    # server's does not (heads 8 -> 40 ms per batch of 8: 1 -> 5 ms per image).
+    cost = shadow_cost(_run(1.6, 4000.0, 8.0), _run(1.44, 4400.0, 40.0, candidates=48))
+    assert cost["trunk_ms"] == pytest.approx((500.0, 550.0))
+    assert cost["heads_ms"] == pytest.approx((1.0, 5.0))
+    assert cost["client_ratio"] == pytest.approx(0.9)
+    assert cost["server_ratio"] == pytest.approx(551.0 / 555.0)
+    assert cost["scored"] == 1.0
+    # Heads as slow as a tenth of the trunk: a cost the server's ratio shows.
+    cost = shadow_cost(_run(1.6, 4000.0, 8.0), _run(1.6, 4000.0, 408.0, candidates=40))
+    assert cost["server_ratio"] == pytest.approx(501.0 / 551.0)
+    assert cost["scored"] == pytest.approx(40 / 48)
+
+
+def test_a_shadow_cost_without_its_numbers_is_nan():
+    cost = shadow_cost({}, _run(1.6, 4000.0, 8.0))
+    assert np.isnan(cost["client_ratio"]) and np.isnan(cost["server_ratio"])
+    assert np.isnan(cost["scored"])  # no candidate series: the shadows never ran
+    cost = shadow_cost(_run(1.6, 4000.0, 8.0), {**_run(0.0, 0.0, 0.0), "trunk_images": 0})
+    assert np.isnan(cost["server_ratio"]) and cost["client_ratio"] == 0
+
+
+def test_register_shadows_gives_every_bot_another_head_with_its_labels(tmp_path):
+    from heads import HeadStore
+
+    store = tmp_path / "store"
+    bots = register_bots(store, 3, classes=4, seed=1)
+    register_shadows(SimpleNamespace(plan=Plan(classes=4, seed=1)), store, bots)
+    heads = HeadStore(store)
+    try:
+        for bot in bots:
+            info = heads.info(bot)
+            assert info.version == 1 and info.candidate is not None
+            assert str(info.candidate.mode) == "shadow"
+            assert info.candidate.labels == info.labels
+            live, candidate = heads.get(bot), heads.candidate(bot).head
+            assert not np.allclose(live.weights, candidate.weights)
+    finally:
+        heads.close()
 
 
 def test_a_load_of_patient_clients_only_has_no_impatient_group():
@@ -128,6 +207,14 @@ def test_the_median_load_comes_first_and_every_scenario_has_a_server():
     assert SERVERS[on.server].cancels and not SERVERS[off.server].cancels
     assert SERVERS[on.server].options == {"cancel-on-disconnect": True}
     assert SERVERS[off.server].options == {"cancel-on-disconnect": False}
+    # The shadow load is the 16 patient clients of the one it is compared with, on a server
+    # of the same flags whose prepare registers the candidates; last (it changes the store).
+    base, shadow = by_name[SHADOW_BASE], by_name["shadow"]
+    assert names[-1] == "shadow" and (shadow.clients, shadow.impatient) == (16, 0)
+    assert (base.clients, base.impatient) == (16, 0)
+    assert SERVERS[shadow.server].options == SERVERS[base.server].options
+    assert SERVERS[shadow.server].prepare is register_shadows
+    assert all(SERVERS[s.server].prepare is None for s in SCENARIOS[:-1])
 
 
 # -- targets and report -------------------------------------------------------------------------
@@ -136,11 +223,39 @@ def test_the_median_load_comes_first_and_every_scenario_has_a_server():
 def test_the_targets_carry_this_runs_numbers():
     t = _targets(passing_results()["cancellation"])
     assert {k: v.status for k, v in t.items()} == {"cancel_patient_goodput": PASS,
-                                                   "cancel_499": PASS}
+                                                   "cancel_499": PASS, "shadow_cost": PASS,
+                                                   "shadow_scored": PASS}
     assert t["cancel_patient_goodput"].measured == pytest.approx(0.05 / 0.8)
     assert t["cancel_patient_goodput"].note == "0.05 without vs 0.80 images/s with"
     assert t["cancel_499"].measured == 0
     assert t["cancel_499"].note == "290 give-ups, 306 × 499"
+
+
+    # Heads 2 -> 4 ms per batch of 8 (0.25 -> 0.5 ms per image), the trunk at 537.5 ms per
+    # image with the shadows; the clients' 0.957 is the trunk's drift.
+    assert t["shadow_cost"].measured == pytest.approx(537.75 / 538.0)
+    assert t["shadow_cost"].note == ("heads 0.50 vs 0.25 ms/image, trunk 538 ms/image; "
+                                     "clients' images/s 1.55 vs 1.62 (0.957)")
+    assert t["shadow_scored"].measured == 1.0
+    assert t["shadow_scored"].note == "48 candidate images, 48 trunk images"
+
+
+def test_shadows_that_cost_or_never_ran_fail():
+    data = passing_results()["cancellation"]
+    data["runs"]["shadow"]["server_heads_ms"] = 200.0  # 25 ms per image: 4.5 %
+    t = _targets(data)
+    assert t["shadow_cost"].status == FAIL
+    assert t["shadow_cost"].measured == pytest.approx(537.75 / 562.5)
+    del data["runs"]["shadow"]["candidate_images"]  # no candidate series at all
+    data["runs"]["shadow"]["server_heads_ms"] = 2.0
+    t = _targets(data)
+    assert t["shadow_cost"].status == PASS
+    assert t["shadow_scored"].status == FAIL and t["shadow_scored"].measured is None
+    data["runs"]["shadow"]["candidate_images"] = 40  # 8 rows no candidate scored
+    assert _targets(data)["shadow_scored"].status == FAIL
+    del data["runs"]["shadow"]
+    t = _targets(data)
+    assert t["shadow_cost"].status == FAIL and t["shadow_scored"].status == FAIL
 
 
 def test_patient_clients_starved_with_cancellation_too_fail():
@@ -176,9 +291,13 @@ def test_the_report_has_a_row_per_scenario():
     assert ("| cancel | 8 patient + 8 giving up, `--cancel-on-disconnect` | 0.8 | 9,100 | "
             "9,800 | 200: 24 | 250 | 0.81 | 48 | 24 | 8 | 4,200 |") in md
     assert "| no-cancel | 290 | 16 | 200: 61, 503: 4, 504: 37 |" in md
+    assert "| all-patient | 1.62 | 512 | 0.25 | — | 48 |" in md
+    assert "| shadow | 1.55 | 538 | 0.5 | 48 | 48 |" in md
+    assert "clients' images/s 0.9568; server time per image, the trunk as it ran with the " \
+        "shadows 0.9995 (the target's)" in md
 
 
 def test_an_empty_result_renders_a_header_only():
     md = cancellation.render(CancellationResult(), {})
     assert md.startswith("## Clients that give up") and "| scenario |" in md
-    assert "Over each whole load" not in md
+    assert "Over each whole load" not in md and "A shadow candidate" not in md
