@@ -59,8 +59,14 @@ system-deps: browser-deps postgres-deps
 # in one process, one test after another. Both runs share one temporary directory for the
 # session's checkpoint and the graphs built from it (MULTIHEAD_TEST_SHARED_DIR: made once,
 # imported by the other worker and the Ray run), removed at the end.
+# Bytecode is written while the tests run, even where the environment says
+# PYTHONDONTWRITEBYTECODE (uv installs no .pyc): else every one of the suite's Python
+# processes (workers, servers, CLI calls, Ray replicas) compiles TensorFlow's, Ray's, ... sources
+# again (measured: `import tensorflow` 13 s of CPU in a fresh venv, 9.5 s once compiled), and
+# pytest rewrites every test module's asserts again in each worker.
 TEST_WORKERS ?= 2
 test: lint system-deps
+	unset PYTHONDONTWRITEBYTECODE && \
 	shared=$$(mktemp -d -t multihead-tests.XXXXXX) && trap 'rm -rf "$$shared"' EXIT && \
 	export MULTIHEAD_TEST_SHARED_DIR="$$shared" && \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 \
