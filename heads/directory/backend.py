@@ -174,15 +174,22 @@ class DirectoryBackend(StoreBackend):
         found = tx.candidate(bot_id)
         return found if found is not None and found[0] != active else None
 
+    @classmethod
+    def _required_candidate(cls, tx: Transaction, bot_id: str
+                            ) -> tuple[int, int, CandidateMode]:
+        """(active version, candidate version, its mode) of `bot_id`, what promote and discard
+        act on. Raises UnknownBot, NoCandidate."""
+        active = tx.active_version(bot_id)
+        if active is None:
+            raise UnknownBot(bot_id)
+        found = cls._live_candidate(tx, bot_id, active)
+        if found is None:
+            raise NoCandidate(bot_id)
+        return active, *found
+
     def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
         with self._registry.write() as tx:
-            active = tx.active_version(bot_id)
-            if active is None:
-                raise UnknownBot(bot_id)
-            found = self._live_candidate(tx, bot_id, active)
-            if found is None:
-                raise NoCandidate(bot_id)
-            version, mode = found
+            active, version, mode = self._required_candidate(tx, bot_id)
             at = utc_now()
             tx.promote(bot_id, version, at=at)
             tx.rows.record(at=at, actor=actor, action="candidate_promote",
@@ -193,13 +200,7 @@ class DirectoryBackend(StoreBackend):
 
     def discard(self, bot_id: str, *, actor: str = OPERATOR) -> int:
         with self._registry.write() as tx:
-            active = tx.active_version(bot_id)
-            if active is None:
-                raise UnknownBot(bot_id)
-            found = self._live_candidate(tx, bot_id, active)
-            if found is None:
-                raise NoCandidate(bot_id)
-            version, mode = found
+            active, version, mode = self._required_candidate(tx, bot_id)
             at = utc_now()
             digest = self._digest(bot_id, version)
             tx.discard(bot_id, version, at=at)

@@ -279,15 +279,21 @@ class PgBackend(StoreBackend):
             (bot_id, version)).fetchall())
         return combine_digests(digests) if digests else None
 
+    def _required_candidate(self, conn: psycopg.Connection, bot_id: str
+                            ) -> tuple[int, int, CandidateMode]:
+        """(active version, candidate version, its mode) of `bot_id`, what promote and discard
+        act on. Raises UnknownBot, NoCandidate."""
+        active = self._active_version(conn, bot_id)
+        if active is None:
+            raise UnknownBot(bot_id)
+        found = self._candidate(conn, bot_id, active)
+        if found is None:
+            raise NoCandidate(bot_id)
+        return active, *found
+
     def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
         def change(conn, rows):
-            active = self._active_version(conn, bot_id)
-            if active is None:
-                raise UnknownBot(bot_id)
-            found = self._candidate(conn, bot_id, active)
-            if found is None:
-                raise NoCandidate(bot_id)
-            version, mode = found
+            active, version, mode = self._required_candidate(conn, bot_id)
             at = utc_now()
             conn.execute(f"DELETE FROM {S}.candidates WHERE bot_id = %s", (bot_id,))
             conn.execute(f"UPDATE {S}.bots SET active_version = %s, updated = %s "
@@ -303,13 +309,7 @@ class PgBackend(StoreBackend):
 
     def discard(self, bot_id: str, *, actor: str = OPERATOR) -> int:
         def change(conn, rows):
-            active = self._active_version(conn, bot_id)
-            if active is None:
-                raise UnknownBot(bot_id)
-            found = self._candidate(conn, bot_id, active)
-            if found is None:
-                raise NoCandidate(bot_id)
-            version, mode = found
+            active, version, mode = self._required_candidate(conn, bot_id)
             at = utc_now()
             digest = self._digest(conn, bot_id, version)
             self._drop_candidate(conn, bot_id, version, at)

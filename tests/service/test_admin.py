@@ -16,6 +16,7 @@ from backbone.checkpoint import write_checkpoint
 from bench.pgserver import free_port
 from service.cli.main import main
 from tests.support.builders import random_head
+from tests.support.polling import serve_ready
 from tests.support.servers import metric
 
 pytestmark = pytest.mark.timeout(300)
@@ -125,15 +126,7 @@ async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
-            for _ in range(600):
-                try:
-                    async with http.get(f"{base}/readyz") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                assert server.poll() is None, server.stdout.read()
-                await asyncio.sleep(0.1)
+            await serve_ready(http, base, server, lambda: server.stdout.read())
             async with http.post(f"{base}/classify/cli-bot", data=jpegs[0],
                                  headers={"Content-Type": "image/jpeg"}) as r:
                 assert r.status == 404

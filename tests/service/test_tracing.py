@@ -44,7 +44,7 @@ from service.transports.grpc.server import GrpcServer
 from service.transports.http.app import LISTENERS, SERVICE, create_app
 from tests.backbone.helpers import encode
 from tests.support.fakes import GatedTrunk
-from tests.support.polling import until
+from tests.support.polling import serve_ready, until
 from tests.support.servers import ThreadedServer, make_settings, open_bots_store
 
 pytestmark = pytest.mark.timeout(180)
@@ -372,15 +372,7 @@ async def test_a_serve_process_exports_its_spans_over_otlp_http_from_otel_variab
         try:
             base = f"http://127.0.0.1:{port}"
             async with aiohttp.ClientSession() as http:
-                for _ in range(600):
-                    try:
-                        async with http.get(f"{base}/readyz") as r:
-                            if r.status == 200:
-                                break
-                    except aiohttp.ClientConnectionError:
-                        pass
-                    assert server.poll() is None, server.stderr.read()
-                    await asyncio.sleep(0.1)
+                await serve_ready(http, base, server, lambda: server.stderr.read())
                 async with http.post(f"{base}/classify/alpha", data=png(40),
                                      headers={"Content-Type": "image/png",
                                               "traceparent": TRACEPARENT}) as r:

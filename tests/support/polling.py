@@ -61,3 +61,23 @@ async def until_checked(check: Callable[[], Awaitable[object]], timeout_s: float
         if deadline.reached(lambda holds=holds: holds):
             return deadline.elapsed()
         await asyncio.sleep(interval_s)
+
+
+async def serve_ready(http, base: str, proc, output: Callable[[], str],
+                      timeout_s: float = 60.0) -> float:
+    """Until `GET {base}/readyz` of a `multihead serve` subprocess answers 200 (`http`: an
+    aiohttp session); AssertionError with `output()` as soon as the process has exited."""
+    import aiohttp
+
+    async def ready() -> bool:
+        try:
+            async with http.get(f"{base}/readyz") as r:
+                if r.status == 200:
+                    return True
+        except aiohttp.ClientConnectionError:
+            pass
+        assert proc.poll() is None, output()
+        return False
+
+    return await until_checked(ready, timeout_s, what=f"{base}/readyz answering 200",
+                               interval_s=0.1)
