@@ -8,22 +8,33 @@ is done, so memory is bounded by the budget, not by what clients send. No web fr
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from service.core.errors import BadRequest, Overloaded, PayloadTooLarge
+from service.core.memory import TRIM_AFTER_BYTES
 
 # What a refused client is told to wait: a body admitted is usually served within a second.
 RETRY_AFTER_S = 1.0
 
 
 class ByteBudget:
-    """Bytes reserved by requests in flight, at most `limit_bytes`. Thread-safe."""
+    """Bytes reserved by requests in flight, at most `limit_bytes`. Thread-safe.
 
-    def __init__(self, limit_bytes: int) -> None:
+    Args:
+      on_burst_end: called (outside the lock) when a release leaves the bytes in flight at
+        least `burst_bytes` below their peak since the last call and at most half of it: a
+        burst of large bodies is over (`service.core.memory.Trimmer` gives their memory back).
+    """
+
+    def __init__(self, limit_bytes: int, *, on_burst_end: Callable[[], object] | None = None,
+                 burst_bytes: int = TRIM_AFTER_BYTES) -> None:
         if limit_bytes < 1:
             raise ValueError("limit_bytes must be >= 1")
         self.limit_bytes = int(limit_bytes)
         self._used = 0
+        self._peak = 0  # since the last burst end
+        self._on_burst_end = on_burst_end
+        self._burst_bytes = burst_bytes
         self._lock = threading.Lock()
 
     @property
@@ -38,11 +49,19 @@ class ByteBudget:
                                  f"{self.limit_bytes} request bytes in flight; retry after "
                                  f"{RETRY_AFTER_S:.0f} s")
             self._used += n
+            self._peak = max(self._peak, self._used)
 
     def release(self, n: int) -> None:
         with self._lock:
             self._used -= n
             assert self._used >= 0, "released more than reserved"
+            ended = (self._on_burst_end is not None
+                     and self._peak - self._used >= self._burst_bytes
+                     and 2 * self._used <= self._peak)
+            if ended:
+                self._peak = self._used
+        if ended:
+            self._on_burst_end()
 
 
 class Reservation:

@@ -37,7 +37,7 @@ from heads import (
 )
 from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo, TenantLimits
 from heads.tenants import OPERATOR as OPERATOR_ACTOR
-from service.core import logs
+from service.core import logs, memory
 from service.core.admission import ByteBudget
 from service.core.auth import MANAGE, Authenticator, Principal
 from service.core.candidates import CandidateStats
@@ -258,8 +258,11 @@ class Service:
         self.readiness = Readiness()
         # Who answers, for transports with several processes (the Ray replica sets it).
         self.identity: dict[str, Any] = {}
-        # Admission: every transport of this process reserves request bytes here first.
-        self.inflight = ByteBudget(settings.max_inflight_bytes)
+        # Admission: every transport of this process reserves request bytes here first. The
+        # memory of a burst of large bodies goes back to the OS when it is over; so does what
+        # the trunk's build freed, once ready (service.core.memory).
+        self.trimmer = memory.Trimmer()
+        self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=self.trimmer)
         self.metrics.bind_inflight_bytes(lambda: self.inflight.used_bytes)
         self._bring_up_task: asyncio.Task | None = None
         # NOTE: head lookups (the hot path, milliseconds at most) get their own threads, so
@@ -321,6 +324,7 @@ class Service:
             return
         readiness.timings["ready_s"] = time.monotonic() - readiness.started_s
         readiness.status = READY
+        self.trimmer()  # the build's and restore's garbage (TF graph, checkpoint reads)
         log.info("ready: trunk %s (%s) in %.1fs", self.trunk.checkpoint_prefix, self.trunk_kind,
                  readiness.timings["ready_s"])
 

@@ -226,6 +226,5 @@ def test_the_served_app_cancels_handlers_of_clients_that_left(monkeypatch, cance
     seen = {}
     monkeypatch.setattr(http_app.web, "run_app", lambda app, **kwargs: seen.update(kwargs))
     monkeypatch.setattr(http_app, "create_app", lambda settings, listeners: None)
-    monkeypatch.setattr(http_app.memory, "tune_allocator", lambda: None)
     http_app.run_app(http_app.Settings(warmup=False, auth="none", cancel_on_disconnect=cancel))
     assert seen["handler_cancellation"] is cancel

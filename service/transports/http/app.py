@@ -32,7 +32,7 @@ from aiohttp import web, web_protocol
 from heads import HeadStore
 from service.codecs.base import Endpoint, Reply, dispatch, error_reply
 from service.codecs.routes import ENDPOINTS
-from service.core import admission, memory
+from service.core import admission
 from service.core.admission import Reservation
 from service.core.context import Service
 from service.core.errors import INTERNAL_MESSAGE
@@ -267,7 +267,6 @@ def server_options(settings: Settings) -> dict[str, bool]:
 
 def run_app(settings: Settings, listeners: Sequence[ListenerFactory] = ()) -> None:
     """Serves until SIGTERM/SIGINT, then shuts down gracefully: stop accepting, drain, close."""
-    memory.tune_allocator()
     # NOTE: access_log=None: the access lines are service.core.logs' (every protocol alike,
     # --no-access-log), not aiohttp's.
     web.run_app(create_app(settings, listeners=listeners), host=settings.host, port=settings.port,

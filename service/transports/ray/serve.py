@@ -196,7 +196,6 @@ class Replica:
     """One model replica: one `Service` (trunk, batcher, store) in one Ray actor process."""
 
     async def __init__(self, settings: Settings) -> None:
-        memory.tune_allocator()
         # NOTE: this actor's lines go where Ray sends its workers' stderr (files, the driver).
         configure(settings.log_format)
         self.settings = settings
@@ -243,7 +242,7 @@ class Ingress:
         self.model = model
         self.settings = settings
         self.router = Router(ENDPOINTS)
-        self.inflight = ByteBudget(settings.max_inflight_bytes)
+        self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=memory.Trimmer())
         self.metrics = Aggregate()
         self._asked = 0  # model replicas asked for their metrics at the last scrape
 
