@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,6 +45,11 @@ MIN_COSINE = 0.999
 MIN_TOP1_AGREEMENT = 0.99
 DEFAULT_SAMPLES = 64  # calibration images: the issue measured min cosine 0.9996 with 64
 PREFIX = "inception_v4-int8-"
+LOWEST_SHOWN = 3  # images of lowest cosine the report names
+# Feature norm (÷ the median held-out image's) below / above which the report says why an
+# image's cosine is the lowest (`_why_lowest`).
+LOW_NORM = 0.25
+HIGH_NORM = 1.5
 LIBRARIES = ("openvino", "nncf", "tensorflow")
 
 
@@ -59,6 +64,9 @@ class FidelityReport:
       min_cosine: the smallest cosine between an image's int8 and fp32 features.
       agreement: head name -> fraction of images whose top-1 class is the same.
       min_cosine_bound, min_agreement_bound: the bounds in force when it was measured.
+      lowest: the LOWEST_SHOWN images of lowest cosine, lowest first: {"image": name,
+        "cosine": ..., "norm_ratio": its fp32 feature norm / the median image's}. Empty in
+        reports written before it existed.
     """
 
     images: int
@@ -66,6 +74,7 @@ class FidelityReport:
     agreement: dict[str, float] = field(default_factory=dict)
     min_cosine_bound: float = MIN_COSINE
     min_agreement_bound: float = MIN_TOP1_AGREEMENT
+    lowest: list[dict] = field(default_factory=list)
 
     @property
     def failures(self) -> list[str]:
@@ -86,6 +95,13 @@ class FidelityReport:
         """The report for people, one line per measure."""
         out = [f"held-out images: {self.images}",
                f"min cosine vs fp32: {self.min_cosine:.6f} (bound >= {self.min_cosine_bound})"]
+        if self.lowest:
+            out.append("lowest cosines: " + ", ".join(
+                f"{row['image']} {row['cosine']:.6f} (features {row['norm_ratio']:.2f} x the "
+                f"median norm)" for row in self.lowest))
+            hint = _why_lowest(self.lowest[0]["norm_ratio"])
+            if hint and not self.min_cosine >= self.min_cosine_bound:
+                out.append(f"  {self.lowest[0]['image']}: {hint}")
         if not self.agreement:
             out.append("top-1 agreement: no registered head to compare")
         out += [f"top-1 agreement {name}: {value:.2%} (bound >= {self.min_agreement_bound:.0%})"
@@ -97,14 +113,32 @@ class FidelityReport:
         return {**asdict(self), "passed": self.passed}
 
 
+def _why_lowest(norm_ratio: float) -> str | None:
+    """What an image's feature norm (÷ the median image's) says about its int8 error: the
+    activation ranges are static (set on the calibration images), so every image gets about
+    the same absolute error, large on small features; and a larger image's activations beyond
+    the ranges are clipped. Measured on the demo images: a flat grey picture (features 0.10 x
+    the median) and bright snow scenes (1.8 x) were the lowest; docs/performance.md."""
+    if norm_ratio < LOW_NORM:
+        return ("a low-signal picture (flat, low-contrast): the int8 trunk's static activation "
+                "ranges add about the same absolute error to every image, a large share of "
+                "small features")
+    if norm_ratio > HIGH_NORM:
+        return ("stronger activations than most calibration images: clipped by the ranges "
+                "they set; calibrate on more images like it")
+    return None
+
+
 def fidelity(fp32_features: np.ndarray, int8_features: np.ndarray,
-             heads: Mapping[str, object] | None = None) -> FidelityReport:
+             heads: Mapping[str, object] | None = None,
+             names: Sequence[str] | None = None) -> FidelityReport:
     """Compares int8 features with fp32 features of the same images.
 
     Args:
       fp32_features: float32 [N, 1536].
       int8_features: float32 [N, 1536], same images in the same order.
       heads: name -> object with `logits(features) -> [N, n]` (a `heads.Head`).
+      names: the images' names for the report's lowest cosines (default: "#0", "#1", ...).
 
     Returns:
       A `FidelityReport` against the module's bounds as they are at call time.
@@ -125,8 +159,17 @@ def fidelity(fp32_features: np.ndarray, int8_features: np.ndarray,
         top_a = np.asarray(head.logits(a.astype(np.float32))).argmax(axis=1)
         top_b = np.asarray(head.logits(b.astype(np.float32))).argmax(axis=1)
         agreement[name] = float(np.mean(top_a == top_b))
+    if names is not None and len(names) != len(a):
+        raise ValueError(f"{len(names)} names for {len(a)} images")
+    norm = np.linalg.norm(a, axis=1)  # [N]
+    median = float(np.median(norm))
+    lowest = [{"image": names[i] if names is not None else f"#{i}",
+               "cosine": float(cosine[i]),
+               "norm_ratio": float(norm[i] / median) if median > 0 else 0.0}
+              for i in np.argsort(cosine, kind="stable")[:LOWEST_SHOWN]]
     return FidelityReport(images=len(a), min_cosine=float(cosine.min()), agreement=agreement,
-                          min_cosine_bound=MIN_COSINE, min_agreement_bound=MIN_TOP1_AGREEMENT)
+                          min_cosine_bound=MIN_COSINE, min_agreement_bound=MIN_TOP1_AGREEMENT,
+                          lowest=lowest)
 
 
 # -- the fp32 model and quantization --------------------------------------------------------

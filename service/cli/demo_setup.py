@@ -103,10 +103,13 @@ def ensure_int8(store_dir: Path, prefix: str, *, per_class: int, kinds=tuple(KIN
         found = Int8Artifact.find(cache_dir_of(prefix), prefix, passing=False)
     passed = bool(found and found.passed)
     if found is not None and not passed:
-        log.warning("the demo's INT8 trunk is below a fidelity bound (min cosine %.6f < %s): "
+        report = found.metadata()["fidelity"]
+        lowest = report.get("lowest") or [{}]  # absent in artifacts of earlier builds
+        log.warning("the demo's INT8 trunk is below a fidelity bound (min cosine %.6f < %s%s): "
                     "kept but not served by default, the demo serves the float trunk",
-                    found.metadata()["fidelity"]["min_cosine"],
-                    found.metadata()["fidelity"]["min_cosine_bound"])
+                    report["min_cosine"], report["min_cosine_bound"],
+                    f", lowest {lowest[0]['image']}, features {lowest[0]['norm_ratio']:.2f} x "
+                    "the median norm" if lowest[0] else "")
     elif found is not None:
         log.info("INT8 trunk: %s", found.xml_path.name)
     return passed

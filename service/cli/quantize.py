@@ -43,7 +43,9 @@ def add_commands(sub) -> None:
             "compared with fp32: the min cosine must be >= "
             f"{MIN_COSINE} and every registered bot\n"
             f"of the store must keep its top-1 class on >= {MIN_TOP1_AGREEMENT:.0%} of them.\n"
-            "Below either bound the command exits 2 and writes nothing, unless --force.\n\n"
+            "Below either bound the command exits 2 and writes nothing, unless --force.\n"
+            "The report names the held-out images of lowest cosine and their feature norm\n"
+            "against the median image's (low-signal or unusually strong pictures lose most).\n\n"
             "The artifact (OpenVINO IR + a JSON with the calibration set, its date and the\n"
             "report) goes to graph_cache/ next to the trunk checkpoint, keyed by the\n"
             "checkpoint, the calibration images and the OpenVINO/NNCF/TensorFlow versions; an\n"
@@ -152,7 +154,7 @@ def calibrate(prefix: str, folder: Path, files: list[Path], *, samples: int, sto
     took = time.perf_counter() - start
     del fp32_model
     int8 = q.features(q.compile_model(int8_model, float_precision=float_precision), held)
-    report = q.fidelity(fp32, int8, heads)
+    report = q.fidelity(fp32, int8, heads, names=[str(p.relative_to(folder)) for p in held_out])
     print(f"quantized in {took:.0f}s; fidelity (float layers in {float_precision}):")
     print("\n".join(report.lines()))
     if not report.passed and not force:

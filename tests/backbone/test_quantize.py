@@ -40,7 +40,7 @@ def demo_images(int8_images):
     return int8_images
 
 
-def test_int8_fidelity_on_the_demo_images_is_within_the_bounds(calibrated):
+def test_int8_fidelity_on_the_demo_images_is_within_the_bounds(calibrated, demo_images):
     code, out, prefix, _, _ = calibrated
     print(out)  # the report, shown by `pytest -rP`
     assert code == 0, out
@@ -55,6 +55,11 @@ def test_int8_fidelity_on_the_demo_images_is_within_the_bounds(calibrated):
     assert meta["calibration"]["images"] == SAMPLES and meta["calibration"]["date"]
     assert set(meta["versions"]) == {"openvino", "nncf", "tensorflow"}
     assert "PASS" in out and "wrote" in out
+    # The report names the held-out images of lowest cosine by their path under --images.
+    lowest = fidelity["lowest"]
+    assert len(lowest) == q.LOWEST_SHOWN and lowest[0]["cosine"] == fidelity["min_cosine"]
+    assert all((demo_images / row["image"]).is_file() for row in lowest), lowest
+    assert f"lowest cosines: {lowest[0]['image']} " in out
 
 
 def test_the_written_artifact_loads_and_gives_the_measured_features(calibrated):
@@ -173,6 +178,39 @@ def test_fidelity_measures_cosine_and_top1_agreement_per_head():
     assert q.fidelity(fp32, fp32).passed
     with pytest.raises(ValueError):
         q.fidelity(fp32, fp32[:3])
+
+
+def test_the_report_names_the_lowest_images_and_why_by_their_feature_norm():
+    rng = np.random.default_rng(1)
+    fp32 = np.abs(rng.normal(size=(6, 1536))).astype(np.float32)
+    fp32[2] *= 0.05  # a flat picture: small features
+    fp32[4] *= 3.0  # a bright one: large features
+    noise = rng.normal(size=fp32.shape).astype(np.float32)
+    # The same absolute error on every image, except a clipped-looking extra one on image 4.
+    int8 = fp32 + 0.01 * noise
+    int8[4] += 0.2 * noise[4]
+    names = [f"img{i}.png" for i in range(6)]
+    report = q.fidelity(fp32, int8, names=names)
+    assert [row["image"] for row in report.lowest][:2] == ["img2.png", "img4.png"]
+    assert report.lowest[0]["cosine"] == report.min_cosine
+    assert report.lowest[0]["norm_ratio"] < q.LOW_NORM < 1 < q.HIGH_NORM < report.lowest[1][
+        "norm_ratio"]
+    assert len(report.lowest) == q.LOWEST_SHOWN
+    text = "\n".join(report.lines())
+    assert "lowest cosines: img2.png" in text
+    assert not report.passed and "img2.png: a low-signal picture" in text
+    # The reason printed is the lowest image's: a large-feature image gets the clipping one.
+    swapped = q.fidelity(fp32[[4, 0, 1]], int8[[4, 0, 1]], names=["b", "c", "d"])
+    assert swapped.lowest[0]["image"] == "b" and not swapped.passed
+    assert "b: stronger activations" in "\n".join(swapped.lines())
+    # No reason when the bound is met; "#i" names by default; the report survives JSON.
+    close = q.fidelity(fp32, fp32 + 1e-6 * noise)
+    assert close.passed and close.lowest[0]["image"].startswith("#")
+    assert not any(line.startswith("  ") for line in close.lines())
+    assert q.FidelityReport(**{k: v for k, v in json.loads(json.dumps(report.to_dict())).items()
+                               if k != "passed"}) == report
+    with pytest.raises(ValueError):
+        q.fidelity(fp32, int8, names=names[:2])
 
 
 def test_importing_the_module_imports_neither_openvino_nor_nncf():

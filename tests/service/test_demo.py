@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 
 import numpy as np
 import pytest
@@ -147,3 +148,21 @@ def test_the_demo_calibrates_once_on_its_own_images(int8_calibrated, trunk_check
     assert args[:2] == (prefix, tmp_path / "demo_images")
     assert sorted(p.parent.name for p in args[2]) == sorted(KINDS["light"])
     assert kwargs["force"] is True and kwargs["store"] == str(tmp_path)
+
+
+def test_the_demo_names_the_lowest_image_of_an_int8_trunk_below_the_bound(
+        int8_calibrated, trunk_checkpoint, tmp_path, caplog):
+    from backbone import quantize as q
+    from backbone.checkpoint import cache_dir_of
+    from service.cli.demo_setup import ensure_int8
+    from tests.support.int8 import link_checkpoint
+
+    prefix = link_checkpoint(trunk_checkpoint, tmp_path / "trunk")
+    report = q.FidelityReport(images=8, min_cosine=0.9985, lowest=[
+        {"image": "light/dim/032.png", "cosine": 0.9985, "norm_ratio": 0.1}])
+    q.Int8Artifact(cache_dir_of(prefix), prefix=prefix, calibration="the demo's").save(
+        int8_calibrated.made["int8"], report=report, images=8, description="forced")
+    with caplog.at_level(logging.WARNING, logger="service.cli.demo_setup"):
+        assert not ensure_int8(tmp_path, prefix, per_class=1, kinds=("light",))
+    (line,) = [r.getMessage() for r in caplog.records if "below a fidelity bound" in r.getMessage()]
+    assert "min cosine 0.998500 < 0.999, lowest light/dim/032.png, features 0.10 x" in line
