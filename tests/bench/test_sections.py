@@ -294,3 +294,24 @@ async def test_an_impatient_client_leaves_and_only_a_cancelling_server_counts_a_
         store.close()
     assert counted() == ({"499": 1} if cancel else {"200": 1})
     assert gated.batches == [1]  # a row already running is not withdrawn: it ran
+
+
+def test_the_key_check_is_timed_through_the_serving_code_on_the_runs_store(tmp_path,
+                                                                          monkeypatch):
+    from bench.sections import service as section
+    from heads import HeadStore
+    from service.core.errors import Unauthorized
+
+    store = tmp_path / "store"
+    with HeadStore(store) as heads:
+        key, token = heads.add_key("default", "infer")
+    monkeypatch.setattr(section, "AUTH_ROUNDS", 3)
+    monkeypatch.setattr(section, "AUTH_CALLS", 50)
+    seconds = section.key_check_seconds(store, token)
+    assert math.isfinite(seconds) and seconds >= 0.0
+    # The key really is checked (the calls with keys are not anonymous ones): a revoked key
+    # is refused there, as the server refuses it.
+    with HeadStore(store) as heads:
+        heads.revoke_key(key.id)
+    with pytest.raises(Unauthorized):
+        section.key_check_seconds(store, token)
