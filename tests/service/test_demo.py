@@ -53,13 +53,13 @@ async def test_demo_setup_and_tour(trunk, trunk_checkpoint, tmp_path, aiohttp_cl
     store_dir = tmp_path / "store"
     (store_dir / "trunk").mkdir(parents=True)
     remembering = RememberingTrunk(trunk)
-    bots = ensure_demo(store_dir, per_class=6, trunk=remembering, held_out_per_class=3,
+    bots = ensure_demo(store_dir, per_class=4, trunk=remembering, held_out_per_class=2,
                        progress=False)
     assert [b.bot_id for b in bots] == list(KINDS) and all(b.trained for b in bots)
     for bot in bots:
         assert bot.held_out_accuracy >= 0.75, bot  # chance is 1/3 .. 1/5
     # A second run reuses everything (same trunk): nothing retrained.
-    again = ensure_demo(store_dir, per_class=6, trunk=remembering, progress=False)
+    again = ensure_demo(store_dir, per_class=4, trunk=remembering, progress=False)
     assert not any(b.trained for b in again) and [b.version for b in again] == [1, 1, 1]
 
     # Serve the store and classify held-out images of each demo kind over HTTP.
