@@ -23,11 +23,11 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pgserver import free_port
 from heads import HeadStore
 from tests.heads.helpers import random_head, save_checkpoint, write_labels
+from tests.support.prometheus import Samples, parse_metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -184,23 +184,6 @@ async def classify(session: aiohttp.ClientSession, base: str, bot: str, image: b
     async with session.post(f"{base}/classify/{bot}", data=form,
                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
         return r.status, r.headers.get("X-Multihead-Replica"), await r.read()
-
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse_metrics(text: str) -> Samples:
-    """{(sample name, sorted labels): value} of a Prometheus text, which must be valid: parsed
-    by prometheus_client, each family and each sample given once."""
-    out: Samples = {}
-    families = list(text_string_to_metric_families(text))
-    assert len({f.name for f in families}) == len(families), "a family given twice"
-    for family in families:
-        for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            assert key not in out, f"{key} given twice"
-            out[key] = s.value
-    return out
 
 
 async def scrape(session: aiohttp.ClientSession, base: str) -> Samples:

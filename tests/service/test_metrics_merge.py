@@ -4,24 +4,16 @@ prometheus_client's parser. The Ray end to end (two real replicas): tests/scaleo
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from service.core import metrics_merge
 from service.core.metrics import Metrics
 from service.core.metrics_merge import GAUGES, MISSING, PER_REPLICA, REPLICAS, Aggregate
+from tests.support.prometheus import Samples, parse_metrics
 
 
-def parse(body: bytes) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted labels): value}; fails on a sample given twice."""
-    out: dict[tuple[str, tuple], float] = {}
-    families = list(text_string_to_metric_families(body.decode()))
-    assert len({f.name for f in families}) == len(families), "a family given twice"
-    for family in families:
-        for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            assert key not in out, f"{key} given twice"
-            out[key] = s.value
-    return out
+def parse(body: bytes) -> Samples:
+    """`parse_metrics` of a /metrics body."""
+    return parse_metrics(body.decode())
 
 
 def text(m: Metrics) -> str:
