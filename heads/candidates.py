@@ -16,9 +16,10 @@ replaces the previous one in KServe.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from heads.errors import InvalidCandidate
+from heads.errors import InvalidCandidate, NoCandidate, UnknownBot
 from heads.head import Head
 
 SHADOW = "shadow"
@@ -107,3 +108,17 @@ class Candidate:
 
     head: Head
     mode: CandidateMode
+
+
+def required_candidate(bot_id: str, active: int | None,
+                       live_candidate: Callable[[int], tuple[int, CandidateMode] | None]
+                       ) -> tuple[int, int, CandidateMode]:
+    """(active version, candidate version, its mode) of `bot_id`, what promote and discard act
+    on, from a backend's reads in one transaction: its active version and a function of it
+    giving the live candidate. Raises UnknownBot, NoCandidate."""
+    if active is None:
+        raise UnknownBot(bot_id)
+    found = live_candidate(active)
+    if found is None:
+        raise NoCandidate(bot_id)
+    return active, *found

@@ -27,12 +27,11 @@ import numpy as np
 
 from heads import files
 from heads.backend import SQLITE, Step, StoreBackend, VersionRow, utc_now
-from heads.candidates import CandidateInfo, CandidateMode
+from heads.candidates import CandidateInfo, CandidateMode, required_candidate
 from heads.directory.registry import Registry, Transaction
 from heads.errors import (
     BotOwnedElsewhere,
     HeadLoadError,
-    NoCandidate,
     UnknownBot,
     UnknownKey,
     UnknownTenant,
@@ -177,15 +176,8 @@ class DirectoryBackend(StoreBackend):
     @classmethod
     def _required_candidate(cls, tx: Transaction, bot_id: str
                             ) -> tuple[int, int, CandidateMode]:
-        """(active version, candidate version, its mode) of `bot_id`, what promote and discard
-        act on. Raises UnknownBot, NoCandidate."""
-        active = tx.active_version(bot_id)
-        if active is None:
-            raise UnknownBot(bot_id)
-        found = cls._live_candidate(tx, bot_id, active)
-        if found is None:
-            raise NoCandidate(bot_id)
-        return active, *found
+        return required_candidate(bot_id, tx.active_version(bot_id),
+                                  lambda active: cls._live_candidate(tx, bot_id, active))
 
     def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
         with self._registry.write() as tx:

@@ -16,11 +16,10 @@ from psycopg.types.json import Jsonb
 
 from heads.accounts import Rows
 from heads.backend import POSTGRESQL, Step, StoreBackend, VersionRow, redact_url, utc_now
-from heads.candidates import CandidateInfo, CandidateMode
+from heads.candidates import CandidateInfo, CandidateMode, required_candidate
 from heads.errors import (
     BotOwnedElsewhere,
     HeadLoadError,
-    NoCandidate,
     StoreUnavailable,
     UnknownBot,
     UnknownKey,
@@ -281,15 +280,8 @@ class PgBackend(StoreBackend):
 
     def _required_candidate(self, conn: psycopg.Connection, bot_id: str
                             ) -> tuple[int, int, CandidateMode]:
-        """(active version, candidate version, its mode) of `bot_id`, what promote and discard
-        act on. Raises UnknownBot, NoCandidate."""
-        active = self._active_version(conn, bot_id)
-        if active is None:
-            raise UnknownBot(bot_id)
-        found = self._candidate(conn, bot_id, active)
-        if found is None:
-            raise NoCandidate(bot_id)
-        return active, *found
+        return required_candidate(bot_id, self._active_version(conn, bot_id),
+                                  lambda active: self._candidate(conn, bot_id, active))
 
     def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
         def change(conn, rows):
