@@ -125,7 +125,7 @@ def _why_lowest(norm_ratio: float) -> str | None:
                 "small features")
     if norm_ratio > HIGH_NORM:
         return ("stronger activations than most calibration images: clipped by the ranges "
-                "they set; calibrate on more images like it")
+                "they set")
     return None
 
 
