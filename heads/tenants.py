@@ -39,9 +39,11 @@ AUDIT_ACTIONS = ("register", "replace", "rollback", "remove", "tenant_add", "ten
                  "candidate_discard")
 
 _KEY_ID_BYTES = 6  # 12 hex characters
-_SECRET_BYTES = 32  # token_urlsafe(32): 43 characters
+_SECRET_BYTES = 32
+# token_urlsafe(32): a token's last 43 characters, which may hold "_" themselves.
+SECRET_CHARS = 43
 # fullmatch of str only; explicit ASCII classes, so no Unicode digit or letter can pass.
-_TOKEN_RE = re.compile(r"mhk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
+_TOKEN_RE = re.compile(rf"mhk_([0-9a-f]{{12}})_[A-Za-z0-9_-]{{{SECRET_CHARS}}}")
 
 
 def validate_tenant(name: object) -> str:

@@ -40,6 +40,7 @@ from heads.tenants import (
     LIMIT_NAMES,
     LIMITS,
     OPERATOR,
+    SECRET_CHARS,
     ApiKey,
     TenantLimits,
     describe_limits,
@@ -72,6 +73,11 @@ def test_a_new_token_names_its_key_and_is_random():
     assert token.startswith(f"mhk_{key_id}_") and parse_token(token) == key_id
     assert token_hash(token) == hashlib.sha256(token.encode()).hexdigest()
     assert len({new_token()[1] for _ in range(200)}) == 200
+    # The secret is the token's last SECRET_CHARS characters, "_" and all: the tests that look
+    # for it in logs take it so (splitting at the last "_" once gave a one-letter fragment).
+    for key_id, token in (new_token() for _ in range(200)):
+        assert token == f"mhk_{key_id}_{token[-SECRET_CHARS:]}"
+    assert any("_" in new_token()[1][-SECRET_CHARS:] for _ in range(200))
 
 
 def test_parse_token_is_strict():
@@ -103,7 +109,7 @@ def test_a_key_never_shows_its_hash_or_token():
                  token_hash(token))
     for shown in (repr(key), str(key), str(key.to_dict())):
         assert token not in shown and token_hash(token) not in shown
-        assert token[-43:] not in shown
+        assert token[-SECRET_CHARS:] not in shown
     assert "hash" not in key.to_dict() and key.to_dict()["prefix"] == f"mhk_{key_id}"
 
 
@@ -518,7 +524,7 @@ def test_keys_add_list_revoke(any_store, caplog):
                           str([r.to_dict() for r in other.audit()]), repr(other),
                           caplog.text])
     # The secret is the last 43 characters (token_urlsafe: it may hold "_" itself).
-    for secret in (token, token2, token[-43:], token_hash(token)):
+    for secret in (token, token2, token[-SECRET_CHARS:], token_hash(token)):
         assert secret not in shown
 
 
@@ -673,7 +679,7 @@ def test_tenant_and_key_writes_change_the_data_version(location):
 
 def test_the_secret_part_of_a_token_is_random_per_key(store):
     tokens = [store.add_key("default", "infer")[1] for _ in range(3)]
-    assert len({t[-43:] for t in tokens}) == 3
+    assert len({t[-SECRET_CHARS:] for t in tokens}) == 3
     assert all(secrets.compare_digest(token_hash(t), k.hash)
                for t, k in zip(tokens, store.keys(), strict=True))
     assert len(store.key_table()) == 3
