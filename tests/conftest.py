@@ -16,6 +16,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 from tests.backbone.helpers import graph_cache_of
@@ -33,6 +34,14 @@ os.environ.setdefault("MULTIHEAD_AUTH", "none")
 # tf.keras = tf_keras, as `multihead` and `backbone.tfimport` choose it, whichever test imports
 # TensorFlow first (Keras 3's import alone is about 3 s of a worker).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+# Hypothesis asserts no timings here: its default 200 ms deadline per example and its
+# too-slow-generation health check fail on a busy CI machine (two workers, the Ray run and
+# TensorFlow's threads on 2 cores) for reasons that are not the code's. Per-test settings
+# (max_examples, ...) still apply on top of this profile.
+hypothesis.settings.register_profile(
+    "multihead", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile("multihead")
 
 SHARED_DIR_ENV = "MULTIHEAD_TEST_SHARED_DIR"  # `make test` sets it for both of its runs
 INT8_FIXTURES = frozenset({"int8_calibrated", "int8_trunk", "int8_images"})
