@@ -56,7 +56,8 @@ system-deps: browser-deps postgres-deps
 # faster, 425-500 s against 454-461 s, the CPU-bound tests slowing each other). The Ray tests
 # (tests/scaleout) run at the same time in a pytest of their own (their output follows the
 # first run's; `make` fails if either failed; a failed first run's failures are printed again
-# after it, so that the end of the output, which is what a CI log shows first, names them): their local Ray cluster waits for its replicas
+# after it, so that the end of the output, which is what a CI log shows first, names them; the
+# first run's output goes through tee unbuffered, in colour on a terminal): their local Ray cluster waits for its replicas
 # up to 300 s, and their timing checks allow a busy machine. TEST_WORKERS=0 runs the first
 # phase in one process, one test after another. Both runs share one temporary directory for the
 # session's checkpoint and the graphs built from it (MULTIHEAD_TEST_SHARED_DIR: made once,
@@ -73,15 +74,18 @@ test: lint system-deps
 	export MULTIHEAD_TEST_SHARED_DIR="$$shared" && \
 	{ $(BIN)/python -m pytest --durations=5 tests/scaleout >"$$shared/scaleout.log" 2>&1 & \
 	  ray=$$!; } && \
-	{ $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 \
-	    --ignore=tests/scaleout; echo $$? >"$$shared/first.rc"; } 2>&1 | tee "$$shared/first.log"; \
+	color=no && if [ -t 1 ]; then color=yes; fi && \
+	{ PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
+	    --durations=10 --color=$$color --ignore=tests/scaleout; echo $$? >"$$shared/first.rc"; \
+	} 2>&1 | tee "$$shared/first.log"; \
 	first=$$(cat "$$shared/first.rc"); \
 	second=0 && wait $$ray || second=$$?; \
 	echo "== tests/scaleout (run beside the above)" && cat "$$shared/scaleout.log"; \
 	if [ "$$first" -ne 0 ]; then \
 	  echo "== the first run failed (exit $$first): its failures again, from above"; \
-	  grep -E '^(FAILED|ERROR) |^=+ .*(failed|error|passed).* in [0-9.]+s|^(INTERNALERROR|E +)' \
-	    "$$shared/first.log" | tail -60; \
+	  sed 's/\x1b\[[0-9;]*m//g' "$$shared/first.log" \
+	    | grep -E '^(FAILED|ERROR) |^=+ .*(failed|error|passed).* in [0-9.]+s|^(INTERNALERROR|E +)' \
+	    | tail -60; \
 	fi; \
 	test "$$first" -eq 0 && test $$second -eq 0
 
