@@ -55,11 +55,11 @@ system-deps: browser-deps postgres-deps
 # two workers use the 2 cores of a CI machine where one leaves one idle (three: measured no
 # faster, 425-500 s against 454-461 s, the CPU-bound tests slowing each other). The Ray tests
 # (tests/scaleout) run at the same time in a pytest of their own (their output follows the
-# first run's; `make` fails if either failed; a failed first run's failures are printed again
-# after it, so that the end of the output, which is what a CI log shows first, names them; the
-# first run's output goes through tee unbuffered, in colour on a terminal): their local Ray cluster waits for its replicas
-# up to 300 s, and their timing checks allow a busy machine. TEST_WORKERS=0 runs the first
-# phase in one process, one test after another. Both runs share one temporary directory for the
+# first run's; `make` fails if either failed): their local Ray cluster waits for its replicas
+# up to 300 s, and their timing checks allow a busy machine. A failed first run's failures are
+# printed again at the very end, which is the part of the output a CI log shows (the first
+# run's output goes through tee for that, unbuffered, and in colour on a terminal).
+# TEST_WORKERS=0 runs the first phase in one process, one test after another. Both runs share one temporary directory for the
 # session's checkpoint and the graphs built from it (MULTIHEAD_TEST_SHARED_DIR: made once,
 # under a lock, imported by the other worker and the Ray run), removed at the end.
 # Bytecode is written while the tests run, even where the environment says

@@ -14,4 +14,3 @@ from hypothesis import strategies as st
 def test_a_slow_example_is_no_failure(n):
     time.sleep(0.25)  # over Hypothesis' default deadline of 200 ms
     assert isinstance(n, int)
-
