@@ -133,7 +133,9 @@ async def test_real_server_sees_cli_registration_and_drains_on_sigterm(
     server = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--store", str(store_dir),
          "--trunk-checkpoint", trunk_checkpoint, "--port", str(port), "--no-warmup",
-         "--runtime", "tf"],  # registration and draining are the subject: TF on the saved graph
+         # Registration, draining and the hot path's memory are the subject: TF fp32 on the
+         # saved graph, on every CPU (`auto` would be bf16 where the CPU has it).
+         "--runtime", "tf", "--precision", "fp32"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
