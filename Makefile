@@ -59,9 +59,10 @@ system-deps: browser-deps postgres-deps
 # up to 300 s, and their timing checks allow a busy machine. A failed first run's failures are
 # printed again at the very end, which is the part of the output a CI log shows (the first
 # run's output goes through tee for that, unbuffered, and in colour on a terminal).
-# TEST_WORKERS=0 runs the first phase in one process, one test after another. Both runs share one temporary directory for the
-# session's checkpoint and the graphs built from it (MULTIHEAD_TEST_SHARED_DIR: made once,
-# under a lock, imported by the other worker and the Ray run), removed at the end.
+# TEST_WORKERS=0 runs the first phase in one process, one test after another. Both runs share
+# one temporary directory for the session's checkpoint and the graphs built from it
+# (MULTIHEAD_TEST_SHARED_DIR: made once, under a lock, imported by the other worker and the Ray
+# run), removed at the end.
 # Bytecode is written while the tests run, even where the environment says
 # PYTHONDONTWRITEBYTECODE (uv installs no .pyc): else every one of the suite's Python
 # processes (workers, servers, CLI calls, Ray replicas) compiles TensorFlow's, Ray's, ... sources
