@@ -342,10 +342,13 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """An OIP v2 `$inference_request`, with the binary tensor extension when `header_length`
     (the `Inference-Header-Content-Length` header) is given. Raises BadRequest."""
     if header_length is not None:
-        if not is_number(header_length.strip()) or int(header_length) > len(body):
+        # Optional whitespace around a header value is spaces and tabs (RFC 9110): `str.strip()`
+        # also takes '\x1c'-'\x1f', which `int()` then refuses (a ValueError, not a 400).
+        raw = header_length.strip(" \t")
+        if not is_number(raw) or int(raw) > len(body):
             raise BadRequest(f"{HEADER_LENGTH} must be the JSON header's length in bytes, at "
                              f"most the body's {len(body)}; got '{header_length[:32]}'")
-        split = int(header_length)
+        split = int(raw)
         header, binary = body[:split], body[split:]
     else:
         header, binary = body, b""
