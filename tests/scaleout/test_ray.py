@@ -157,8 +157,8 @@ async def first_seen(base: str, path: str, predicate, replicas: set[str],
     answered so must not answer otherwise a request sent after that answer came.
 
     NOTE: requests sent before it may: the pollers run at once, and a request the replica took
-    before it saw the change can be answered after a later one (a 200 takes longer than a 401;
-    seen once in `make test`)."""
+    before it saw the change can be answered after a later one (a 200 does more work than a
+    401; a 200 after a 401 from one replica was seen once in `make test`)."""
     start = time.monotonic()
     seen: dict[str, float] = {}
     regressions: list[str] = []
