@@ -26,7 +26,7 @@ $(STAMP): setup.py
 	$(UV) -e '.[test,bench,openvino,postgres,ray,grpc,otel]'
 	touch $@
 
-# Debian's chromium and the chromedriver of the same build, for tests/service/test_browser.py
+# Debian's chromium and the chromedriver of the same build, for tests/service/transports/test_browser.py
 # (needs root or sudo for apt-get; CI runs as root).
 browser-deps:
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
@@ -117,7 +117,7 @@ mutation: $(STAMP)
 # scheduler's properties on 3,000 random traces each instead of 100.
 fuzz: $(STAMP)
 	MULTIHEAD_FUZZ_CASES=20000 $(BIN)/python -m pytest -q tests/fuzz
-	MULTIHEAD_FAIR_EXAMPLES=3000 $(BIN)/python -m pytest -q tests/service/test_fair.py
+	MULTIHEAD_FAIR_EXAMPLES=3000 $(BIN)/python -m pytest -q tests/service/core/test_fair.py
 
 bench: $(STAMP)
 	$(BIN)/multihead bench --quick --output bench-out

@@ -14,7 +14,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",  # asyncio.timeout (the batcher)
-    packages=find_packages(include=["backbone*", "heads*", "service*", "bench*"]),
+    packages=find_packages(include=["backbone*", "heads*", "accounts*", "store*", "service*",
+                                    "bench*", "cli*"]),
     package_data={"service": ["static/*"]},
     install_requires=[
         f"tensorflow=={TF_VERSION}",
@@ -55,7 +56,7 @@ setup(
             # Every operation of /openapi.json against a real server (test_openapi.py).
             "schemathesis==4.32.5",
             # Triton's own HTTP client (`tritonclient.http`, from the grpc extra's
-            # tritonclient) needs it: tests/service/test_auth.py passes a key through it.
+            # tritonclient) needs it: tests/service/codecs/test_auth.py passes a key through it.
             "geventhttpclient==2.6.1",
         ],
         # The trunk on OpenVINO (`--runtime openvino`), compiled in-process from the restored
@@ -78,5 +79,5 @@ setup(
         # `make mutation`: mutmut 3 (mutants in a `mutants/` copy, per-function test selection).
         "mutation": ["mutmut==3.8.1"],
     },
-    entry_points={"console_scripts": ["multihead=service.cli.main:main"]},
+    entry_points={"console_scripts": ["multihead=cli.main:main"]},
 )

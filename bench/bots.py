@@ -35,7 +35,7 @@ def register_bots(store_dir: str | Path, count: int, classes: int, seed: int, st
     """Registers bots `bot_id(start..count-1)` with random heads into `store` (or a store
     opened on `store_dir`, a directory or a PostgreSQL URL); returns their ids. `on_each` gets
     the seconds of each registration."""
-    from heads import HeadStore
+    from store import HeadStore
 
     own = store is None
     store = store or HeadStore(store_dir)

@@ -78,11 +78,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def multihead_command(subcommand: str) -> list[str]:
     """`multihead <subcommand>` of this interpreter's environment: the console script when
-    installed, else `python -m service.cli <subcommand>` (the same entry point)."""
+    installed, else `python -m cli <subcommand>` (the same entry point)."""
     script = Path(sys.executable).with_name("multihead")
     if script.exists():
         return [str(script), subcommand]
-    return [sys.executable, "-m", "service.cli", subcommand]
+    return [sys.executable, "-m", "cli", subcommand]
 
 
 def serve_command() -> list[str]:

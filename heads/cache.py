@@ -21,7 +21,7 @@ def _key(bot_id: str, slot: str) -> str:
 class HeadCache:
     """Resident heads keyed by bot id, at most one version per bot and slot.
 
-    A bot's active head is in the default slot (""); its candidate's (`heads.candidates`) in
+    A bot's active head is in the default slot (""); its candidate's (`accounts.candidates`) in
     the slot `CANDIDATE`, a head like the others for the budget and the LRU order, but never
     pinned. Unpinned heads are evicted least recently used first whenever the resident bytes
     exceed `memory_budget_bytes`; pinned bots are never evicted (they may push the total over

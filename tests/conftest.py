@@ -28,7 +28,7 @@ from tests.support.int8 import (  # noqa: F401 - fixtures, used by name
 from tests.support.postgres import pg_server  # noqa: F401 - a fixture, used by name
 
 # Servers the tests start (`multihead serve` subprocesses, Ray replicas) run without API keys
-# unless a test asks for them: tests/service/test_auth.py is where keys are tested, and the
+# unless a test asks for them: tests/service/codecs/test_auth.py is where keys are tested, and the
 # in-process tests' settings say auth="none" likewise (tests/support/servers.make_settings).
 os.environ.setdefault("MULTIHEAD_AUTH", "none")
 # tf.keras = tf_keras, as `multihead` and `backbone.tfimport` choose it, whichever test imports
@@ -61,14 +61,14 @@ def _int8_files(root: Path) -> frozenset[str]:
 # run first: a worker that starts one late leaves the other idle at the end. The INT8 files
 # are one unit of work (`pytest_xdist_make_scheduler`); the rest follow in collection order.
 SLOW_FIRST = (
-    "tests/service/test_demo.py", "tests/backbone/test_int8.py", "tests/backbone/test_trunk.py",
-    "tests/backbone/test_runners.py", "tests/service/test_admin.py",
-    "tests/heads/test_tenants.py", "tests/backbone/test_compat.py",
-    "tests/backbone/test_preprocess.py", "tests/service/test_app.py",
-    "tests/service/test_interop.py", "tests/heads/test_slim_import.py",
-    "tests/service/test_openapi.py", "tests/service/test_auth.py",
-    "tests/service/test_candidates.py",
-    "tests/backbone/test_tfimport.py", "tests/heads/test_writers.py",
+    "tests/cli/test_demo.py", "tests/backbone/test_int8.py", "tests/backbone/test_trunk.py",
+    "tests/backbone/test_runners.py", "tests/cli/test_admin.py",
+    "tests/accounts/test_tenants.py", "tests/backbone/test_compat.py",
+    "tests/backbone/test_preprocess.py", "tests/service/transports/test_app.py",
+    "tests/service/transports/test_interop.py", "tests/heads/test_slim_import.py",
+    "tests/service/transports/test_openapi.py", "tests/service/codecs/test_auth.py",
+    "tests/service/core/test_candidates.py",
+    "tests/backbone/test_tfimport.py", "tests/store/test_writers.py",
 )
 
 
@@ -144,7 +144,7 @@ def trunk_checkpoint(shared_dir) -> str:
     Like the official file it holds the trunk, the 1001-way Logits and the AuxLogits. Written
     once per run (`shared_dir`): the directory appears whole or not at all.
     """
-    from service.cli.main import main
+    from cli.main import main
 
     directory = shared_dir / "trunk"
     # The demo trunk's file name: /readyz then reports "demo (seeded random weights)".

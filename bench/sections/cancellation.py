@@ -143,7 +143,7 @@ def register_shadows(context: Context, store: Path, bots: list[str]) -> None:
     """Gives every bot of `bots` a shadow candidate: a seeded random head (another seed than
     the bots') with the bot's labels, registered into the store at `store`."""
     from bench.bots import random_head
-    from heads import HeadStore
+    from store import HeadStore
 
     rng = np.random.default_rng(context.plan.seed + SHADOW_SEED)
     heads = HeadStore(store)

@@ -538,7 +538,7 @@ def tenant_store(context: Context) -> tuple[Path, dict[str, str]]:
     import numpy as np
 
     from bench.bots import random_head
-    from heads import HeadStore
+    from store import HeadStore
 
     store = context.tmp / "fairness-store"
     rng = np.random.default_rng(context.plan.seed + 22)
@@ -607,7 +607,7 @@ def _run_flood(context: Context, store: Path, bots: dict[str, str], scheduler: s
 
 def _run_quota(context: Context, store: Path, bots: dict[str, str],
                result: FairnessResult) -> None:
-    from heads import HeadStore
+    from store import HeadStore
 
     plan = context.plan
     rate, capacity = quota_rate(result)

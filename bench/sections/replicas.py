@@ -49,7 +49,7 @@ def _percentiles(values: Sequence[float]) -> dict:
 
 def compare_stores(pg_url: str, sqlite_dir: Path, count: int, classes: int, seed: int) -> dict:
     """Registration time and cold head load, PostgreSQL vs SQLite, for the same `count` heads."""
-    from heads import HeadStore
+    from store import HeadStore
 
     rng = np.random.default_rng(seed)
     heads = [(rng.standard_normal((1536, classes)).astype(np.float32) * 0.01,
@@ -114,7 +114,7 @@ async def replica_ids(base: str, want: int, timeout_s: float = 60.0) -> dict[str
 def propagation(base: str, pg_url: str, replicas: set[str], count: int, classes: int,
                 seed: int) -> dict:
     """Registration-to-served: `register` returns, then every replica answers the bot."""
-    from heads import HeadStore
+    from store import HeadStore
 
     rng = np.random.default_rng(seed)
     times = []

@@ -44,7 +44,7 @@ class ScaleResult(Result):
 
 def register_levels(context: Context, store_dir: Path) -> ScaleResult:
     """Registers bots level by level into a new store; times each `HeadStore.register`."""
-    from heads import HeadStore
+    from store import HeadStore
 
     plan = context.plan
     levels = sorted(set(plan.scale_levels))

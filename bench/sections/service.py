@@ -272,7 +272,7 @@ def _run_with_keys(context: Context, store, bots: Sequence[str], result: Service
     """The mixed policy's 16-client closed loop again on a server with `--auth keys`, every
     request carrying an API key of the bots' tenant: what checking keys costs."""
     from bench.load import Workload, closed_loop
-    from heads import HeadStore
+    from store import HeadStore
 
     with HeadStore(store) as heads:
         _, token = heads.add_key("default", "infer")
@@ -312,10 +312,10 @@ def key_check_seconds(store, token: str) -> float:
     NOTE: timed here, not end to end: the two 16-client loads (with and without keys) differ
     by this machine's run-to-run spread (+-10 % on 2 cores, about 6 batches a load), far more
     than a key check can cost; the loads' images/s stay in the report."""
-    from heads import HeadStore
     from service.core.auth import INFER
     from service.core.context import Service
     from service.core.settings import Settings
+    from store import HeadStore
 
     def per_call(service, authorization) -> float:
         start = time.perf_counter()

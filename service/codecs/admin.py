@@ -12,13 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from heads import CandidateMode, HeadsError
+from accounts import CandidateMode
+from accounts.errors import AccountsError
+from heads import HeadsError
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_SCHEMA, is_number
 from service.codecs.native import Part, parse_multipart
 from service.core.auth import INFER, MANAGE
 from service.core.candidates import TOP_DISAGREEMENTS
 from service.core.errors import BadRequest, UnsupportedMediaType
+from store.errors import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.context import Service
@@ -97,7 +100,7 @@ def register_upload(registry, bot_id: str, upload: HeadUpload, tenant: str | Non
                 options["candidate"] = upload.candidate
             return registry.register_checkpoint(bot_id, prefix, labels_path, source="http",
                                                 **upload.names, **options)
-        except HeadsError as exc:
+        except (HeadsError, AccountsError, StoreError) as exc:
             message = str(exc)
             for path, name in ((labels_path, "<labels part>"),
                                (prefix, "<uploaded checkpoint>"), (tmp, "<upload>")):

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heads import BotInfo, Head, UnknownVersion
+from heads import Head
 from service.codecs.base import Param, Request
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest
+from store import BotInfo, UnknownVersion
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.context import Service

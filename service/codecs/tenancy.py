@@ -2,7 +2,7 @@
 tenants|keys|audit` do on the CLI. The operator's (`OPERATOR` access), except `GET /audit`,
 which a manage key may call for its own tenant (`MANAGE`; `Caller.audit` narrows it).
 
-A tenant's limits (fair sharing, `heads.tenants.LIMITS`) are a JSON object
+A tenant's limits (fair sharing, `accounts.tenants.LIMITS`) are a JSON object
 `{"weight": .., "rate": .., "burst": .., "max_queued": ..}`: in the optional body of
 `PUT /tenants/{tenant}`, and the body of `PATCH /tenants/{tenant}`, where a field given sets
 its limit (null: back to the serve default) and the others stay. An unknown field is 400
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from heads.tenants import (
+from accounts.tenants import (
     LIMIT_NAMES,
     LIMITS,
     SCOPES,
@@ -47,7 +47,7 @@ async def list_tenants(service: Service, request: Request) -> Reply:
 
 def parse_limits(raw: bytes | bytearray) -> dict[str, float | int | None]:
     """The limits of a JSON object body ({name: value}, null for the serve default), checked
-    by the store's validator (`heads.tenants.validate_limits`: InvalidLimits naming the
+    by the store's validator (`accounts.tenants.validate_limits`: InvalidLimits naming the
     field); an unknown field is BadRequest."""
     body = parse_json_object(bytes(raw), "the request body")
     unknown = sorted(set(body) - set(LIMIT_NAMES))

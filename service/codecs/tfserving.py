@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backbone.spec import INPUT
-from heads import BotInfo, Head
+from heads import Head
 from service.codecs.base import (
     JSON,
     Answer,
@@ -49,6 +49,7 @@ from service.codecs.oip import ARRAY_INPUT, ARRAY_SHAPE, BYTES_INPUT, OUTPUT
 from service.core.auth import INFER
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, NotFound
+from store import BotInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.context import Service

@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from heads.tenants import OPERATOR as OPERATOR_ACTOR
-from heads.tenants import parse_token, token_hash
+from accounts.tenants import OPERATOR as OPERATOR_ACTOR
+from accounts.tenants import parse_token, token_hash
 from service.core.errors import Forbidden, Unauthorized
 
 log = logging.getLogger(__name__)

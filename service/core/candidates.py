@@ -1,5 +1,5 @@
 """Candidates at serving time: which requests a canary answers, how a candidate compares with
-the live version, and the per-process tally of that comparison (`heads.candidates` says what a
+the live version, and the per-process tally of that comparison (`accounts.candidates` says what a
 candidate is; `service.core.engine.score` scores it on the features of the live version's
 rows, in the same batch).
 
@@ -33,7 +33,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from heads import Candidate, Head
+from accounts import Candidate
+from heads import Head
 
 ROUTE_KEY_HEADER = "X-Multihead-Route-Key"
 ROUTE_KEY_METADATA = ROUTE_KEY_HEADER.lower()  # gRPC metadata keys are lower case

@@ -23,20 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from accounts import Candidate
+from accounts.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo, TenantLimits
+from accounts.tenants import OPERATOR as OPERATOR_ACTOR
 from backbone.spec import FEATURE_DIM
 from backbone.tfimport import import_tensorflow
 from backbone.trunk import warm_up
-from heads import (
-    BotInfo,
-    Candidate,
-    Head,
-    HeadLoadError,
-    HeadStore,
-    StoreUnavailable,
-    UnknownBot,
-)
-from heads.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo, TenantLimits
-from heads.tenants import OPERATOR as OPERATOR_ACTOR
+from heads import Head, HeadLoadError, UnknownBot
 from service.core import logs, memory
 from service.core.admission import ByteBudget
 from service.core.auth import MANAGE, Authenticator, Principal
@@ -52,6 +45,7 @@ from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.settings import Settings
 from service.core.tracing import Tracing
+from store import BotInfo, HeadStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

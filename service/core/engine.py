@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from accounts import Candidate
+from accounts.tenants import DEFAULT_TENANT
 from backbone import preprocess
 from backbone.spec import FEATURE_DIM, INPUT
-from heads import Candidate, Head, top_indices
-from heads.tenants import DEFAULT_TENANT
+from heads import Head, top_indices
 from service.core import tracing as trace
 from service.core.batcher import Batcher, Booking, Row
 from service.core.candidates import CandidateStats, Comparison, Route, compare, route_for, route_key

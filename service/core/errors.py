@@ -131,27 +131,27 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     "backbone.errors.CheckpointError": (500, "trunk_unavailable", "INTERNAL"),
     # heads
     "heads.errors.UnknownBot": (404, "unknown_bot", "NOT_FOUND"),
-    "heads.errors.UnknownVersion": (404, "unknown_version", "NOT_FOUND"),
+    "store.errors.UnknownVersion": (404, "unknown_version", "NOT_FOUND"),
     # A malformed id ('../x', 'a b') is the client's syntax error, not a missing resource.
     "heads.errors.InvalidBotId": (400, "invalid_bot_id", "INVALID_ARGUMENT"),
     # An uploaded head that cannot be used: well-formed request, unprocessable content.
     "heads.errors.InvalidHead": (422, "invalid_head", "INVALID_ARGUMENT"),
     "heads.errors.HeadLoadError": (422, "invalid_head", "INVALID_ARGUMENT"),
     # The store's database cannot be reached (a head that is not resident, a listing): retry.
-    "heads.errors.StoreUnavailable": (503, "store_unavailable", "UNAVAILABLE"),
+    "store.errors.StoreUnavailable": (503, "store_unavailable", "UNAVAILABLE"),
     "heads.errors.TrunkMismatch": (422, "trunk_mismatch", "INVALID_ARGUMENT"),
     "heads.errors.InvalidTrainingData": (400, "invalid_training_data", "INVALID_ARGUMENT"),
     # tenants and keys (an id another tenant owns is taken: the answer names no tenant)
-    "heads.errors.InvalidTenant": (400, "invalid_tenant", "INVALID_ARGUMENT"),
-    "heads.errors.UnknownTenant": (404, "unknown_tenant", "NOT_FOUND"),
-    "heads.errors.InvalidLimits": (400, "invalid_limits", "INVALID_ARGUMENT"),
-    "heads.errors.TenantExists": (409, "tenant_exists", "ALREADY_EXISTS"),
-    "heads.errors.TenantNotEmpty": (409, "tenant_not_empty", "FAILED_PRECONDITION"),
-    "heads.errors.UnknownKey": (404, "unknown_key", "NOT_FOUND"),
-    "heads.errors.BotOwnedElsewhere": (409, "bot_id_taken", "ALREADY_EXISTS"),
+    "accounts.errors.InvalidTenant": (400, "invalid_tenant", "INVALID_ARGUMENT"),
+    "accounts.errors.UnknownTenant": (404, "unknown_tenant", "NOT_FOUND"),
+    "accounts.errors.InvalidLimits": (400, "invalid_limits", "INVALID_ARGUMENT"),
+    "accounts.errors.TenantExists": (409, "tenant_exists", "ALREADY_EXISTS"),
+    "accounts.errors.TenantNotEmpty": (409, "tenant_not_empty", "FAILED_PRECONDITION"),
+    "accounts.errors.UnknownKey": (404, "unknown_key", "NOT_FOUND"),
+    "accounts.errors.BotOwnedElsewhere": (409, "bot_id_taken", "ALREADY_EXISTS"),
     # candidates: a mode other than shadow / canary:P; promote or discard with none there
-    "heads.errors.InvalidCandidate": (400, "invalid_candidate", "INVALID_ARGUMENT"),
-    "heads.errors.NoCandidate": (404, "no_candidate", "NOT_FOUND"),
+    "accounts.errors.InvalidCandidate": (400, "invalid_candidate", "INVALID_ARGUMENT"),
+    "accounts.errors.NoCandidate": (404, "no_candidate", "NOT_FOUND"),
 }
 
 _INTERNAL = (500, "internal", "INTERNAL")

@@ -2,7 +2,7 @@
 
 No asyncio and no clock here: the `Batcher` decides WHEN a batch runs and how long rows wait;
 this decides WHICH rows a batch takes, and how much of the queue a tenant may hold. Kept apart
-so that its properties are tested on their own, on random traces (tests/service/test_fair.py).
+so that its properties are tested on their own, on random traces (tests/service/core/test_fair.py).
 
 Fair order is the Virtual Token Counter of Sheng et al., "Fairness in Serving Large Language
 Models" (OSDI 2024), for a shared batch of images:

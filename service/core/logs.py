@@ -72,7 +72,7 @@ _SCRUBS = (
                 r"access[_-]?token|token|password|passwd|secret)(['\"]?\s*[:=]\s*['\"]?)"
                 r"(?:(?:bearer|basic)\s+)?(?!\*\*\*)[^\s'\",;}&]+"), r"\1\2***"),
     (re.compile(r"(?i)\b(bearer|basic)(\s+)(?!\*\*\*)[^\s'\",;}&]+"), r"\1\2***"),
-    # API keys (heads.tenants: mhk_<id>_<secret>): the id names the key, the rest is secret.
+    # API keys (accounts.tenants: mhk_<id>_<secret>): the id names the key, the rest is secret.
     (re.compile(r"\b(mhk_[0-9a-f]+_)[A-Za-z0-9_-]+"), r"\1***"),
     # bytes literals long enough to be content (an image, a body), not a short magic number
     (re.compile(r"""b'(?:[^'\\]|\\.){48,}'|b"(?:[^"\\]|\\.){48,}\""""), "b'<bytes elided>'"),

@@ -110,7 +110,7 @@ class TopN:
         return OTHER, None
 
 
-# Its name from before tenants shared it (tests/service/test_metrics.py still uses it).
+# Its name from before tenants shared it (tests/service/core/test_metrics.py still uses it).
 TopBots = TopN
 
 

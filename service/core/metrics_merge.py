@@ -18,7 +18,7 @@ What each metric becomes:
   replica's own state (its resident heads, its scheduler's counters), one series per replica
   with a `replica` label. A gauge is a value of now: a replica that did not answer has none.
   A gauge without a rule here is kept per replica (never summed by mistake);
-  `tests/service/test_metrics_merge.py` fails until it has one.
+  `tests/service/core/test_metrics_merge.py` fails until it has one.
 - two of its own (`OWN`): `multihead_metrics_replicas` (replicas whose metrics this answer
   holds) and `multihead_metrics_replicas_missing` (replicas asked that did not answer).
 

@@ -14,7 +14,7 @@ Where each piece lives:
   the functions of `CONSTRAINTS`); `validate` checks every field in one loop, then the few rules
   between fields (`RULES`, `DEPLOYMENT_RULES`);
 - every setting resolves one way, `Settings.resolve`: flag, else environment, else default. The
-  other commands' shared options (`service.cli.options`) resolve through it too;
+  other commands' shared options (`cli.options`) resolve through it too;
 - what a log, a message or a status page may show of a value is `_public` (a secret as ***, a
   URL without its password), used by messages, `repr` and `public_dict` alike.
 """
@@ -30,12 +30,12 @@ from typing import Any
 
 from backbone.precision import PRECISIONS, RUNTIMES
 from heads import InvalidBotId, validate_bot_id
-from heads.backend import redact_url
 from service.core.auth import AUTH_MODES
 from service.core.batcher import POLICIES as BATCH_POLICIES
 from service.core.fair import SCHEDULERS
 from service.core.logs import FORMATS as LOG_FORMATS
 from service.core.tracing import EXPORTERS
+from store.backend import redact_url
 
 log = logging.getLogger(__name__)
 

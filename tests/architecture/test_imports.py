@@ -1,14 +1,14 @@
 """The import layers of the project, checked by parsing every module's imports (lazy ones in
 functions and `TYPE_CHECKING` ones included). Layers are folders (LAYERS below):
 
-    backbone <- heads <- service/core <- service/codecs <- service/transports/common
-             <- service/transports/{http,grpc,ray} <- bench <- service/cli
+    backbone <- heads <- accounts <- store <- service/core <- service/codecs
+             <- service/transports/common <- service/transports/{http,grpc,ray} <- bench <- cli
 
 The three transports never import each other. No import cycle among modules; aiohttp only in
 the HTTP transport and the benchmark client; grpc and the packages of its generated code
 (tritonclient, tensorflow_serving) only in the gRPC transport and the benchmark's gRPC client
 (bench.grpc_load); Ray and Starlette only in the Ray transport; psycopg only in the PostgreSQL
-store backend (heads.pg); OpenVINO only in the backbone and NNCF only
+store backend (store.pg); OpenVINO only in the backbone and NNCF only
 in backbone.quantize; OpenTelemetry only in service.core.tracing (lazily: tracing is off by
 default); matplotlib only in the benchmark's report; no private name imported
 from another module.
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("backbone", "heads", "service", "bench")
+PACKAGES = ("backbone", "heads", "accounts", "store", "service", "bench", "cli")
 
 
 def _module_name(path: Path) -> str:
@@ -107,16 +107,18 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 # layers must not import higher ones. Every module of `service/` lives in one of its folders.
 LAYERS = {
     "backbone": 0,
-    "service": 2,  # the package's __init__ only (the test below keeps it so)
     "heads": 1,
-    "service.core": 2,
-    "service.codecs": 3,
-    "service.transports.common": 4,
-    "service.transports.http": 5,
-    "service.transports.grpc": 5,
-    "service.transports.ray": 5,
-    "bench": 6,
-    "service.cli": 7,
+    "accounts": 2,
+    "store": 3,
+    "service": 4,  # the package's __init__ only (the test below keeps it so)
+    "service.core": 4,
+    "service.codecs": 5,
+    "service.transports.common": 6,
+    "service.transports.http": 7,
+    "service.transports.grpc": 7,
+    "service.transports.ray": 7,
+    "bench": 8,
+    "cli": 9,
 }
 
 
@@ -144,7 +146,7 @@ def test_the_transports_never_import_each_other():
 
 
 def test_the_parser_sees_every_package_and_edges():
-    assert {"backbone.trunk", "heads.store", "service.transports.http.app", "service.codecs.native",
+    assert {"backbone.trunk", "store.front", "service.transports.http.app", "service.codecs.native",
             "bench.runner"} <= set(MODULES)
     assert "service.core.engine" in _edges()["service.core.context"]
 
@@ -176,12 +178,12 @@ RAY_ALLOWED = ("service.transports.ray.",)
                                              ("tensorflow_serving", GRPC_ALLOWED),
                                              ("ray", RAY_ALLOWED),
                                              ("starlette", RAY_ALLOWED),
-                                             ("psycopg", ("heads.pg",)),
+                                             ("psycopg", ("store.pg",)),
                                              ("openvino", ("backbone.",)),
                                              ("nncf", ("backbone.quantize",)),
                                              ("opentelemetry", ("service.core.tracing",)),
                                              ("tensorflow", ("backbone.", "heads.files",
-                                                             "heads.store", "heads.train",
+                                                             "store.front", "heads.train",
                                                              "bench.sections.trunk",
                                                              "bench.sections.baselines"))])
 def test_heavy_libraries_stay_where_they_belong(library, allowed):

@@ -24,7 +24,7 @@ from backbone.device import cpu_flags
 from backbone.inception_v4 import LOGITS_SCOPE
 from backbone.precision import float_layers_precision
 from backbone.trunk import choose
-from service.cli.demo_images import KINDS, demo_image
+from cli.demo_images import KINDS, demo_image
 from tests.support.int8 import SAMPLES
 
 pytest.importorskip("nncf")
@@ -57,7 +57,7 @@ def int8_features(int8_trunk, held_out) -> np.ndarray:
 
 def test_int8_features_are_within_the_fidelity_bounds_of_fp32(trunk, int8_calibrated,
                                                                held_out, int8_features):
-    from heads import HeadStore
+    from store import HeadStore
 
     fp32 = trunk.features(held_out)  # the session's TF fp32 trunk
     with HeadStore(int8_calibrated.store) as store:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from backbone import quantize as q
-from service.cli.main import main
+from cli.main import main
 from tests.support.int8 import SAMPLES, link_checkpoint
 
 pytest.importorskip("nncf")
@@ -217,7 +217,7 @@ def test_importing_the_module_imports_neither_openvino_nor_nncf():
     import subprocess
     import sys
 
-    code = ("import sys, backbone, backbone.quantize, service.cli.main; "
+    code = ("import sys, backbone, backbone.quantize, cli.main; "
             "print(sorted({'openvino', 'nncf', 'tensorflow'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
@@ -225,7 +225,7 @@ def test_importing_the_module_imports_neither_openvino_nor_nncf():
 
 
 def test_too_few_images_is_a_usage_error_before_any_work(tmp_path, capsys):
-    from service.cli.demo_images import write_demo_images
+    from cli.demo_images import write_demo_images
 
     folder = write_demo_images(tmp_path / "images", "light", per_class=2)  # 6 < 8 + 1
     with pytest.raises(SystemExit) as exit_info:

@@ -148,7 +148,7 @@ def test_a_shadow_cost_without_its_numbers_is_nan():
 
 
 def test_register_shadows_gives_every_bot_another_head_with_its_labels(tmp_path):
-    from heads import HeadStore
+    from store import HeadStore
 
     store = tmp_path / "store"
     bots = register_bots(store, 3, classes=4, seed=1)

@@ -86,7 +86,7 @@ def test_an_unknown_section_is_refused_in_one_line(monkeypatch, tmp_path, capsys
 
 
 def test_multihead_bench_refuses_an_unknown_section_in_one_line(capsys):
-    from service.cli.main import main
+    from cli.main import main
 
     assert main(["bench", "--sections", "gpu"]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -117,8 +117,8 @@ def test_quick_plan_shrinks_counts_not_kinds(monkeypatch, tmp_path, capsys):
 
 
 def test_multihead_cli_mounts_the_same_flags():
-    """`multihead bench` (service/cli) parses exactly the flags of `python -m bench`."""
-    from service.cli.main import build_parser
+    """`multihead bench` (cli) parses exactly the flags of `python -m bench`."""
+    from cli.main import build_parser
 
     parser = build_parser()
     argv = ["--quick", "--sections", "scale", "--bots", "20", "--concurrency", "1,2"]

@@ -76,9 +76,9 @@ async def _serve(aiohttp_server, trunk, store_dir, **settings):
     its /readyz says 200, as the benchmark would see it."""
     import asyncio
 
-    from heads import HeadStore
     from service.core.settings import Settings
     from service.transports.http.app import create_app
+    from store import HeadStore
 
     store = HeadStore(store_dir)
     app = create_app(Settings(store=str(store_dir), warmup=False, max_wait_ms=2.0, auth="none",
@@ -188,8 +188,8 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
     """The fairness section's two loads on a real server with tenants (feature cache off: each
     image a trunk row): the flood's calls and the server's per-tenant counts, then the quota's
     one client honouring Retry-After against a tenant at 1 image/s."""
-    from heads import HeadStore
-    from heads.tenants import TenantLimits
+    from accounts.tenants import TenantLimits
+    from store import HeadStore
 
     rng = np.random.default_rng(0)
     bots = {}
@@ -256,9 +256,9 @@ async def test_an_impatient_client_leaves_and_only_a_cancelling_server_counts_a_
     real server whose trunk holds its row at a gate: the client gives up and its connection
     closes. With `cancel_on_disconnect` the server counts a 499 while the row is still in the
     trunk; without, the handler waits for the trunk and answers 200 to nobody."""
-    from heads import HeadStore
     from service.core.settings import Settings
     from service.transports.http.app import SERVICE, create_app
+    from store import HeadStore
     from tests.support.fakes import GatedTrunk
     from tests.support.polling import until
     from tests.support.servers import AppServer
@@ -299,8 +299,8 @@ async def test_an_impatient_client_leaves_and_only_a_cancelling_server_counts_a_
 def test_the_key_check_is_timed_through_the_serving_code_on_the_runs_store(tmp_path,
                                                                           monkeypatch):
     from bench.sections import service as section
-    from heads import HeadStore
     from service.core.errors import Unauthorized
+    from store import HeadStore
 
     store = tmp_path / "store"
     with HeadStore(store) as heads:

@@ -5,7 +5,7 @@
 
 Four tables, each read from what users actually meet, never from internals a refactoring moves:
 
-    flags    every option of every `multihead` command   <- the argparse parsers of service.cli.main
+    flags    every option of every `multihead` command   <- the argparse parsers of cli.main
     metrics  every metric `/metrics` exposes              <- the registry of a `Metrics()`, and
                                                             the Ray merge's own (metrics_merge)
     errors   every error code with its statuses          <- `error_status` / `grpc_status` of every
@@ -58,7 +58,7 @@ def commands(parser: argparse.ArgumentParser | None = None,
              prefix: str = "multihead") -> Iterator[tuple[str, argparse.ArgumentParser]]:
     """Every command path with its parser, root first (`multihead`, `multihead serve`, ...)."""
     if parser is None:
-        from service.cli.main import build_parser
+        from cli.main import build_parser
 
         parser = build_parser()
     yield prefix, parser
@@ -122,13 +122,15 @@ class ErrorCode:
     raised_for: tuple[str, ...]  # "`UnknownBot`: No bot with this id is registered (HTTP 404)."
 
 
-LAYERS = ("service.", "heads.", "backbone.")
+LAYERS = ("service.", "store.", "accounts.", "heads.", "backbone.")
 INTERNAL = "internal"
 
 
 def _error_classes() -> list[type[BaseException]]:
     import backbone.errors  # noqa: F401 - loaded so that their classes are found below
+    import accounts.errors  # noqa: F401
     import heads.errors  # noqa: F401
+    import store.errors  # noqa: F401
     import service.codecs.routes  # noqa: F401 - the whole service core with it
 
     seen, todo, out = set(), [BaseException], []

@@ -7,12 +7,14 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from accounts.errors import AccountsError
 from heads.errors import HeadsError
 from service.codecs.common import parse_top_k
 from service.codecs.native import parse_bot_ids, parse_multipart
 from service.codecs.oip import parse_infer_request
 from service.codecs.tfserving import parse_predict_request
 from service.core.errors import ServiceError, error_status
+from store.errors import StoreError
 
 FAST = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -29,7 +31,7 @@ json_values = st.recursive(
 
 
 def client_error(exc: BaseException) -> bool:
-    return isinstance(exc, ServiceError | HeadsError) and 400 <= error_status(exc)[0] < 500
+    return isinstance(exc, ServiceError | HeadsError | AccountsError | StoreError) and 400 <= error_status(exc)[0] < 500
 
 
 @FAST

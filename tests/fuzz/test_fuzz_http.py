@@ -18,8 +18,8 @@ import pytest
 import yarl
 from PIL import Image, PngImagePlugin
 
+from accounts.tenants import SECRET_CHARS
 from bench.stats import rss_bytes
-from heads.tenants import SECRET_CHARS
 from service.core import logs
 from tests.backbone.helpers import encode
 from tests.fuzz.cases import Generator

@@ -5,7 +5,7 @@ import numpy as np
 
 from heads.cache import CANDIDATE, HeadCache
 from heads.head import Head
-from tests.heads.helpers import random_head
+from tests.support.heads import random_head
 
 
 def head(bot_id: str, version: int = 1, n: int = 10) -> Head:

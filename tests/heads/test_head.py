@@ -9,7 +9,7 @@ import pytest
 from backbone.spec import FEATURE_DIM
 from heads import Head, InvalidBotId, InvalidHead, UnknownBot, validate_bot_id
 from heads.head import validate_head_arrays
-from tests.heads.helpers import random_head
+from tests.support.heads import random_head
 
 
 def make_head(n=5, seed=0, version=1) -> Head:

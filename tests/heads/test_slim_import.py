@@ -11,10 +11,11 @@ import argparse
 import numpy as np
 import pytest
 
-from heads import HeadStore, TrunkMismatch
-from service.cli import bots as bots_cli
-from service.cli.main import main
-from tests.heads.helpers import tree_digest, write_labels
+from cli import bots as bots_cli
+from cli.main import main
+from heads import TrunkMismatch
+from store import HeadStore
+from tests.support.heads import tree_digest, write_labels
 
 IMAGENET_LABELS = ["background"] + [f"imagenet class {i}" for i in range(1, 1001)]
 
@@ -59,7 +60,7 @@ def test_slim_import_with_another_trunk_is_refused_unless_forced(
     before = tree_digest(root)
     argv = ["register", "ft", "--from-slim-checkpoint", finetuned_checkpoint, "--labels", labels,
             "--store", str(root), "--trunk-checkpoint", trunk_checkpoint]
-    from service.cli.main import main
+    from cli.main import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from heads import HeadStore, InvalidTrainingData, train_head
+from cli import bots as bots_cli
+from heads import InvalidTrainingData, train_head
 from heads.train import stratified_split
-from service.cli import bots as bots_cli
+from store import HeadStore
 
 
 def blobs(n_per_class=40, n_classes=3, seed=0):

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from bench.pgserver import free_port
-from heads import HeadStore
-from tests.heads.helpers import random_head, save_checkpoint, write_labels
+from store import HeadStore
+from tests.support.heads import random_head, save_checkpoint, write_labels
 from tests.support.prometheus import Samples, parse_metrics
 
 pytestmark = pytest.mark.timeout(900)
@@ -102,7 +102,7 @@ def deployment(pg, trunk_checkpoint, serving_graph_cache, tmp_path_factory):
     log = tmp_path_factory.mktemp("ray") / "serve.log"
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "MULTIHEAD_WARMUP": "true",
            "MULTIHEAD_AUTH": "keys", "MULTIHEAD_ADMIN_TOKEN": OPERATOR_TOKEN}
-    cmd = [sys.executable, "-m", "service.cli.main", "serve", "--ray", "--replicas", "2",
+    cmd = [sys.executable, "-m", "cli.main", "serve", "--ray", "--replicas", "2",
            "--store", url, "--trunk-checkpoint", trunk_checkpoint,
            "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "8",
            # The replicas are the subject, not the runtime: TF on the session's saved graph
@@ -140,7 +140,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def register_with_cli(url: str, bot: str, n: int, seed: int, tmp_path: Path) -> None:
-    from service.cli.main import main
+    from cli.main import main
 
     w, b, labels = random_head(n, seed=seed)
     prefix = save_checkpoint(tmp_path / f"{bot}-{seed}" / "head", {"weights": w, "biases": b})
@@ -392,7 +392,7 @@ def test_rollback_and_removal_reach_every_replica_within_a_second(deployment, tm
     asyncio.run(first_seen(deployment.base, "/bots/gamma",
                            lambda status, body: status == 200 and body["version"] == 2,
                            replicas))
-    from service.cli.main import main
+    from cli.main import main
 
     assert main(["bots", "rollback", "gamma", "--store", deployment.store_url]) == 0
     seen = asyncio.run(first_seen(

@@ -1,6 +1,6 @@
 """The Ray Serve deployment settings and the options Ray gets from them, and the
 transport-neutral body reader. (Each deployment setting's bounds and messages are in
-tests/service/test_settings.py, generated from the field metadata.)"""
+tests/service/core/test_settings.py, generated from the field metadata.)"""
 from __future__ import annotations
 
 import pytest

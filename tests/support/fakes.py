@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from backbone.spec import FEATURE_DIM
-from heads import BotInfo, Head, HeadLoadError, UnknownBot, top_indices
+from heads import Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
 from service.core.auth import ANONYMOUS, Authenticator, Principal
 from service.core.context import FAILED, LOADING, READY, Readiness
 from service.core.engine import Images, Prediction, check_image_count
 from service.core.errors import HeadUnavailable, NotReady
 from service.core.settings import Settings
+from store import BotInfo
 
 
 def make_head(bot_id: str, version: int, labels: list[str]) -> Head:

@@ -47,7 +47,7 @@ def link_checkpoint(prefix: str, directory: Path) -> str:
 
 @pytest.fixture(scope="session")
 def int8_images(tmp_path_factory) -> Path:
-    from service.cli.demo_images import write_demo_images
+    from cli.demo_images import write_demo_images
 
     root = tmp_path_factory.mktemp("demo_images")
     write_demo_images(root, "colors", per_class=3)  # 15 images
@@ -64,8 +64,8 @@ def int8_calibrated(trunk_checkpoint, serving_graph_cache, int8_images,
     calibration imports it instead of building the graph again."""
     pytest.importorskip("nncf")
     from backbone import quantize as q
-    from heads import HeadStore
-    from service.cli.main import main
+    from cli.main import main
+    from store import HeadStore
     from tests.backbone.helpers import copy_graphs
 
     base = tmp_path_factory.mktemp("int8")

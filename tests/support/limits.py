@@ -1,5 +1,5 @@
 """Tenant limits for the tests: what a limit accepts, said once more independently of
-`heads.tenants.validate_limit`, and the values hypothesis tries on the validator, the CLI and
+`accounts.tenants.validate_limit`, and the values hypothesis tries on the validator, the CLI and
 the REST codec."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 from hypothesis import strategies as st
 
-from heads.tenants import LIMIT_NAMES, LIMITS
+from accounts.tenants import LIMIT_NAMES, LIMITS
 
 
 def accepted_limit(name: str, value: object) -> bool:

@@ -21,9 +21,9 @@ import yarl
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from heads import HeadStore
 from service.core.settings import Settings
 from service.transports.http.app import SERVICE, create_app, server_options
+from store import HeadStore
 from tests.backbone.helpers import encode, pattern
 from tests.support.builders import random_head
 
@@ -32,7 +32,7 @@ BOTS = {"alpha": 2, "bravo": 3, "charlie": 5, "delta": 7, "echo": 11}
 
 def make_settings(tmp_path, **overrides) -> Settings:
     """The tests' serving settings: a store under `tmp_path`, no warm-up, a short batch wait,
-    no API keys (tests/service/test_auth.py is where keys are tested)."""
+    no API keys (tests/service/codecs/test_auth.py is where keys are tested)."""
     values = dict(store=str(tmp_path / "store"), warmup=False, max_wait_ms=20.0, auth="none")
     values.update(overrides)
     return Settings(**values)

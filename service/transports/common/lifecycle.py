@@ -3,7 +3,7 @@
 The HTTP transport (aiohttp) owns the process's lifecycle: start-up, SIGTERM, the drain. Another
 listener over the same `Service` (the gRPC server) plugs into it as a `Listener`, built by a
 factory from that `Service`; the transports never import each other, the command that serves
-(`service.cli.serve`) composes them.
+(`cli.serve`) composes them.
 """
 from __future__ import annotations
 

@@ -36,12 +36,13 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from heads import BotInfo, Head, UnknownVersion
+from heads import Head
 from service.codecs import tfserving
 from service.codecs.common import Model, TensorSpec, endpoint_name, model_head, parse_top_k
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest
 from service.transports.grpc.common import Rpcs
+from store import BotInfo, UnknownVersion
 
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from aiohttp import web, web_protocol
 
-from heads import HeadStore
 from service.codecs.base import Endpoint, Reply, dispatch, error_reply
 from service.codecs.routes import ENDPOINTS
 from service.core import admission
@@ -51,6 +50,7 @@ from service.transports.common.exchange import (
 )
 from service.transports.common.lifecycle import ListenerFactory
 from service.transports.http import ws
+from store import HeadStore
 
 log = logging.getLogger(__name__)
 
@@ -239,9 +239,9 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     # NOTE: aiohttp's own router routes here, not `common.router.Router` (which Ray's ingress
     # uses): it also routes what is not an endpoint (the page, the static files, the WebSocket)
     # and fills `match_info` the middleware labels metrics with, and a catch-all route over
-    # Router would hide the table from aiohttp's tooling. tests/service/test_router.py holds the
-    # two routers to the same match on every method and path kind, and
-    # tests/transports/test_same_answers.py the two transports to the same answers.
+    # Router would hide the table from aiohttp's tooling. tests/service/transports/
+    # test_router.py holds the two routers to the same match on every method and path kind, and
+    # tests/service/transports/test_same_answers.py the two transports to the same answers.
     app.router.add_get("/", index, name="index")
     for endpoint in ENDPOINTS:
         app.router.add_route(endpoint.method, endpoint.path, _handler(endpoint),

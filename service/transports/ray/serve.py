@@ -142,7 +142,7 @@ async def answer(service: Service, call: Call) -> Reply:
     the same dispatch, the same no-route answer, metrics and Server-Timing by endpoint name,
     request id (`X-Request-Id`), span and access line. What a model replica does with each
     call; a function of the `Service` so that it runs without Ray too
-    (tests/transports/test_same_answers.py)."""
+    (tests/service/transports/test_same_answers.py)."""
     request = call.request
     endpoint = ENDPOINTS_BY_NAME[call.endpoint] if call.endpoint is not None else None
     with request_scope(service.tracing, service.settings.access_log, protocol="http",

@@ -1,6 +1,0 @@
-"""`python -m service.cli ...` = `multihead ...`."""
-import sys
-
-from service.cli.main import main
-
-sys.exit(main())

@@ -1,0 +1,18 @@
+"""The PostgreSQL backend: registry, head tensors and labels in one database (psycopg 3).
+
+For replicas on many machines: `open_store("postgresql://user@host:5432/dbname")` needs no
+shared filesystem. Everything lives in the schema `multihead` of that database, created by the
+first registration (a reader of a database without it sees an empty store). Built like the
+directory backend (`store.directory`, with `heads.files`):
+
+    backend.py    PgBackend: the rows of each read and write transaction
+    pool.py       pooled connections, and what a lost connection means for a read or a write
+    listener.py   the LISTEN/NOTIFY thread, and the change counter `data_version` is made of
+    schema.py     the schema, its tables rendered from `store.schema`
+    blobs.py      how a head is stored: float32 tensors and labels, each with its sha256
+
+psycopg is imported only by this package, and this package only for a PostgreSQL store.
+"""
+from store.pg.backend import PgBackend
+
+__all__ = ["PgBackend"]
