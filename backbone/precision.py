@@ -4,7 +4,8 @@ Everything here is a function of its inputs (the `Device`, the runtimes installe
 resolved runtime, whether an INT8 trunk was calibrated for the checkpoint) and of what the
 runners declare (`backbone.runners.registry`: devices, precisions and what each needs, rank),
 so the rules are unit-tested with fake devices and fake runners; `Trunk.from_checkpoint` feeds
-them what it found. No runtime is named here: a runner's declaration says it all.
+them what it found. No rule names a runtime: each reads the runners' declarations (the one
+name here is `resolve_precision`'s default runtime, "tf", `Trunk.from_checkpoint`'s default).
 
 Rules:
   - a runtime runs on the device kinds it declares, where its packages are installed. "auto"
@@ -46,7 +47,6 @@ AUTO_ORDER = ("fp16", "int8", "bf16", "fp32")
 # What is known of the artifacts calibrated for a checkpoint (`resolve_precision`'s input):
 # none, only ones written with --force below a fidelity bound, or one that passed.
 INT8_NONE, INT8_FAILING, INT8_PASSING = "none", "failing", "passing"
-QUANTIZE_COMMAND = registry.INT8_TRUNK.command
 
 Specs = Mapping[str, RunnerSpec]
 
@@ -106,7 +106,7 @@ def _refusal(precision: str, needs: Needs, device: Device, runners: Specs, *, in
                                     f"{KIND_NAMES[needs.device]}, the trunk runs on {device}: "
                                     f"use {use}")
     if needs.cpu_flags and not any(flag in device.cpu_flags for flag in needs.cpu_flags):
-        which = {1: "not", 2: "neither"}.get(len(needs.cpu_flags), "none of them")
+        which = {1: "none", 2: "neither"}.get(len(needs.cpu_flags), "none of them")
         return PrecisionUnsupported(f"precision {precision!r} needs a CPU with "
                                     f"{' or '.join(needs.cpu_flags)}, this CPU has {which}: "
                                     f"use 'fp32' or 'auto'")
@@ -134,7 +134,7 @@ def _suggest(precision: str, device: Device, runners: Specs) -> str:
                             if made_for[name].cpu_flags else "") for name in order]
     if all(needs.conditional for needs in made_for.values()) and precision != "fp32":
         words.append("'fp32'")
-    return " or ".join(words)
+    return " or ".join(words) or "'auto'"
 
 
 def _elsewhere(precision: str, spec: RunnerSpec, device: Device,
@@ -273,6 +273,6 @@ def precision_help(runners: Specs | None = None) -> str:
 
 
 __all__ = ["AUTO_ORDER", "INT8_FAILING", "INT8_NONE", "INT8_PASSING", "PRECISIONS",
-           "PRECISION_CHOICES", "QUANTIZE_COMMAND", "RUNTIMES", "RUNTIME_CHOICES", "combinations",
+           "PRECISION_CHOICES", "RUNTIMES", "RUNTIME_CHOICES", "combinations",
            "float_layers_precision", "precision_help", "resolve_precision", "resolve_runtime",
            "runtime_help"]

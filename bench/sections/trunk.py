@@ -4,8 +4,8 @@ images/s at batch 1..16 on TF fp32, then on every other runtime x precision this
 run, as the runner registry declares them (`combinations`: bf16 needs avx512_bf16/AMX; OpenVINO
 its package; int8 a runtime that runs the INT8 trunk and the run's INT8 trunk, calibrated by
 `multihead quantize` on generated images, `bench.int8`) with the min cosine of its features
-against TF fp32; float32 matmul GFLOP/s through TensorFlow -> the machine's
-ceiling in images/s, and the trunk's efficiency against it.
+against TF fp32; float32 matmul GFLOP/s through TensorFlow -> the machine's ceiling in images/s,
+and the trunk's efficiency against it.
 """
 from __future__ import annotations
 

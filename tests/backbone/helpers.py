@@ -115,6 +115,6 @@ class FakeRunner(Runner):
         self.closed = True
 
 
-# Runs anywhere, fp32 only, installed (no package), ranked after TensorFlow (rank 100, and
-# registered after it): `auto` never picks it unless it ranks first.
+# Runs anywhere, fp32 only, installed (no package), ranked last (TensorFlow's rank is 100): `auto`
+# never picks it unless a test ranks it first.
 FAKE = RunnerSpec(name="fake", title="Fake", precisions={"fp32": ANYWHERE}, rank=1000)
