@@ -215,6 +215,10 @@ class Caller:
         if not self._core.auth.allows(spec.access, self._principal):
             raise Forbidden(f"'{name}' is not open to this caller (it needs {spec.access} "
                             f"access)")
+        if spec.owns in (BOTS, HEADS) and (isinstance(named, str)
+                                           or not isinstance(named, Sequence)):
+            # NOTE: an iterator would be used up by the checks, and a string is not a list.
+            raise TypeError(f"'{name}' takes a sequence of {spec.owns}, not {type(named)}")
         bot_ids = (named,) if spec.owns == BOT else named if spec.owns == BOTS else ()
         if spec.ready:
             logs.note(bots=bot_ids)  # the request's bots, whatever answers it

@@ -272,6 +272,16 @@ async def test_a_key_naming_another_tenant_s_bot_finds_an_unknown_bot(world, nam
     assert not isinstance(exc, UnknownBot), repr(exc)
 
 
+async def test_bots_or_heads_that_cannot_be_checked_as_given_are_refused(world):
+    caller = world.caller("key_infer")
+    for bots in (iter([OTHER_BOT]), OTHER_BOT):  # the checks would use up an iterator
+        with pytest.raises(TypeError, match="sequence of bots"):
+            await caller.heads_for(bots)
+    with pytest.raises(TypeError, match="sequence of heads"):
+        await caller.classify(Images(encoded=[_image()]), iter([world.store.get(OTHER_BOT)]),
+                              top_k=1)
+
+
 @pytest.mark.parametrize("name", sorted(OWNED_CALLS))
 async def test_the_operator_reaches_every_tenant_s_bot(world, name):
     exc = await outcome(lambda: OWNED_CALLS[name](world.caller("operator"), OTHER_BOT))
