@@ -234,7 +234,7 @@ class Caller:
             if named not in (None, tenant):
                 raise Forbidden(spec.refusal)
         else:
-            owner = self._core.store.owner  # from the store's memory: no database read
+            owner = self._core.store.owner  # from memory (`HeadStore.owner`): no thread hop
             for bot_id in bot_ids:
                 if owner(bot_id) != tenant:
                     raise UnknownBot(bot_id)
