@@ -7,7 +7,8 @@ Protocol v2, TF Serving REST) is written ONCE here, as:
   body bytes) into a typed call, and render a result or a domain error as a `Reply` (status,
   headers, body);
 - an `Endpoint` per route: `handle(service, request) -> Reply`, which parses, calls the
-  protocol-agnostic `Service` (`service.core.context`), and renders.
+  protocol-agnostic service as the call's caller sees it (`service.core.caller.Caller`: every
+  member with its access and ownership rule), and renders.
 
 The interop protocols (OIP v2, TF Serving) also expose their typed calls to other transports:
 a typed request (`oip.InferRequest`, with its input in the neutral form `oip.Tensor`; TF
@@ -20,7 +21,7 @@ messages. No transport builds another protocol's wire bytes.
 `service.codecs.base` holds the shared types and `dispatch`; `service.codecs.routes` lists every
 endpoint. Transports only move bytes: the aiohttp app (`service.transports.http.app`) maps each
 `Endpoint` to a route and calls `dispatch`; the Ray Serve ASGI proxy likewise. Nothing in this
-package imports aiohttp (a test keeps it so). A codec reaches the core only through `Service`.
+package imports aiohttp (a test keeps it so). A codec reaches the core only through its `Caller`.
 
 Admin authentication is applied once, in `dispatch`, for every endpoint marked `admin=True`;
 every error becomes `{"error": "...", "code": "..."}` with its status through `error_reply`.

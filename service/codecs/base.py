@@ -13,7 +13,7 @@ from service.core.candidates import ROUTE_KEY_HEADER
 from service.core.errors import ServiceError, error_body, error_status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Endpoint:
         path: route template, `{name}` or `{name:regex}` for path parameters.
         name: operation id, unique across protocols (metrics, logs, API description).
         handle: parse -> service call -> render; it gets the `Service` as the caller sees it
-            (`service.core.context.Caller`: only the caller's tenant's bots).
+            (`service.core.caller.Caller`: only the caller's tenant's bots).
         access: who may call it (`service.core.auth`: PUBLIC, INFER, MANAGE, METRICS,
             OPERATOR), checked by `dispatch` before `handle`. Required: an endpoint without
             a rule is refused when the table is built.

@@ -64,7 +64,8 @@ from service.core.logs import RequestLog, request_scope
 from service.transports.common.exchange import CLIENT_CLOSED
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Caller, Service
+    from service.core.caller import Caller
+    from service.core.service import Service
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from service.codecs.base import Endpoint, Reply, dispatch, error_reply
 from service.codecs.routes import ENDPOINTS
 from service.core import admission
 from service.core.admission import Reservation
-from service.core.context import Service
 from service.core.errors import INTERNAL_MESSAGE
 from service.core.logs import REQUEST_ID_HEADER, request_scope
+from service.core.service import Service
 from service.core.settings import Settings
 from service.transports.common.exchange import (
     CLIENT_CLOSED,

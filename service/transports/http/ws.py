@@ -19,27 +19,28 @@ from service.codecs.common import parse_top_k
 from service.codecs.native import render_bot_result
 from service.core.admission import Reservation
 from service.core.auth import INFER
+from service.core.caller import Caller
 from service.core.candidates import ROUTE_KEY_HEADER
-from service.core.context import Service
 from service.core.engine import Images
 from service.core.logs import REQUEST_ID_HEADER, current, request_scope
+from service.core.service import Service
 
 
 async def classify_ws(service: Service, request: web.Request) -> web.WebSocketResponse:
     bot_id = request.match_info["bot_id"]
     # Auth (INFER, as POST /classify) and the bot's 404 before the upgrade: JSON errors.
-    service = service.caller(request.headers.get("Authorization"), INFER,
-                             route_key=request.headers.get(ROUTE_KEY_HEADER))
-    await service.head(bot_id)
-    top_k = parse_top_k(request.query, service.settings.top_k_default)
+    caller = service.caller(request.headers.get("Authorization"), INFER,
+                            route_key=request.headers.get(ROUTE_KEY_HEADER))
+    await caller.head(bot_id)
+    top_k = parse_top_k(request.query, caller.top_k_default)
     with Reservation(service.inflight) as held:
         # NOTE: an open socket may be receiving a message of up to its size limit at any time:
         # it holds that much of the in-flight budget for its whole life (503 if none is left).
         held.take(service.settings.max_ws_message_bytes)
-        return await _serve(service, request, bot_id, top_k)
+        return await _serve(service, caller, request, bot_id, top_k)
 
 
-async def _serve(service: Service, request: web.Request, bot_id: str,
+async def _serve(service: Service, caller: Caller, request: web.Request, bot_id: str,
                  top_k: int) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=service.settings.max_ws_message_bytes,
     heartbeat=30)
@@ -60,11 +61,11 @@ async def _serve(service: Service, request: web.Request, bot_id: str,
                            method="WS", route=route.name or "", path=request.rel_url.raw_path,
                            headers=None, remote=request.remote, span_name=span_name,
                            request_id_=f"{socket_id}.{received}") as req:
-            req.status = await _answer(service, ws, message, bot_id, top_k)
+            req.status = await _answer(caller, ws, message, bot_id, top_k)
     return ws
 
 
-async def _answer(service: Service, ws: web.WebSocketResponse, message: web.WSMessage,
+async def _answer(caller: Caller, ws: web.WebSocketResponse, message: web.WSMessage,
                   bot_id: str, top_k: int) -> int:
     """Answers one message; returns the status its answer carries (200 for a result)."""
     if message.type != web.WSMsgType.BINARY:
@@ -73,8 +74,8 @@ async def _answer(service: Service, ws: web.WebSocketResponse, message: web.WSMe
         return 400
     try:
         # Resolved per message: a long-lived socket follows the bot's active version.
-        head = await service.head(bot_id)
-        results = await service.classify(Images(encoded=[message.data]), [head], top_k=top_k)
+        head = await caller.head(bot_id)
+        results = await caller.classify(Images(encoded=[message.data]), [head], top_k=top_k)
         await ws.send_json(render_bot_result([results[0][0]]))
         return 200
     except Exception as exc:  # noqa: BLE001 - answer this message, keep the socket

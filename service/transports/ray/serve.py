@@ -70,7 +70,6 @@ from service.codecs.base import Endpoint, Reply, Request, dispatch, error_reply
 from service.codecs.routes import ENDPOINTS
 from service.core import memory
 from service.core.admission import ByteBudget, Reservation
-from service.core.context import Service
 from service.core.errors import (
     DeadlineExceeded,
     NotReady,
@@ -80,6 +79,7 @@ from service.core.errors import (
 )
 from service.core.logs import REQUEST_ID_HEADER, configure, request_scope
 from service.core.metrics_merge import Aggregate
+from service.core.service import Service
 from service.core.settings import Settings
 from service.transports.common.exchange import (
     CLIENT_CLOSED,

@@ -47,8 +47,8 @@ import pytest
 from PIL import Image
 from starlette.requests import Request as HttpRequest
 
-from service.core.context import Service
 from service.core.metrics import Metrics
+from service.core.service import Service
 from service.transports.common.exchange import UNMATCHED
 from service.transports.grpc import kserve as grpc_kserve
 from service.transports.grpc import tfserving as grpc_tfserving
