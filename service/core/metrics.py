@@ -280,7 +280,7 @@ class Metrics:
             "bot_int8_agreement", "share of the INT8 trunk's held-out images on which a bot's "
             "active version answers as on the float trunk (top-1), per bot: the busiest "
             f"{top_bots} bots, then those of lowest agreement up to {top_bots}; '{OTHER}': the "
-            "lowest of the rest. None without an INT8 trunk for the serving checkpoint",
+            "lowest of the rest. No series without an INT8 trunk for the serving checkpoint",
             ["bot"], namespace=ns, registry=r,
         )
         self._int8_agreement: Callable[[], Mapping[str, float]] | None = None

@@ -193,6 +193,14 @@ def test_where_plain_calibration_misses_the_gate_accuracy_control_runs_with_the_
     assert held_images.shape == (8, 299, 299, 3) and reference.images == 8
     assert "plain calibration misses the gate: NNCF's accuracy control" in out
     assert f"accuracy control kept 0 of {q.float_layers(fp32_model)} layers in float" in out
+    # One kept below the gate without accuracy control (as the demo keeps it) is made again
+    # with it when asked; once accuracy control made it, it is reused.
+    replayed.controlled.clear()
+    assert main([*argv, "--force", "--no-accuracy-control"]) == 0
+    assert replayed.controlled == [] and main(argv) == 2
+    assert "below the gate, without accuracy control: quantizing again" in \
+        capsys.readouterr().out
+    assert len(replayed.controlled) == 1
     # No registered head: nothing to judge answers by, so no accuracy control.
     replayed.controlled.clear()
     assert main([*argv[:-1], str(replayed.store.parent / "empty-store")]) == 2
@@ -248,6 +256,9 @@ def test_accuracy_control_judges_by_the_gate_and_ranks_by_the_features(monkeypat
                                      {"h": (weights, np.zeros(2, np.float32))}, samples=2)
     assert seen["max_drop"] == gate.SCALE and seen["drop_type"] == nncf.DropType.ABSOLUTE
     assert seen["subset_size"] == 2
+    restorer = seen["advanced_accuracy_restorer_parameters"]
+    assert (restorer.ranking_subset_size, restorer.max_num_iterations) == (
+        q.RANKING_IMAGES, q.MAX_FLOAT_GROUPS)
     assert [index for index, _ in seen["items"]] == list(range(8))
     assert seen["inference"][3].shape == (1, 299, 299, 3)
     score, outputs = seen["faithful"]

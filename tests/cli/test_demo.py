@@ -148,6 +148,7 @@ def test_the_demo_calibrates_once_on_its_own_images(int8_calibrated, trunk_check
     assert args[:2] == (prefix, tmp_path / "demo_images")
     assert sorted(p.parent.name for p in args[2]) == sorted(KINDS["light"])
     assert kwargs["force"] is True and kwargs["store"] == str(tmp_path)
+    assert kwargs["accuracy_control"] is False  # minutes more: not in the demo's first run
 
 
 def test_the_demo_says_why_its_int8_trunk_fails_its_gate(int8_calibrated, trunk_checkpoint,
