@@ -39,7 +39,9 @@ MIN_OVERALL_AGREEMENT = 0.995
 # picture whose features are 0.10 x the median norm (docs/performance.md, "Why the demo's INT8
 # trunk misses the cosine bound"); keeping half of the net in float did not lift that one image
 # to 0.999, and no head's answer on it changed. An INT8 trunk whose mean falls below 0.999 is
-# off on every image, not on one.
+# off on every image, not on one. And cosines do not decide alone: on an AMD EPYC with VNNI
+# the demo's INT8 trunk had mean 0.999622, yet changed 15 % of its trained bots' answers
+# (docs/performance.md, "The INT8 gate on the demo").
 MIN_MEAN_COSINE = 0.999
 LOWEST_SHOWN = 3  # images of lowest cosine the report names
 FAILURES_SHOWN = 3  # failing heads a one-line summary names (the rest counted)
