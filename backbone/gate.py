@@ -200,8 +200,12 @@ class FidelityReport:
         return not self.failures
 
     def for_heads(self, agreement: Mapping[str, float]) -> FidelityReport:
-        """The same INT8 trunk judged for other heads (the cosines do not depend on them)."""
-        return replace(self, agreement={str(k): float(v) for k, v in agreement.items()})
+        """The same INT8 trunk judged for other heads (the cosines do not depend on them),
+        against this module's bounds as they are now."""
+        return replace(self, agreement={str(k): float(v) for k, v in agreement.items()},
+                       min_agreement_bound=MIN_HEAD_AGREEMENT,
+                       overall_agreement_bound=MIN_OVERALL_AGREEMENT,
+                       mean_cosine_bound=MIN_MEAN_COSINE)
 
     def summary(self) -> str:
         """The gate in one line: "gate passed for 3 heads (min agreement 100.00 %, overall

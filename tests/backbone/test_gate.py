@@ -123,6 +123,9 @@ def test_the_same_int8_trunk_judged_for_other_heads():
     assert again.failures == ["head 'new' (agreement 97.00 % < 99 %)",
                               "all heads' answers (agreement 98.50 % < 99.5 %)"]
     assert report.for_heads({"h0": 1.0}).passed
+    with pytest.MonkeyPatch.context() as mp:  # judged again: against the bounds of now
+        mp.setattr(gate, "MIN_MEAN_COSINE", 1.01)
+        assert not report.for_heads({"h0": 1.0}).passed
 
 
 def test_many_failing_heads_are_named_three_at_a_time():
