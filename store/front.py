@@ -212,8 +212,8 @@ class HeadStore:
         except StoreUnavailable:
             raise  # nothing to learn from the registry either
         except HeadLoadError:
-            # Removed or replaced by another process since the snapshot? Then say so: the one
-            # registry read of a lookup, after its blobs failed to load.
+            # Removed or replaced by another process since the snapshot? Then say so. NOTE: the
+            # one registry read a lookup of a watched store makes: after its blobs failed.
             self._snapshots.refresh(force=True)
             now = self._snapshots.current.active.get(bot_id)
             if now is None:

@@ -52,7 +52,8 @@ class StoreSnapshot:
         candidates: {bot id: (version, mode)} of the live bots that have a candidate.
         keys: {key id: ApiKey} of the live (unrevoked) API keys.
         limits: {tenant: its limits} of every tenant ("default" always).
-        read_s: when its rows were read (`time.monotonic()`; the store's opening if never).
+        read_s: when it was read (`time.monotonic()` when its data version was read, just
+            before its rows; the store's opening if never).
         confirmed_s: when it was last found current: its read, or the last poll that saw the
             data version unchanged (`time.monotonic()`).
     """
@@ -121,6 +122,7 @@ class Refresher:
 
     def __init__(self, poll: Callable[[], float], *, name: str) -> None:
         self._poll = weakref.WeakMethod(poll)
+        self._first_wait_s = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
