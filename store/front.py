@@ -128,8 +128,7 @@ class HeadStore:
         location: a store directory, or a `postgresql://` URL; see `open_store` (the same
             thing; `HeadStore(path)` stays for existing callers).
         heads_memory_mb: byte budget (MiB) of resident heads (default: about 3,400 heads of
-            100 classes); least recently used unpinned
-            heads are evicted beyond it. A 100-class head takes about 0.6 MiB.
+            100 classes, 0.6 MiB each); least recently used unpinned heads are evicted beyond it.
         pinned: bot ids whose heads, once loaded, are never evicted.
 
     Attributes:
