@@ -21,6 +21,7 @@ import pytest
 from store import HeadStore
 from tests.support.builders import random_head
 from tests.support.polling import until, until_checked
+from tests.support.prometheus import parse_metrics
 from tests.support.servers import make_settings, started
 from tests.support.stores import BackendReads
 
@@ -37,6 +38,19 @@ SAFETY_S = 60.0  # the gate opens by itself then, so that a broken rule fails, n
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **JPEG}
+
+
+async def snapshot_age(client) -> tuple[float, float]:
+    """The store snapshot's age as the full /readyz and /metrics give it (operator token)."""
+    auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    async with client.get("/readyz", headers=auth) as resp:
+        store = (await resp.json())["store"]
+    assert store["kind"] == "sqlite" and store["read"] is True
+    async with client.get("/metrics", headers=auth) as resp:
+        metrics = parse_metrics(await resp.text())
+    age = metrics[("multihead_store_snapshot_age_seconds", ())]
+    await asyncio.sleep(0.05)
+    return store["snapshot_age_s"], age
 
 
 @pytest.fixture
@@ -91,6 +105,10 @@ async def test_known_bots_with_keys_are_answered_while_the_store_reads_block(
         assert [status for status, _ in during] == [200] * (len(BOTS) + 1) + [401, 404]
         assert reads.blocked.is_set() and not reads.gate.is_set()
         assert NEW_BOT not in serving.snapshot.active
+        # Operations see how old the snapshot is, from the full /readyz and /metrics: while
+        # the reads block, it is never confirmed again, so it only grows.
+        ages = [await snapshot_age(client) for _ in range(2)]
+        assert ages[0][0] <= ages[1][0] and ages[0][1] <= ages[1][1]
 
         await asyncio.sleep(max(0.0, BLOCK_S - (time.monotonic() - blocked_s)))
         reads.open()
