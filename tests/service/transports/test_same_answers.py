@@ -181,6 +181,9 @@ CASES = [
     Case("TF Serving metadata", "GET", "/v1/models/delta/metadata", 200, "tfs_metadata"),
     Case("admin without token", "PUT", "/bots/alpha", 401, "put_bot", body=b"{}",
          headers=JSON_TYPE),
+    # The pipeline checks the caller before admission: no credential, whatever the body.
+    Case("admin without token, body over the size limit", "PUT", "/bots/alpha", 401,
+         "put_bot", "unauthorized", body=b"x" * (MAX_BODY_BYTES + 1), headers=JSON_TYPE),
     Case("admin with a wrong token", "DELETE", "/bots/alpha", 403, "delete_bot",
          headers={"Authorization": "Bearer wrong"}),
     Case("metrics", "GET", "/metrics", 200, "metrics", same_body=False),
