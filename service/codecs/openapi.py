@@ -241,7 +241,7 @@ def operation(components: _Components, endpoint: Endpoint) -> dict[str, Any]:
             op["requestBody"]["description"] = body.description
     if not any(200 <= s < 300 or (s == SWITCHING_PROTOCOLS and endpoint.stream is not None)
                for s in endpoint.answers):
-        raise ValueError(f"{endpoint.name} documents no 2xx answer (nor a stream's 101)")
+        raise ValueError(f"{endpoint.name} documents no 2xx answer")
     errors = error_statuses(endpoint)
     both = set(errors) & set(endpoint.answers)
     if both:
