@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from backbone.checkpoint import resolve_prefix
+from backbone.checkpoint import cache_dir_of, resolve_prefix
 from backbone.device import Device, detect_device
 from backbone.inception_v4 import LOGITS_SCOPE
 from backbone.precision import (
@@ -24,11 +24,10 @@ from backbone.precision import (
     INT8_NONE,
     INT8_PASSING,
     float_layers_precision,
-    openvino_available,
     resolve_precision,
     resolve_runtime,
 )
-from backbone.runners import Calibration, LoadRequest, Runner, runner_class
+from backbone.runners import Calibration, LoadRequest, Runner, registry
 from backbone.spec import FEATURE_DIM, IMAGE_SIZE
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ class TrunkChoice:
     """What a trunk will run as, resolved before anything is loaded (`choose`).
 
     Attributes:
-      runtime: "tf" | "openvino".
+      runtime: a registered runtime ("tf" | "openvino" | ...).
       precision: "fp32" | "bf16" | "fp16" | "int8".
       float_precision: the precision of the layers an INT8 trunk keeps in float.
       int8_artifact: precision "int8": the `backbone.quantize.Int8Artifact` to run.
@@ -66,24 +65,29 @@ def choose(prefix: str, *, device: Device, precision: str = "auto", runtime: str
     """Resolves the runtime, then the precision, by the rules of `backbone.precision`.
 
     The INT8 trunks calibrated for the checkpoint are looked up in `int8_dir` only where they
-    matter (runtime OpenVINO, precision "int8" or "auto"); reads the checkpoint's fingerprint
-    and no TensorFlow or OpenVINO. "int8" takes the newest passing INT8 trunk, else the newest
-    one forced below a bound; "auto" only a passing one.
+    matter (a runtime that declares the INT8 trunk, precision "int8" or "auto"); reads the
+    checkpoint's fingerprint and no TensorFlow or OpenVINO. "int8" takes the newest passing
+    INT8 trunk, else the newest one forced below a bound; "auto" only a passing one.
 
     Raises:
       ValueError, PrecisionUnsupported, Int8ArtifactMissing, RuntimeUnavailable: see
         `resolve_precision` and `resolve_runtime`.
     """
-    runtime = resolve_runtime(runtime, device=device, openvino=openvino_available())
+    runtime = resolve_runtime(runtime, device=device, available=registry.available())
+    spec = registry.spec(runtime)
+    wanted = precision.lower()
+    looked_up = {needs.artifact for name, needs in spec.precisions.items()
+                 if wanted in (name, "auto")}
     found = []
-    if runtime == "openvino" and precision.lower() in ("int8", "auto") and int8_dir is not None:
+    if registry.INT8_TRUNK in looked_up and int8_dir is not None:
         from backbone.quantize import Int8Artifact
 
         found = Int8Artifact.available(int8_dir, prefix)  # newest first
     passing = [artifact for artifact in found if artifact.passed]
     state = INT8_PASSING if passing else INT8_FAILING if found else INT8_NONE
     precision = resolve_precision(precision, device=device, runtime=runtime, int8=state)
-    artifact = (passing or found)[0] if precision == "int8" else None
+    needs = spec.precisions[precision]
+    artifact = (passing or found)[0] if needs.artifact is registry.INT8_TRUNK else None
     return TrunkChoice(runtime, precision, float_layers_precision(device), artifact)
 
 
@@ -151,29 +155,32 @@ class Trunk:
             fp32) or "auto" (fp16 on a GPU; on the CPU int8 when OpenVINO runs it and a
             passing INT8 trunk exists, else bf16 where the CPU has it, else fp32); reported,
             resolved, as `trunk.precision`. Features are float32 whatever the precision.
-          runtime: "tf", "openvino" (CPU; compiled in-process from the same restored tf-slim
-            graph) or "auto" (openvino on the CPU when installed, else tf); reported, resolved,
-            as `trunk.runtime`.
-          int8_dir: where the INT8 trunks of this checkpoint are (`multihead quantize` writes
-            them to graph_cache/ next to it); None: `graph_cache_dir`. With
-            `graph_cache_dir` the compiled INT8 trunk is cached there too.
+          runtime: a registered runtime (`backbone.runners.registry`: "tf", "openvino" (CPU;
+            compiled in-process from the same restored tf-slim graph), ...) or "auto" (the
+            installed one of lowest rank that runs on the device: openvino on the CPU when
+            installed, else tf); reported, resolved, as `trunk.runtime`.
+          int8_dir: where the INT8 trunks of this checkpoint are; None: where `multihead
+            quantize` writes them (and `serve` looks), graph_cache/ next to the checkpoint
+            (`backbone.checkpoint.cache_dir_of`). With `graph_cache_dir` the compiled INT8
+            trunk is cached there too.
 
         Raises:
           CheckpointError: the file is missing (names the path) or a variable is missing or
             mis-shaped (names the variable and both shapes).
           PrecisionUnsupported: the precision cannot run natively here (never emulated), or
-            int8 on runtime "tf" or with `with_logits`.
+            int8 on a runtime that does not run it ("tf") or with `with_logits`.
           Int8ArtifactMissing: precision "int8" and no INT8 trunk for this checkpoint (the
             message names `multihead quantize`).
-          RuntimeUnavailable: runtime "openvino" without the package or on a GPU.
+          RuntimeUnavailable: a runtime without its package or on a device kind it does not
+            run on ("openvino" on a GPU).
         """
         prefix = resolve_prefix(prefix)
         # NOTE: a CPU-only start detects its device without TensorFlow, so a cached OpenVINO
         # trunk starts without importing it.
         found = detect_device(device)
         choice = choose(prefix, device=found, precision=precision, runtime=runtime,
-                        int8_dir=graph_cache_dir if int8_dir is None else int8_dir)
-        runner = runner_class(choice.runtime).load(LoadRequest(
+                        int8_dir=cache_dir_of(prefix) if int8_dir is None else int8_dir)
+        runner = registry.runner_class(choice.runtime).load(LoadRequest(
             prefix, found, choice.precision, with_logits=with_logits,
             intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
             cache_dir=graph_cache_dir, gpu_memory_limit_mb=gpu_memory_limit_mb,
@@ -209,7 +216,7 @@ class Trunk:
 
     @property
     def runtime(self) -> str:
-        """Resolved runtime: "tf" | "openvino"."""
+        """Resolved runtime: "tf" | "openvino" | ... (a registered runtime)."""
         return self.runner.info.runtime
 
     @property

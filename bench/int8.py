@@ -37,9 +37,9 @@ IMAGE_SEED = 50_000  # seeds of the calibration images: far from the uploads' 0.
 
 def why_not() -> str | None:
     """Why this environment cannot make an INT8 trunk (None: it can)."""
-    from backbone.precision import openvino_available
+    from backbone.runners.registry import available
 
-    if not openvino_available():
+    if "openvino" not in available():
         return "OpenVINO is not installed (the openvino extra)"
     if importlib.util.find_spec("nncf") is None:
         return "NNCF is not installed (the openvino extra)"

@@ -6,7 +6,7 @@ import logging
 import time
 
 from cli.demo_images import KINDS
-from cli.demo_setup import PER_CLASS, ensure_demo
+from cli.demo_setup import PER_CLASS, ensure_demo, int8_runtimes
 from cli.options import features_option, store_dir, store_option, trunk_kwargs
 from service.core.settings import InvalidSettings
 
@@ -19,9 +19,9 @@ def add_commands(sub) -> None:
             "Create what the demo needs under the store: the seeded demo trunk (unless "
             "trunk/inception_v4.ckpt, the official checkpoint, is there), generated labelled "
             f"images ({', '.join(KINDS)}) under demo_images/, an INT8 trunk calibrated on them "
-            "as `multihead quantize` does (where the trunk runs on OpenVINO; about two minutes, "
-            "once; serve runs it by default if it passes its fidelity bounds, and one below "
-            "them is kept, marked failing, so that it is not calibrated again), and one bot "
+            f"as `multihead quantize` does (where the trunk runs on {int8_runtimes()}; about two "
+            "minutes, once; serve runs it by default if it passes its fidelity bounds, and one "
+            "below them is kept, marked failing, so that it is not calibrated again), and one bot "
             "per kind trained on them. "
             "Reuses everything already there; a demo bot is retrained when the store's "
             "trunk changed. `make serve` runs this before `multihead serve`."),

@@ -3,10 +3,11 @@
 First run (about two minutes on 2 cores): the seeded demo trunk (unless the official
 checkpoint is in `<store>/trunk/`), the generated labelled images under `<store>/demo_images/`,
 an INT8 trunk calibrated on those images with `multihead quantize`'s code (where the trunk runs
-on OpenVINO and NNCF is installed: `serve` then runs int8 by default), and one bot per image
-kind trained on them with the `train` code path, on the trunk `serve` will run. Later runs only
-check: the INT8 trunk is calibrated again when none exists for the store's trunk, and a demo
-bot is retrained when the trunk it was trained on is no longer the store's trunk.
+on a runtime that declares the INT8 trunk, OpenVINO, and NNCF is installed: `serve` then runs
+int8 by default), and one bot per image kind trained on them with the `train` code path, on
+the trunk `serve` will run. Later runs only check: the INT8 trunk is calibrated again when none
+exists for the store's trunk, and a demo bot is retrained when the trunk it was trained on is
+no longer the store's trunk.
 """
 from __future__ import annotations
 
@@ -56,13 +57,23 @@ def held_out_accuracy(trunk, head, kind: str, per_class: int = HELD_OUT_PER_CLAS
     return float(np.mean([p == t for p, t in zip(predicted, truth)]))
 
 
+def int8_runtimes() -> str:
+    """The runtimes that run an INT8 trunk, for people ("OpenVINO")."""
+    from backbone.runners import registry
+
+    return " or ".join(s.title for s in registry.SPECS.values()
+                       if registry.INT8_TRUNK in s.artifacts)
+
+
 def int8_wanted(trunk_kwargs: dict | None) -> str | None:
     """Why the demo does not calibrate an INT8 trunk (None: it does): the trunk would not run
-    it (runtime TF, a GPU, a float precision asked for) or NNCF is not installed."""
+    it (a runtime that does not declare the INT8 trunk, a GPU, a float precision asked for) or
+    NNCF is not installed."""
     import importlib.util
 
     from backbone.device import cpu_device_if_known
-    from backbone.precision import openvino_available, resolve_runtime
+    from backbone.precision import resolve_runtime
+    from backbone.runners import registry
 
     kwargs = trunk_kwargs or {}
     if kwargs.get("precision", "auto") not in ("auto", "int8"):
@@ -70,9 +81,10 @@ def int8_wanted(trunk_kwargs: dict | None) -> str | None:
     device = cpu_device_if_known("auto")
     if device is None:
         return "the trunk may run on a GPU"
-    if resolve_runtime(kwargs.get("runtime", "auto"), device=device,
-                       openvino=openvino_available()) != "openvino":
-        return "the trunk runs on TensorFlow"
+    runtime = registry.spec(resolve_runtime(kwargs.get("runtime", "auto"), device=device,
+                                            available=registry.available()))
+    if registry.INT8_TRUNK not in runtime.artifacts:
+        return f"the trunk runs on {runtime.title}"
     if importlib.util.find_spec("nncf") is None:
         return "NNCF is not installed (pip install 'multihead[openvino]')"
     return None

@@ -75,7 +75,7 @@ def require_pinned_bots(settings: Settings) -> None:
     the service could never become ready."""
     if not settings.pinned_bots:
         return
-    from service.core.context import check_pinned_bots
+    from service.core.lifecycle import check_pinned_bots
     from store import HeadStore
     from store.backend import redact_url
 

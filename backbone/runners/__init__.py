@@ -1,8 +1,12 @@
 """The trunk's runners, one per runtime, behind one interface (`backbone.runners.base.Runner`).
 
-`runner_class(runtime)` is the one place a runtime name becomes code; `Trunk.from_checkpoint`
-resolves the runtime (`backbone.precision.resolve_runtime`) and loads the runner it names.
-Importing this package imports neither TensorFlow nor OpenVINO.
+Each runner registers itself in its own module (`backbone.runners.registry.register`), declaring
+its devices, precisions, artifacts and rank; `Trunk.from_checkpoint` resolves the runtime by
+those declarations (`backbone.precision.resolve_runtime`) and loads the runner it names
+(`runner_class`). Importing this package (or any module of it) registers the built-in runners:
+TensorFlow, then OpenVINO, which builds on it and imports it first; registration order is the
+order of every list (`--runtime`'s choices, the bench's combinations). It imports neither
+TensorFlow nor OpenVINO.
 """
 from __future__ import annotations
 
@@ -15,20 +19,8 @@ from backbone.runners.base import (
     RunnerInfo,
 )
 from backbone.runners.openvino import OpenVinoRunner
+from backbone.runners.registry import RUNNERS, RunnerSpec, register, runner_class
 from backbone.runners.tf import TfRunner
 
-# Resolved runtime name -> its runner; keys are `backbone.precision.RUNTIMES`.
-RUNNERS: dict[str, type[Runner]] = {"tf": TfRunner, "openvino": OpenVinoRunner}
-
-
-def runner_class(runtime: str) -> type[Runner]:
-    """The runner of a resolved runtime name ("tf", "openvino")."""
-    try:
-        return RUNNERS[runtime]
-    except KeyError:
-        raise ValueError(f"no runner for runtime {runtime!r}: one of "
-                         f"{', '.join(RUNNERS)}") from None
-
-
 __all__ = ["RUNNERS", "Calibration", "Layout", "LoadReport", "LoadRequest", "OpenVinoRunner",
-           "Runner", "RunnerInfo", "TfRunner", "runner_class"]
+           "Runner", "RunnerInfo", "RunnerSpec", "TfRunner", "register", "runner_class"]

@@ -3,9 +3,10 @@
 A runner is one way of running the restored tf-slim Inception-V4 (TensorFlow's session, an
 OpenVINO compiled model, ...). `Trunk` holds exactly one and adds what is common to all: the
 input check, the closed state, the warm-up and the checkpoint's description. A new runtime is a
-new `Runner` registered in `backbone.runners.RUNNERS`; a new precision is one more that a
-runner loads (INT8: the OpenVINO runner, from the `LoadRequest`'s `int8_artifact`); `Trunk`
-does not change.
+new `Runner` in a module of its own, registered there with what it declares
+(`backbone.runners.registry.register`); a new precision is one more that a runner declares and
+loads (INT8: the OpenVINO runner, from the `LoadRequest`'s `int8_artifact`); `Trunk` does not
+change.
 """
 from __future__ import annotations
 

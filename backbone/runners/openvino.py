@@ -49,10 +49,26 @@ from backbone.runners.base import (
     Runner,
     RunnerInfo,
 )
+from backbone.runners.registry import (
+    ANYWHERE,
+    INT8_TRUNK,
+    NATIVE_BF16,
+    Needs,
+    RunnerSpec,
+    register,
+)
 from backbone.spec import IMAGE_SIZE
 
 log = logging.getLogger(__name__)
 
+# OpenVINO: the CPU plugin only; fp32, bf16 where the CPU has it, and int8 from the INT8 trunk
+# of `multihead quantize`. `auto` prefers it on the CPU where it is installed.
+SPEC = RunnerSpec(
+    name="openvino", title="OpenVINO", engine="OpenVINO's CPU plugin", devices=("cpu",),
+    packages=("openvino",), extra="openvino", rank=10,
+    summary="compiled in-process from the same restored tf-slim graph, cached in graph_cache/ "
+            "next to the trunk checkpoint",
+    precisions={"fp32": ANYWHERE, "bf16": NATIVE_BF16, "int8": Needs(artifact=INT8_TRUNK)})
 DEVICE = "CPU"
 PERFORMANCE_HINT = "LATENCY"
 _OV_PRECISION = {"fp32": "f32", "bf16": "bf16"}
@@ -223,6 +239,7 @@ def _fingerprint(prefix: str, state: tuple) -> str:  # `state` keys the cache on
     return digest.hexdigest()
 
 
+@register(SPEC)
 class OpenVinoRunner(Runner):
     """Runs a compiled trunk from many threads: a pool of infer requests, one per caller.
 
@@ -273,7 +290,7 @@ class OpenVinoRunner(Runner):
             report = replace(source.report, compile_s=time.perf_counter() - t_compile)
             if cache:
                 cache.save(compiled, layout.to_json())
-        return cls(compiled, info=RunnerInfo("openvino", request.precision, request.device),
+        return cls(compiled, info=RunnerInfo(SPEC.name, request.precision, request.device),
                    layout=layout, report=report)
 
     @classmethod
@@ -312,7 +329,7 @@ class OpenVinoRunner(Runner):
             log.warning("the INT8 trunk %s is below a fidelity bound (min cosine %.6f; kept "
                         "with --force or by the demo): served because int8 was asked for",
                         artifact.xml_path.name, calibration.min_cosine)
-        info = RunnerInfo("openvino", "int8", request.device, float_precision=float_precision,
+        info = RunnerInfo(SPEC.name, "int8", request.device, float_precision=float_precision,
                           calibration=calibration)
         return cls(compiled, info=info, layout=layout, report=report)
 

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from backbone.checkpoint import check_layout
 from backbone.errors import CheckpointError
 from backbone.inception_v4 import PRELOGITS, build_inception_v4
 from backbone.runners.base import Layout, LoadReport, LoadRequest, Runner, RunnerInfo
+from backbone.runners.registry import ANYWHERE, GPU_ONLY, NATIVE_BF16, RunnerSpec, register
 from backbone.spec import IMAGE_SIZE
 from backbone.tfimport import import_tensorflow
 
@@ -33,8 +34,16 @@ log = logging.getLogger(__name__)
 
 INPUT_NAME = "input"
 OUTPUT_PREFIX = "multihead_output_"
-# The precisions a TF session runs ("int8" runs on OpenVINO: `backbone.precision`).
-PRECISIONS = ("fp32", "bf16", "fp16")
+
+# TensorFlow: every device kind; bf16 through oneDNN's auto mixed precision on the CPU only (TF
+# has no bf16 rewriter on a GPU), fp16 through the CUDA one on a GPU only (its CPU fp16 path
+# only emulates it). The last resort of `auto`: it runs wherever the trunk does.
+SPEC = RunnerSpec(
+    name="tf", title="TensorFlow", packages=("tensorflow",), rank=100,
+    precisions={"fp32": ANYWHERE,
+                "bf16": replace(NATIVE_BF16, reason="TF's GPU mixed precision is fp16"),
+                "fp16": GPU_ONLY})
+PRECISIONS = tuple(SPEC.precisions)  # what a TF session runs
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class FrozenGraph:
     output_names: list[str]
 
 
+@register(SPEC)
 class TfRunner(Runner):
     """A restored tf-slim graph in a `tf.compat.v1.Session`.
 
@@ -105,7 +115,7 @@ class TfRunner(Runner):
         layout = Layout(variables, {name: t.shape.as_list() for name, t in end_points.items()},
                         num_classes)
         return cls(graph=graph, session=session, inputs=inputs, outputs=outputs,
-                   info=RunnerInfo("tf", request.precision, request.device), layout=layout,
+                   info=RunnerInfo(SPEC.name, request.precision, request.device), layout=layout,
                    report=LoadReport(t1 - t0, t2 - t1, graph_from_cache=bool(cache and cache.hit)))
 
     def features(self, images: np.ndarray) -> np.ndarray:

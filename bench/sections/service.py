@@ -313,7 +313,7 @@ def key_check_seconds(store, token: str) -> float:
     by this machine's run-to-run spread (+-10 % on 2 cores, about 6 batches a load), far more
     than a key check can cost; the loads' images/s stay in the report."""
     from service.core.auth import INFER
-    from service.core.context import Service
+    from service.core.service import Service
     from service.core.settings import Settings
     from store import HeadStore
 

@@ -1,10 +1,11 @@
 """Section `trunk`: the raw trunk in this process.
 
 images/s at batch 1..16 on TF fp32, then on every other runtime x precision this machine can
-run (bf16 needs avx512_bf16/AMX; OpenVINO its package; int8 OpenVINO and NNCF: the run's INT8
-trunk, calibrated by `multihead quantize` on generated images, `bench.int8`) with the min cosine
-of its features against TF fp32; float32 matmul GFLOP/s through TensorFlow -> the machine's
-ceiling in images/s, and the trunk's efficiency against it.
+run, as the runner registry declares them (`combinations`: bf16 needs avx512_bf16/AMX; OpenVINO
+its package; int8 a runtime that runs the INT8 trunk and the run's INT8 trunk, calibrated by
+`multihead quantize` on generated images, `bench.int8`) with the min cosine of its features
+against TF fp32; float32 matmul GFLOP/s through TensorFlow -> the machine's ceiling in images/s,
+and the trunk's efficiency against it.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ FLOPS_PER_IMAGE = 24_549_983_040
 INT8_OVER_FP32 = 1.5  # any x86 CPU
 INT8_OVER_BF16 = 1.4  # where the CPU has bf16
 NO_BF16 = "this CPU has no avx512_bf16/amx_bf16"
+# What every other runtime x precision is compared with: the one definition of the net.
+REFERENCE = ("tf", "fp32")
 
 
 @dataclass
@@ -145,18 +148,26 @@ def measure_matmul(n: int, runs: int) -> dict:
             "gflops_median": float(np.median(gflops))}
 
 
-def _other_runtimes(context: Context, images: np.ndarray, sizes: Sequence[int],
-                    reference: np.ndarray, int8: dict) -> dict:
-    """Every other runtime x precision this machine can run, against TF fp32's features
-    (int8 when the run has an INT8 trunk, `int8`)."""
-    from backbone.precision import openvino_available
+def combinations(int8: dict) -> list[tuple[str, str]]:
+    """Every runtime x precision this machine runs besides TF fp32 (the reference), as the
+    runner registry declares them (`backbone.precision.combinations`): the installed runtimes
+    that run on the trunk's device, each precision whose needs are met here (int8 when the run
+    has an INT8 trunk, `int8`)."""
+    from backbone.device import detect_device
+    from backbone.precision import INT8_FAILING, INT8_NONE, INT8_PASSING
+    from backbone.precision import combinations as runnable
+    from backbone.runners.registry import available
 
-    bf16 = bf16_cpu()
-    combos = [("tf", "bf16")] if bf16 else []
-    if openvino_available():
-        combos += [("openvino", "fp32")] + ([("openvino", "bf16")] if bf16 else [])
-        if int8.get("artifact"):
-            combos.append(("openvino", "int8"))
+    state = (INT8_PASSING if int8.get("passed") else INT8_FAILING if int8.get("artifact")
+             else INT8_NONE)
+    return [combo for combo in runnable(device=detect_device(), available=available(), int8=state)
+            if combo != REFERENCE]
+
+
+def measure_runtimes(context: Context, images: np.ndarray, sizes: Sequence[int],
+                     reference: np.ndarray, combos: Sequence[tuple[str, str]]) -> dict:
+    """"<runtime>-<precision>" -> its batch table and the min cosine of its features against
+    TF fp32's (`reference`), for each of `combos` (or {error}: the others are measured)."""
     out = {}
     for runtime, precision in combos:
         name = f"{runtime}-{precision}"
@@ -180,7 +191,9 @@ def run(context: Context) -> TrunkResult:
     plan = context.plan
     sizes = plan.trunk_batch_sizes
     images = preprocessed(context, max(sizes))  # [16, 299, 299, 3]
-    trunk = Trunk.from_checkpoint(context.prefix, warmup_batch_sizes=())
+    runtime, precision = REFERENCE
+    trunk = Trunk.from_checkpoint(context.prefix, warmup_batch_sizes=(), runtime=runtime,
+                                  precision=precision)
     try:
         trunk.features(images[:1])  # first run ever: graph-wide initialisation
         rss_loaded = rss_bytes()
@@ -194,7 +207,7 @@ def run(context: Context) -> TrunkResult:
     from bench.int8 import ensure_int8
 
     int8 = ensure_int8(context)  # a child process: the TF trunk above is closed
-    runtimes = _other_runtimes(context, images, sizes, reference, int8)
+    runtimes = measure_runtimes(context, images, sizes, reference, combinations(int8))
     matmul_after = measure_matmul(plan.matmul_n, plan.matmul_runs)
     # The ceiling is a peak: the better of the two measurements (before and after the trunk).
     matmul = max(matmul_before, matmul_after, key=lambda m: m["gflops_best"])
@@ -212,7 +225,8 @@ def run(context: Context) -> TrunkResult:
         matmul=matmul, ceiling_images_per_s=ceiling,
         efficiency_pct=100.0 * best["images_per_s"] / ceiling, build_s=timings.build_s,
         restore_s=timings.restore_s, rss_after_load_bytes=rss_loaded, bf16_cpu=bf16_cpu(),
-        runtimes={"tf-fp32": {"batches": batches, "min_cosine": 1.0, **rates(batches)},
+        runtimes={"-".join(REFERENCE): {"batches": batches, "min_cosine": 1.0,
+                                        **rates(batches)},
                   **runtimes},
         int8=dict(int8))
 

@@ -7,7 +7,8 @@ Protocol v2, TF Serving REST) is written ONCE here, as:
   body bytes) into a typed call, and render a result or a domain error as a `Reply` (status,
   headers, body);
 - an `Endpoint` per route: `handle(service, request) -> Reply`, which parses, calls the
-  protocol-agnostic `Service` (`service.core.context`), and renders.
+  protocol-agnostic service as the call's caller sees it (`service.core.caller.Caller`: every
+  member with its access and ownership rule), and renders.
 
 The interop protocols (OIP v2, TF Serving) also expose their typed calls to other transports:
 a typed request (`oip.InferRequest`, with its input in the neutral form `oip.Tensor`; TF
@@ -23,8 +24,7 @@ admission, handler, error, metrics); `service.codecs.stream` the protocol of a s
 endpoint (the WebSocket). Transports only move bytes: the aiohttp app
 (`service.transports.http.app`), Ray's model replicas and the gRPC services run each request
 through the pipeline, with their own way of sending the answer. Nothing in this package imports
-aiohttp (a test keeps it so). A codec reaches the core only through `Service` (as the caller
-sees it: `Service.caller`).
+aiohttp (a test keeps it so). A codec reaches the core only through its `Caller`.
 
 Each endpoint's access rule is checked once, by the pipeline's caller step (`dispatch`, the same
 steps without a transport, is what the codec tests call); every error becomes

@@ -2,7 +2,7 @@
 (upload a head checkpoint, as the active version or, with a `candidate` part, as the bot's
 candidate), `DELETE /bots/{bot_id}`, `POST /bots/{bot_id}/rollback`,
 `POST /bots/{bot_id}/candidate/promote` and `DELETE /bots/{bot_id}/candidate` (checked once by
-`dispatch`; each sees only the caller's tenant's bots: `service.core.context.Caller`).
+`dispatch`; each sees only the caller's tenant's bots: `service.core.caller.Caller`).
 `GET /bots/{bot_id}` shows the bot's candidate, with this process's comparison of it with the
 live version, to a caller that may manage the bot."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ from service.core.errors import BadRequest, UnsupportedMediaType
 from store.errors import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 DEFAULT_SHARD = ".data-00000-of-00001"
 
@@ -110,7 +110,7 @@ def register_upload(registry, bot_id: str, upload: HeadUpload, tenant: str | Non
             raise
 
 
-def render_info(service: Service, info) -> dict:
+def render_info(service: Caller, info) -> dict:
     """A bot's public description: the registry's view (no training source: a server path) and
     whether it is pinned (its head always resident); for a caller that may manage the bot, its
     candidate (null if none) with this process's stats of it."""
@@ -121,19 +121,19 @@ def render_info(service: Service, info) -> dict:
     return out
 
 
-async def list_bots(service: Service, request: Request) -> Reply:
+async def list_bots(service: Caller, request: Request) -> Reply:
     infos = await service.bots()
     return json_reply({"bots": [
         {"bot_id": i.bot_id, "version": i.version, "n_classes": i.n_classes,
          "tenant": i.tenant, "pinned": service.is_pinned(i.bot_id)} for i in infos]})
 
 
-async def show_bot(service: Service, request: Request) -> Reply:
+async def show_bot(service: Caller, request: Request) -> Reply:
     info = await service.info(request.params["bot_id"])
     return json_reply(render_info(service, info))
 
 
-async def put_bot(service: Service, request: Request) -> Reply:
+async def put_bot(service: Caller, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     if request.content_type != "multipart/form-data":
         raise UnsupportedMediaType("PUT /bots/{bot_id} takes multipart/form-data with the "
@@ -147,25 +147,25 @@ async def put_bot(service: Service, request: Request) -> Reply:
     return json_reply(render_info(service, info), status=201 if version == 1 else 200)
 
 
-async def promote_candidate(service: Service, request: Request) -> Reply:
+async def promote_candidate(service: Caller, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     await service.promote(bot_id)
     return json_reply(render_info(service, await service.info(bot_id)))
 
 
-async def discard_candidate(service: Service, request: Request) -> Reply:
+async def discard_candidate(service: Caller, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     version = await service.discard(bot_id)
     return json_reply({"bot_id": bot_id, "discarded": version})
 
 
-async def delete_bot(service: Service, request: Request) -> Reply:
+async def delete_bot(service: Caller, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     await service.remove(bot_id)
     return json_reply({"bot_id": bot_id, "removed": True})
 
 
-async def rollback_bot(service: Service, request: Request) -> Reply:
+async def rollback_bot(service: Caller, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     to = request.query.get("to")
     if to is not None and not is_number(to):

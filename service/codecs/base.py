@@ -13,7 +13,8 @@ from service.core.auth import ACCESS, MANAGE, OPERATOR
 from service.core.errors import ServiceError, error_body, error_status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Caller, Service
+    from service.core.caller import Caller
+    from service.core.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class Endpoint:
         path: route template, `{name}` or `{name:regex}` for path parameters.
         name: operation id, unique across protocols (metrics, logs, API description).
         handle: parse -> service call -> render; it gets the `Service` as the caller sees it
-            (`service.core.context.Caller`: only the caller's tenant's bots).
+            (`service.core.caller.Caller`: only the caller's tenant's bots).
         access: who may call it (`service.core.auth`: PUBLIC, INFER, MANAGE, METRICS,
             OPERATOR), checked by `dispatch` before `handle`. Required: an endpoint without
             a rule is refused when the table is built.

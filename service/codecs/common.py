@@ -17,7 +17,7 @@ from service.core.errors import BadRequest
 from store import BotInfo, UnknownVersion
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 
 # A bot id as a path parameter of the interop routes: no '/', no ':' (TF Serving's `:predict`).
@@ -142,21 +142,21 @@ def model_of(request: Request) -> Model:
     return Model(request.params["bot_id"], request.params.get("version"))
 
 
-async def model_info(service: Service, model: Model) -> BotInfo:
+async def model_info(service: Caller, model: Model) -> BotInfo:
     """The registry's view of the bot (no head load), its version checked."""
     info = await service.info(model.bot_id)
     check_version(info.bot_id, info.version, model.version)
     return info
 
 
-async def model_head(service: Service, model: Model) -> Head:
+async def model_head(service: Caller, model: Model) -> Head:
     """The active head of the bot, its version checked: readiness first (`Service.head`)."""
     head = await service.head(model.bot_id)
     check_version(head.bot_id, head.version, model.version)
     return head
 
 
-async def classify_with(service: Service, head: Head, images: Images,
+async def classify_with(service: Caller, head: Head, images: Images,
                         top_k: int, route_key: str | None = None) -> list[Prediction]:
     """Every image under one head (or its bot's canary candidate, for the requests it
     answers: `Prediction.version` says which), in order."""

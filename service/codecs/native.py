@@ -22,7 +22,7 @@ from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 MAX_BOTS_PER_REQUEST = 64
 IMAGE_FIELD = "image"
@@ -121,7 +121,7 @@ def render_bot_result(predictions: Sequence[Prediction]) -> dict:
                         for p in predictions]}
 
 
-async def _images(service: Service, request: Request) -> Images:
+async def _images(service: Caller, request: Request) -> Images:
     check_image_content_type(request)
     body = await request.body()
     if request.content_type == "multipart/form-data":
@@ -132,17 +132,17 @@ async def _images(service: Service, request: Request) -> Images:
     return Images(encoded=encoded)
 
 
-async def classify_one(service: Service, request: Request) -> Reply:
+async def classify_one(service: Caller, request: Request) -> Reply:
     head = await service.head(request.params["bot_id"])
-    top_k = parse_top_k(request.query, service.settings.top_k_default)
+    top_k = parse_top_k(request.query, service.top_k_default)
     images = await _images(service, request)
     results = await service.classify(images, [head], top_k=top_k)
     return json_reply(render_bot_result([r[0] for r in results]))
 
 
-async def classify_many(service: Service, request: Request) -> Reply:
+async def classify_many(service: Caller, request: Request) -> Reply:
     heads = await service.heads_for(parse_bot_ids(request.query.get("bots", "")))
-    top_k = parse_top_k(request.query, service.settings.top_k_default)
+    top_k = parse_top_k(request.query, service.top_k_default)
     images = await _images(service, request)
     results = await service.classify(images, heads, top_k=top_k)
     return json_reply({"results": {

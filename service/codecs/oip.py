@@ -70,7 +70,7 @@ from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, HeadUnavailable, NotReady
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 SERVER_NAME = "multihead"
 EXTENSIONS = ("binary_tensor_data", "classification")
@@ -431,7 +431,7 @@ def infer_response(result: InferResult) -> tuple[bytes, bytes]:
     return json.dumps(body).encode(), b"".join(blobs)
 
 
-async def infer_call(service: Service, head: Head, request: InferRequest) -> InferResult:
+async def infer_call(service: Caller, head: Head, request: InferRequest) -> InferResult:
     """The inference: every image of `request` under `head` (from `model_head`), or under its
     bot's canary candidate for the requests the canary answers."""
     predictions = await classify_with(service, head, request.images, top_k=1,
@@ -443,11 +443,11 @@ def server_metadata_call() -> ServerMetadata:
     return ServerMetadata(SERVER_NAME, server_version(), EXTENSIONS)
 
 
-def server_ready_call(service: Service) -> bool:
-    return service.readiness.ready
+def server_ready_call(service: Caller) -> bool:
+    return service.ready
 
 
-async def model_ready_call(service: Service, model: Model) -> bool:
+async def model_ready_call(service: Caller, model: Model) -> bool:
     """Whether the model can be scored now: the trunk is ready and the head loads."""
     try:
         await model_head(service, model)
@@ -456,7 +456,7 @@ async def model_ready_call(service: Service, model: Model) -> bool:
     return True
 
 
-async def model_metadata_call(service: Service, model: Model) -> ModelMetadata:
+async def model_metadata_call(service: Caller, model: Model) -> ModelMetadata:
     info = await model_info(service, model)
     # Either input, not both: the request's one input is recognised by its datatype.
     return ModelMetadata(info.bot_id, (str(info.version),), PLATFORM,
@@ -467,17 +467,17 @@ async def model_metadata_call(service: Service, model: Model) -> ModelMetadata:
 
 # -- REST: parse -> typed call -> render ---------------------------------------------------------
 
-async def server_metadata(service: Service, request: Request) -> Reply:
+async def server_metadata(service: Caller, request: Request) -> Reply:
     metadata = server_metadata_call()
     return json_reply({"name": metadata.name, "version": metadata.version,
                        "extensions": list(metadata.extensions)})
 
 
-async def server_live(service: Service, request: Request) -> Reply:
+async def server_live(service: Caller, request: Request) -> Reply:
     return json_reply({"live": True})
 
 
-async def server_ready(service: Service, request: Request) -> Reply:
+async def server_ready(service: Caller, request: Request) -> Reply:
     ready = server_ready_call(service)
     return json_reply({"ready": ready}, status=200 if ready else 503)
 
@@ -486,7 +486,7 @@ def _tensor(spec: TensorSpec) -> dict:
     return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
 
 
-async def model_metadata(service: Service, request: Request) -> Reply:
+async def model_metadata(service: Caller, request: Request) -> Reply:
     metadata = await model_metadata_call(service, model_of(request))
     return json_reply({
         "name": metadata.name,
@@ -497,14 +497,14 @@ async def model_metadata(service: Service, request: Request) -> Reply:
     })
 
 
-async def model_ready(service: Service, request: Request) -> Reply:
+async def model_ready(service: Caller, request: Request) -> Reply:
     model = model_of(request)
     ready = await model_ready_call(service, model)
     # NOTE: the name as asked; when ready it is the bot's id as registered (the same text).
     return json_reply({"name": model.bot_id, "ready": ready}, status=200 if ready else 503)
 
 
-async def infer(service: Service, request: Request) -> Reply:
+async def infer(service: Caller, request: Request) -> Reply:
     head = await model_head(service, model_of(request))  # 503 / 404 before the body is read
     body = await request.body()
     # Parsing megabytes of JSON numbers takes a while: off the event loop.

@@ -38,7 +38,7 @@ from service.core.auth import PUBLIC
 from service.core.errors import NotFound
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 OPENAPI_VERSION = "3.0.3"
 TITLE = "multihead"
@@ -354,26 +354,26 @@ def endpoints(routes: Callable[[], Sequence[Endpoint]]) -> list[Endpoint]:
     """
     cache: dict[str, bytes] = {}
 
-    async def load(service: Service, key: str, path: Path) -> bytes:
+    async def load(service: Caller, key: str, path: Path) -> bytes:
         data = cache.get(key)
         if data is None:
             data = cache[key] = await service.run_blocking(path.read_bytes)
         return data
 
-    async def openapi_json(service: Service, request: Request) -> Reply:
+    async def openapi_json(service: Caller, request: Request) -> Reply:
         body = cache.get("openapi.json")
         if body is None:
             body = cache["openapi.json"] = json.dumps(document(routes())).encode()
         return Reply(200, body, JSON, {"Cache-Control": "no-cache"})
 
-    async def docs_page(service: Service, request: Request) -> Reply:
+    async def docs_page(service: Caller, request: Request) -> Reply:
         _asset_path("swagger-ui-bundle.js")  # 404 naming the package when it is missing
         body = await load(service, PAGE, STATIC_DIR / PAGE)
         return Reply(200, body, "text/html; charset=utf-8",
                      {"Cache-Control": "no-cache", "Content-Security-Policy": PAGE_CSP,
                       "X-Content-Type-Options": "nosniff"})
 
-    async def docs_asset(service: Service, request: Request) -> Reply:
+    async def docs_asset(service: Caller, request: Request) -> Reply:
         name = request.params["asset"]
         if name not in ASSETS:
             raise NotFound(f"no docs asset {name[:64]!r}")

@@ -9,23 +9,21 @@ from service.codecs.base import Answer, Endpoint, Reply, Request, json_answer, j
 from service.core.auth import METRICS, PUBLIC
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 
-async def healthz(service: Service, request: Request) -> Reply:
+async def healthz(service: Caller, request: Request) -> Reply:
     return json_reply({"status": "alive"})
 
 
-async def readyz(service: Service, request: Request) -> Reply:
+async def readyz(service: Caller, request: Request) -> Reply:
     """The full report for who may read /metrics (the operator, a metrics key, anyone with
     --auth none); else only the status, for probes (no checkpoint path, no timings)."""
-    report = service.readiness_report()
-    if not service.may(METRICS):
-        report = {"status": report["status"]}
-    return json_reply(report, status=200 if service.readiness.ready else 503)
+    report = service.readiness_report() if service.may(METRICS) else {"status": service.status}
+    return json_reply(report, status=200 if service.ready else 503)
 
 
-async def metrics(service: Service, request: Request) -> Reply:
+async def metrics(service: Caller, request: Request) -> Reply:
     body, content_type = service.render_metrics()
     return Reply(200, body, content_type)
 

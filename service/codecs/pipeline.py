@@ -44,8 +44,9 @@ from service.core.candidates import ROUTE_KEY_METADATA
 from service.core.logs import RequestLog, request_scope
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Caller, Service
+    from service.core.caller import Caller
     from service.core.metrics import Metrics
+    from service.core.service import Service
 
 T = TypeVar("T")
 

@@ -45,7 +45,8 @@ from service.core.errors import BadRequest
 from service.core.logs import request_scope
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Caller, Service
+    from service.core.caller import Caller
+    from service.core.service import Service
 
 A = TypeVar("A")
 
@@ -162,7 +163,7 @@ async def open_classifier(caller: Caller, request: Request) -> Classifier:
     bot_id = request.params["bot_id"]
     await caller.head(bot_id)
     return Classifier(caller, bot_id, parse_top_k(request.query,
-                                                  caller.settings.top_k_default))
+                                                  caller.top_k_default))
 
 
 async def classify_ws_plain(caller: Caller, request: Request) -> Reply:

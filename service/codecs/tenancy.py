@@ -26,7 +26,7 @@ from service.core.auth import MANAGE, OPERATOR
 from service.core.errors import BadRequest, UnsupportedMediaType
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 AUDIT_LIMIT_MAX = 10_000
 _TRUE = ("1", "true", "yes")
@@ -41,7 +41,7 @@ def _flag(request: Request, name: str) -> bool:
     return value.lower() in _TRUE
 
 
-async def list_tenants(service: Service, request: Request) -> Reply:
+async def list_tenants(service: Caller, request: Request) -> Reply:
     return json_reply({"tenants": [t.to_dict() for t in await service.tenants()]})
 
 
@@ -64,7 +64,7 @@ def _json_body(request: Request, route: str) -> None:
                                    "\"rate\": 50, ...}")
 
 
-async def put_tenant(service: Service, request: Request) -> Reply:
+async def put_tenant(service: Caller, request: Request) -> Reply:
     name = validate_tenant(request.params["tenant"])  # refused before the body is read
     raw = await request.body()
     limits = None
@@ -75,7 +75,7 @@ async def put_tenant(service: Service, request: Request) -> Reply:
     return json_reply(info.to_dict(), status=201)
 
 
-async def patch_tenant(service: Service, request: Request) -> Reply:
+async def patch_tenant(service: Caller, request: Request) -> Reply:
     name = validate_tenant(request.params["tenant"])
     _json_body(request, "PATCH /tenants/{tenant}")
     changes = parse_limits(await request.body())
@@ -83,13 +83,13 @@ async def patch_tenant(service: Service, request: Request) -> Reply:
     return json_reply({"name": name, "limits": limits.to_dict()})
 
 
-async def delete_tenant(service: Service, request: Request) -> Reply:
+async def delete_tenant(service: Caller, request: Request) -> Reply:
     name = request.params["tenant"]
     await service.remove_tenant(name, force=_flag(request, "force"))
     return json_reply({"tenant": name, "removed": True})
 
 
-async def list_keys(service: Service, request: Request) -> Reply:
+async def list_keys(service: Caller, request: Request) -> Reply:
     keys = await service.keys(request.query.get("tenant"))
     return json_reply({"keys": [k.to_dict() for k in keys]})
 
@@ -108,7 +108,7 @@ def parse_new_key(raw: bytes | bytearray) -> tuple[str, str]:
     return tenant, scope
 
 
-async def post_key(service: Service, request: Request) -> Reply:
+async def post_key(service: Caller, request: Request) -> Reply:
     if request.content_type != "application/json":
         raise UnsupportedMediaType("POST /keys takes application/json: "
                                    "{\"tenant\": \"...\", \"scope\": \"infer\"}")
@@ -119,12 +119,12 @@ async def post_key(service: Service, request: Request) -> Reply:
                       headers={"Cache-Control": "no-store"})
 
 
-async def delete_key(service: Service, request: Request) -> Reply:
+async def delete_key(service: Caller, request: Request) -> Reply:
     key = await service.revoke_key(request.params["key_id"])
     return json_reply(key.to_dict())
 
 
-async def get_audit(service: Service, request: Request) -> Reply:
+async def get_audit(service: Caller, request: Request) -> Reply:
     limit = request.query.get("limit", "1000")
     if not is_number(limit) or not 1 <= int(limit) <= AUDIT_LIMIT_MAX:
         raise BadRequest(f"limit must be a number from 1 to {AUDIT_LIMIT_MAX}")

@@ -52,7 +52,7 @@ from service.core.errors import BadRequest, NotFound
 from store import BotInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.caller import Caller
 
 SIGNATURE = "serving_default"
 
@@ -182,17 +182,17 @@ def prediction_columns(predictions: Sequence[Prediction]) -> dict[str, list]:
             "scores": [[score for _, score in p.labels_scores] for p in predictions]}
 
 
-async def status_call(service: Service, model: Model) -> VersionStatus:
+async def status_call(service: Caller, model: Model) -> VersionStatus:
     info = await model_info(service, model)
     return version_status(info.version, service.readiness)
 
 
-async def metadata_call(service: Service, model: Model) -> tuple[BotInfo, Signature]:
+async def metadata_call(service: Caller, model: Model) -> tuple[BotInfo, Signature]:
     info = await model_info(service, model)
     return info, signature_of(info.n_classes)
 
 
-async def predict_call(service: Service, head: Head, images: Images,
+async def predict_call(service: Caller, head: Head, images: Images,
                        top_k: int) -> list[Prediction]:
     """The prediction: every image under `head` (from `model_head`), the top `top_k` labels."""
     return await classify_with(service, head, images, top_k=top_k)
@@ -222,12 +222,12 @@ def render_predictions(predictions: list[Prediction], columnar: bool) -> dict:
                             for i in range(len(predictions))]}
 
 
-async def tf_status(service: Service, request: Request) -> Reply:
+async def tf_status(service: Caller, request: Request) -> Reply:
     status = await status_call(service, model_of(request))
     return json_reply(status_report(status.version, service.readiness))
 
 
-async def tf_metadata(service: Service, request: Request) -> Reply:
+async def tf_metadata(service: Caller, request: Request) -> Reply:
     info, signature = await metadata_call(service, model_of(request))
     return json_reply({
         "model_spec": {"name": info.bot_id, "signature_name": "", "version": str(info.version)},
@@ -245,10 +245,10 @@ def check_verb(verb: str) -> None:
         raise NotFound(f"':{verb[:32]}' is not served: use ':predict'")
 
 
-async def tf_call(service: Service, request: Request) -> Reply:
+async def tf_call(service: Caller, request: Request) -> Reply:
     check_verb(request.params["verb"])
     head = await model_head(service, model_of(request))
-    top_k = parse_top_k(request.query, service.settings.top_k_default)
+    top_k = parse_top_k(request.query, service.top_k_default)
     body = await request.body()
     images, columnar = await service.run_blocking(
         lambda: parse_predict_request(parse_json_object(body, "predict request")))

@@ -24,7 +24,7 @@ Access rules (`Endpoint.access`):
 bot, and MANAGE and OPERATOR routes need the operator credential (the behaviour before
 tenants existed). Missing or unusable credentials are 401 (with `WWW-Authenticate`), a
 credential without the right is 403; a bot of another tenant is never 403 but 404, exactly
-as an unknown bot (see `service.core.context.Caller`).
+as an unknown bot (see `service.core.caller.Caller`).
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from backbone.precision import PRECISIONS, RUNTIMES
+from backbone.precision import PRECISION_CHOICES, RUNTIME_CHOICES, precision_help, runtime_help
 from heads import InvalidBotId, validate_bot_id
 from service.core.auth import AUTH_MODES
 from service.core.batcher import POLICIES as BATCH_POLICIES
@@ -205,22 +205,10 @@ class Settings:
     trunk_checkpoint: str | None = setting(
         None, "trunk checkpoint prefix; unset means the trunk inside --store", non_empty=True)
     device: str = setting("auto", "where the trunk runs: auto, cpu, gpu or gpu:N", check=_device)
-    precision: str = setting(
-        "auto",
-        "trunk precision: fp32; bf16 (CPUs with avx512_bf16 or AMX); fp16 (GPU); int8 "
-        "(runtime openvino, from the INT8 trunk `multihead quantize` calibrated for the "
-        "checkpoint; its float layers in bf16 where the CPU has it, else fp32); auto = fp16 "
-        "on a GPU, int8 where OpenVINO runs and a passing INT8 trunk exists, else bf16 on a "
-        "CPU that has it, else fp32. Refused where the hardware, the runtime or the INT8 "
-        "trunk lacks it, never emulated; heads stay fp32",
-        choices=(*PRECISIONS, "auto"))
-    runtime: str = setting(
-        "auto",
-        "trunk runtime: tf; openvino (CPU, compiled in-process from the same restored "
-        "tf-slim graph, cached in graph_cache/ next to the trunk checkpoint; needs the "
-        "openvino extra); "
-        "auto = openvino on a CPU when installed, else tf",
-        choices=(*RUNTIMES, "auto"))
+    # Choices and help from the runner registry (`backbone.runners.registry`): the choices are
+    # live, so a runner registered later (a plugin, a test's fake) is accepted and listed.
+    precision: str = setting("auto", precision_help(), choices=PRECISION_CHOICES)
+    runtime: str = setting("auto", runtime_help(), choices=RUNTIME_CHOICES)
     max_batch_size: int = setting(
         16, "most images in one trunk batch (any mix of bots)", at_least=1)
     max_wait_ms: float = setting(

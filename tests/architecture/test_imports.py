@@ -148,7 +148,7 @@ def test_the_transports_never_import_each_other():
 def test_the_parser_sees_every_package_and_edges():
     assert {"backbone.trunk", "store.front", "service.transports.http.app", "service.codecs.native",
             "bench.runner"} <= set(MODULES)
-    assert "service.core.engine" in _edges()["service.core.context"]
+    assert "service.core.engine" in _edges()["service.core.lifecycle"]
 
 
 def test_no_import_cycle():

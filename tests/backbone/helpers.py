@@ -1,10 +1,16 @@
-"""Small image makers shared by the backbone tests."""
+"""Small image makers, graph cache helpers and a fake runner shared by the backbone tests."""
+from __future__ import annotations
+
 import io
 import shutil
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from backbone.runners.base import Layout, LoadReport, LoadRequest, Runner, RunnerInfo
+from backbone.runners.registry import ANYWHERE, RunnerSpec
+from backbone.spec import FEATURE_DIM, IMAGE_SIZE
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
@@ -74,3 +80,41 @@ def concurrent_features(trunk, batches: list) -> list:
     for t in threads:
         t.join()
     return results
+
+
+STRIDE = 23  # the fake samples every 23rd pixel: 13 x 13 x 3 values per image
+SAMPLED = len(range(0, IMAGE_SIZE, STRIDE)) ** 2 * 3
+
+
+class FakeRunner(Runner):
+    """A runner in pure numpy, registered by tests only (`backbone.runners.registry.registered`
+    with `FAKE`): features = a fixed random projection of a sparse sample of the pixels,
+    deterministic, different for different images, [N, 1536] float32; no weights, no Logits."""
+
+    def __init__(self, request: LoadRequest):
+        self.info = RunnerInfo("fake", request.precision, request.device)
+        self.layout = Layout([], {}, 0)
+        self.report = LoadReport()
+        self.projection = np.random.default_rng(0).standard_normal(
+            (SAMPLED, FEATURE_DIM)).astype(np.float32)
+        self.closed = False
+
+    @classmethod
+    def load(cls, request: LoadRequest) -> FakeRunner:
+        return cls(request)
+
+    def features(self, images: np.ndarray) -> np.ndarray:
+        sampled = images[:, ::STRIDE, ::STRIDE, :].reshape(len(images), -1)  # [N, 507]
+        # One image at a time: a batched product may sum in another order (batch-invariant).
+        return np.stack([row @ self.projection for row in sampled])  # [N, 1536]
+
+    def features_and_logits(self, images):
+        raise NotImplementedError("the fake has no Logits layer")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+# Runs anywhere, fp32 only, installed (no package), ranked last (TensorFlow's rank is 100): `auto`
+# never picks it unless a test ranks it first.
+FAKE = RunnerSpec(name="fake", title="Fake", precisions={"fp32": ANYWHERE}, rank=1000)

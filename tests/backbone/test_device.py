@@ -26,6 +26,9 @@ from backbone.precision import (
 )
 from backbone.runners import RUNNERS, OpenVinoRunner, TfRunner, runner_class
 
+# The runtimes installed, with and without the openvino extra.
+WITH_OPENVINO, WITHOUT_OPENVINO = frozenset({"tf", "openvino"}), frozenset({"tf"})
+
 ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"
 SAPPHIRE_RAPIDS = "flags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8\n"
 ZEN4 = "flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"
@@ -174,38 +177,38 @@ def test_unknown_precision_and_runtime_names():
     with pytest.raises(ValueError, match="precision must be one of"):
         resolve_precision("int4", device=cpu(ZEN3))
     with pytest.raises(ValueError, match="runtime must be one of"):
-        resolve_runtime("onnx", device=cpu(ZEN3), openvino=True)
+        resolve_runtime("onnx", device=cpu(ZEN3), available=WITH_OPENVINO)
 
 
-@pytest.mark.parametrize("requested, device, openvino, want", [
-    ("auto", cpu(ZEN3), True, "openvino"),
-    ("auto", cpu(ZEN3), False, "tf"),
-    ("auto", gpu(), True, "tf"),
-    ("tf", cpu(ZEN3), True, "tf"),
-    ("openvino", cpu(ZEN3), True, "openvino"),
+@pytest.mark.parametrize("requested, device, installed, want", [
+    ("auto", cpu(ZEN3), WITH_OPENVINO, "openvino"),
+    ("auto", cpu(ZEN3), WITHOUT_OPENVINO, "tf"),
+    ("auto", gpu(), WITH_OPENVINO, "tf"),
+    ("tf", cpu(ZEN3), WITH_OPENVINO, "tf"),
+    ("openvino", cpu(ZEN3), WITH_OPENVINO, "openvino"),
 ])
-def test_runtime_resolution(requested, device, openvino, want):
-    assert resolve_runtime(requested, device=device, openvino=openvino) == want
+def test_runtime_resolution(requested, device, installed, want):
+    assert resolve_runtime(requested, device=device, available=installed) == want
 
 
-@pytest.mark.parametrize("device, openvino, match", [
-    (gpu(), True, "CPU only"),
-    (cpu(ZEN3), False, "needs the openvino package"),
+@pytest.mark.parametrize("device, installed, match", [
+    (gpu(), WITH_OPENVINO, "CPU only"),
+    (cpu(ZEN3), WITHOUT_OPENVINO, "needs the openvino package"),
 ])
-def test_unavailable_runtime_is_refused(device, openvino, match):
+def test_unavailable_runtime_is_refused(device, installed, match):
     with pytest.raises(RuntimeUnavailable, match=match):
-        resolve_runtime("openvino", device=device, openvino=openvino)
+        resolve_runtime("openvino", device=device, available=installed)
 
 
 # --- the runner each runtime names ----------------------------------------------------------------
 
-@pytest.mark.parametrize("device, openvino, want", [
-    (cpu(ZEN3), True, OpenVinoRunner),
-    (cpu(ZEN3), False, TfRunner),
-    (gpu(), True, TfRunner),
+@pytest.mark.parametrize("device, installed, want", [
+    (cpu(ZEN3), WITH_OPENVINO, OpenVinoRunner),
+    (cpu(ZEN3), WITHOUT_OPENVINO, TfRunner),
+    (gpu(), WITH_OPENVINO, TfRunner),
 ])
-def test_auto_runtime_selects_a_runner(device, openvino, want):
-    assert runner_class(resolve_runtime("auto", device=device, openvino=openvino)) is want
+def test_auto_runtime_selects_a_runner(device, installed, want):
+    assert runner_class(resolve_runtime("auto", device=device, available=installed)) is want
 
 
 def test_every_runtime_has_a_runner():

@@ -20,6 +20,7 @@ import pytest
 
 from backbone import Device, Int8ArtifactMissing, PrecisionUnsupported, Trunk, preprocess
 from backbone import quantize as q
+from backbone.checkpoint import cache_dir_of
 from backbone.device import cpu_flags
 from backbone.inception_v4 import LOGITS_SCOPE
 from backbone.precision import float_layers_precision
@@ -117,6 +118,44 @@ def test_a_restart_of_the_int8_trunk_imports_no_tensorflow(int8_trunk, int8_cali
                          check=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert out.stdout.split() == ["int8", "True", "False"], out.stderr
+
+
+def test_the_int8_trunk_is_found_where_quantize_writes_it(int8_trunk, int8_calibrated,
+                                                          held_out, int8_features, tmp_path):
+    """Without int8_dir, the INT8 trunk is looked up where `multihead quantize` wrote it and
+    `serve` looks (graph_cache/ next to the checkpoint), not in another graph_cache_dir."""
+    assert int8_calibrated.cache_dir == cache_dir_of(int8_calibrated.prefix)
+    found = Trunk.from_checkpoint(int8_calibrated.prefix, device="cpu", runtime="openvino",
+                                  precision="int8", warmup_batch_sizes=(),
+                                  graph_cache_dir=tmp_path)  # the compiled model goes there
+    try:
+        assert (found.precision, found.calibration) == ("int8", int8_trunk.calibration)
+        assert list(tmp_path.glob("inception_v4-ov-*.blob"))
+        np.testing.assert_allclose(found.features(held_out[:2]), int8_features[:2], rtol=1e-4,
+                                   atol=1e-4)
+    finally:
+        found.close()
+
+
+def test_choose_looks_up_the_int8_trunk_for_any_runner_that_declares_it(int8_calibrated):
+    from dataclasses import replace
+
+    from backbone.runners import registry
+    from backbone.runners.registry import INT8_TRUNK, Needs
+    from tests.backbone.helpers import FAKE, FakeRunner
+
+    runs_int8 = replace(FAKE, precisions={**FAKE.precisions, "int8": Needs(artifact=INT8_TRUNK)})
+    want = q.Int8Artifact.find(int8_calibrated.cache_dir, int8_calibrated.prefix)
+    with registry.registered(runs_int8, FakeRunner):
+        for precision in ("int8", "auto"):
+            choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision=precision,
+                            runtime="fake", int8_dir=int8_calibrated.cache_dir)
+            assert (choice.runtime, choice.precision) == ("fake", "int8")
+            assert choice.int8_artifact.key == want.key
+    with registry.registered(FAKE, FakeRunner):  # declares no INT8 trunk: none looked up
+        choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision="auto",
+                        runtime="fake", int8_dir=int8_calibrated.cache_dir)
+        assert (choice.precision, choice.int8_artifact) == ("fp32", None)
 
 
 def test_the_compiled_int8_cache_key_follows_the_artifact_and_the_float_precision(

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from backbone import PrecisionUnsupported, Trunk, detect_device, preprocess
-from backbone.precision import openvino_available
+from backbone.errors import BackboneError
+from backbone.precision import resolve_precision, resolve_runtime
 from backbone.runners import RUNNERS
+from backbone.runners.registry import SPECS, available
 from backbone.runners.tf import session_config
 from tests.backbone.helpers import (
     concurrent_features,
@@ -29,7 +31,7 @@ from tests.backbone.helpers import (
 )
 
 HAS_BF16 = detect_device("cpu").bf16
-HAS_OPENVINO = openvino_available()
+HAS_OPENVINO = "openvino" in available()
 NO_BF16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has neither avx512_bf16 nor amx_bf16")
 NO_OPENVINO = pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
 
@@ -37,12 +39,31 @@ FP32_TOLERANCE = 1e-4
 BF16_MIN_COSINE = 0.9999
 TOP1_AGREEMENT = 0.99
 
-# (runtime, precision) besides the reference tf/fp32 one.
-VARIANTS = [
-    pytest.param(("openvino", "fp32"), marks=NO_OPENVINO, id="openvino-fp32"),
-    pytest.param(("tf", "bf16"), marks=NO_BF16, id="tf-bf16"),
-    pytest.param(("openvino", "bf16"), marks=[NO_OPENVINO, NO_BF16], id="openvino-bf16"),
-]
+
+
+def _variants() -> list:
+    """(runtime, precision) of every float precision a registered runner declares on the CPU,
+    besides the reference tf/fp32 one (int8 is test_int8.py's), each skipped where this machine
+    cannot run it (the reason is the refusal's message): a new runner is held to the bounds."""
+    cpu = detect_device("cpu")
+    out = []
+    for runtime, spec in SPECS.items():
+        for precision, needs in spec.precisions.items():
+            if ((runtime, precision) == ("tf", "fp32") or needs.artifact
+                    or not spec.runs_on("cpu") or needs.device not in (None, "cpu")):
+                continue
+            try:
+                resolve_runtime(runtime, device=cpu, available=available())
+                resolve_precision(precision, device=cpu, runtime=runtime)
+                why_not = ""
+            except BackboneError as exc:
+                why_not = str(exc)
+            out.append(pytest.param((runtime, precision), id=f"{runtime}-{precision}",
+                                    marks=pytest.mark.skipif(bool(why_not), reason=why_not)))
+    return out
+
+
+VARIANTS = _variants()
 
 
 # --- refusals at build, and what a trunk reports -------------------------------------------

@@ -119,10 +119,10 @@ def test_the_demo_calibrates_no_int8_trunk_that_would_not_run(kwargs, why_not):
 
 def test_the_demo_calibrates_an_int8_trunk_by_default_on_openvino():
     from backbone.device import maybe_has_gpu
-    from backbone.precision import openvino_available
+    from backbone.runners.registry import available
     from cli.demo_setup import int8_wanted
 
-    if maybe_has_gpu() or not openvino_available():
+    if maybe_has_gpu() or "openvino" not in available():
         pytest.skip("the trunk would not run on OpenVINO's CPU plugin here")
     pytest.importorskip("nncf")
     assert int8_wanted({"precision": "auto", "runtime": "auto"}) is None

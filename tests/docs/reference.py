@@ -127,11 +127,11 @@ INTERNAL = "internal"
 
 
 def _error_classes() -> list[type[BaseException]]:
-    import backbone.errors  # noqa: F401 - loaded so that their classes are found below
     import accounts.errors  # noqa: F401
+    import backbone.errors  # noqa: F401 - loaded so that their classes are found below
     import heads.errors  # noqa: F401
-    import store.errors  # noqa: F401
     import service.codecs.routes  # noqa: F401 - the whole service core with it
+    import store.errors  # noqa: F401
 
     seen, todo, out = set(), [BaseException], []
     while todo:

@@ -21,9 +21,9 @@ from backbone.spec import FEATURE_DIM
 from heads import Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
 from service.core.auth import ANONYMOUS, Authenticator, Principal
-from service.core.context import FAILED, LOADING, READY, Readiness
 from service.core.engine import Images, Prediction, check_image_count
 from service.core.errors import HeadUnavailable, NotReady
+from service.core.lifecycle import FAILED, LOADING, READY, Readiness
 from service.core.settings import Settings
 from store import BotInfo
 
@@ -97,7 +97,8 @@ class FakeStore:
 class FakeService:
     """Heads by bot id; `classify` answers `probabilities(i, j, n)` for image i under head j.
     `FakeService(settings)` is all `dispatch` reads (the auth mode and the admin token: the
-    real `Authenticator`, without keys; the caller is the fake itself, every bot in sight)."""
+    real `Authenticator`, without keys; the caller is the fake itself, every bot in sight, with
+    the members of `service.core.caller.Caller` that the codecs call)."""
 
     settings: Settings = dataclasses.field(
         default_factory=lambda: Settings(top_k_default=2, auth="none"))
@@ -121,6 +122,18 @@ class FakeService:
 
     def may(self, access: str) -> bool:
         return self._auth().allows(access, self.principal)
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness.ready
+
+    @property
+    def status(self) -> str:
+        return self.readiness.status
+
+    @property
+    def top_k_default(self) -> int:
+        return self.settings.top_k_default
 
     def _auth(self) -> Authenticator:
         return Authenticator(self.settings.auth, self.settings.admin_token)

@@ -60,7 +60,8 @@ from service.core.errors import DeadlineExceeded, ShuttingDown, grpc_status
 from service.core.logs import RequestLog
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Caller, Service
+    from service.core.caller import Caller
+    from service.core.service import Service
 
 M = TypeVar("M", bound=Message)
 

@@ -39,7 +39,7 @@ from service.core.errors import ServiceError
 from service.transports.grpc.common import MethodNames, Rpcs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Service
+    from service.core.service import Service
 
 log = logging.getLogger(__name__)
 

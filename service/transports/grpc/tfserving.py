@@ -195,7 +195,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             head = await model_head(service, model_of(request.model_spec))
             metadata = {key: value for key, value in (context.invocation_metadata() or ())
                         if isinstance(value, str)}
-            top_k = parse_top_k(metadata, service.settings.top_k_default)
+            top_k = parse_top_k(metadata, service.top_k_default)
             images = await service.run_blocking(predict_images, request)
             predictions = await tfserving.predict_call(service, head, images, top_k)
             return predict_response(head, predictions, request.output_filter)

@@ -35,9 +35,9 @@ from service.codecs.pipeline import UNMATCHED, Incoming
 from service.codecs.routes import ENDPOINTS
 from service.core import admission
 from service.core.admission import Reservation
-from service.core.context import Service
 from service.core.errors import INTERNAL_MESSAGE
 from service.core.logs import REQUEST_ID_HEADER, RequestLog
+from service.core.service import Service
 from service.core.settings import Settings
 from service.transports.common.exchange import (
     IncomingBody,

@@ -23,7 +23,8 @@ from service.codecs.base import Endpoint, Request
 from service.core.logs import REQUEST_ID_HEADER, current
 
 if TYPE_CHECKING:  # pragma: no cover
-    from service.core.context import Caller, Service
+    from service.core.caller import Caller
+    from service.core.service import Service
 
 # What aiohttp's heartbeat pings an idle socket with (seconds).
 HEARTBEAT_S = 30.0

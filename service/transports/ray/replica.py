@@ -35,9 +35,9 @@ from service.codecs.base import Endpoint, Reply, Request, Session, error_reply
 from service.codecs.pipeline import Incoming
 from service.codecs.routes import ENDPOINTS
 from service.core.admission import Reservation
-from service.core.context import Service
 from service.core.errors import ServiceError
 from service.core.logs import REQUEST_ID_HEADER, RequestLog, configure
+from service.core.service import Service
 from service.core.settings import Settings
 from service.transports.common.exchange import metric_label, no_route
 from service.transports.common.router import route_template

@@ -17,7 +17,7 @@ from accounts.tenants import LIMIT_NAMES, TenantLimits, validate_limit
 from service.codecs import openapi, tenancy
 from service.codecs.base import JSON, Reply, dispatch
 from service.codecs.routes import ENDPOINTS
-from service.core.context import Service
+from service.core.service import Service
 from store import HeadStore
 from tests.support.fakes import req
 from tests.support.limits import JSON_LIMIT_VALUES, LIMITS_OBJECTS, accepted_limit

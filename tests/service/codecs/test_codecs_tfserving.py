@@ -19,9 +19,9 @@ from service.codecs.common import (
     parse_json_object,
 )
 from service.codecs.tfserving import parse_predict_request, render_predictions, status_report
-from service.core.context import Readiness
 from service.core.engine import Prediction
 from service.core.errors import BadRequest
+from service.core.lifecycle import Readiness
 from store import UnknownVersion
 from tests.support.fakes import FakeService, failed, loading, make_head, probabilities, req
 

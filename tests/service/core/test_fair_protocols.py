@@ -163,15 +163,16 @@ async def test_a_settings_change_in_another_store_object_applies_to_the_running_
 
 
 def test_a_tenant_s_own_limits_win_and_the_serve_defaults_fill_the_rest(tmp_path):
-    from service.core.context import Service
+    from service.core.service import Service
 
     with HeadStore(tmp_path / "store") as store:
         store.add_tenant("own", limits=TenantLimits(weight=3.0, burst=7))
         service = Service(make_settings(tmp_path, tenant_weight=2.0, tenant_rate=5.0,
                                         tenant_max_queued=40), store=store)
-        assert (service.tenant_weight("own"), service.tenant_rate("own"),
-                service.tenant_max_queued("own")) == (3.0, (5.0, 7), 40)
-        assert (service.tenant_weight("default"), service.tenant_rate("default")) == (
+        tenancy = service.tenancy
+        assert (tenancy.weight("own"), tenancy.rate("own"),
+                tenancy.max_queued("own")) == (3.0, (5.0, 7), 40)
+        assert (tenancy.weight("default"), tenancy.rate("default")) == (
             2.0, (5.0, None))
         store.set_tenant_limits("own", weight=None, max_queued=9)  # seen after the re-read
-        assert (service.tenant_weight("own"), service.tenant_max_queued("own")) == (2.0, 9)
+        assert (tenancy.weight("own"), tenancy.max_queued("own")) == (2.0, 9)

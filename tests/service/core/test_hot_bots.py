@@ -13,13 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from service.core.context import (
-    PreloadError,
-    Service,
-    check_pinned_bots,
-    most_recent,
-    preload_heads,
-)
+from service.core.lifecycle import PreloadError, check_pinned_bots, most_recent, preload_heads
+from service.core.service import Service
 from service.core.settings import InvalidSettings, Settings
 from service.transports.http.app import SERVICE, create_app
 from store import HeadStore
@@ -123,7 +118,7 @@ async def test_pinned_and_preloaded_heads_are_resident_before_ready(aiohttp_clie
     # The two most recently registered besides the pinned one, and nothing else.
     assert resident(store, ["bravo", "echo", "delta", "charlie", "alpha"]) == {
         "bravo": True, "echo": True, "delta": True, "charlie": False, "alpha": False}
-    assert service.preloaded.preloaded == ("echo", "delta")
+    assert service.lifecycle.preloaded.preloaded == ("echo", "delta")
 
 
 async def test_without_pin_or_preload_no_head_is_loaded_before_ready(aiohttp_client, trunk,

@@ -135,7 +135,7 @@ async def test_no_access_log_removes_the_access_lines_only(make_client):
     with Captured("json") as captured:
         for path in ("/healthz", "/bots", "/bots/nobody"):
             assert (await client.get(path)).status in (200, 404)
-        logging.getLogger("service.core.context").info("still logging")
+        logging.getLogger("service.core.lifecycle").info("still logging")
     # (The tests' aiohttp servers keep aiohttp's own access logger; `multihead serve` turns it
     # off: tests/service/core/test_tracing.py's serve process logs none.)
     assert [x["message"] for x in captured.json()

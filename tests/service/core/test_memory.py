@@ -120,7 +120,7 @@ def test_the_real_malloc_trim_runs_here():
 
 async def test_a_service_gives_back_its_build_garbage_once_ready_and_trims_after_bursts(
         tmp_path):
-    from service.core.context import Service
+    from service.core.service import Service
     from tests.support.fakes import FakeTrunk
     from tests.support.servers import make_settings
 

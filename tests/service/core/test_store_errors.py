@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from heads import HeadLoadError
-from service.core.context import READY, Service
 from service.core.errors import HeadUnavailable, ReplicaLost, error_body, error_status, grpc_status
+from service.core.lifecycle import READY
+from service.core.service import Service
 from service.core.settings import Settings
 from store import StoreUnavailable
 
@@ -48,5 +49,5 @@ async def test_a_head_lookup_keeps_store_unavailable_apart_from_a_broken_head(ra
     service = Service(Settings(), trunk=object(), store=_Store(raised))
     service.readiness.status = READY  # a head is looked up for a request only once ready
     with pytest.raises(expected):
-        await service.head("acme")
+        await service.bots.heads(["acme"])
     await service.close()

@@ -401,7 +401,7 @@ async def test_a_serve_process_exports_its_spans_over_otlp_http_from_otel_variab
                 if re.match(r"\d{4}-\d\d-\d\d[ T]\S+ (DEBUG|INFO|WARNING|ERROR) ", line)]
     lines = [json.loads(line) for line in logged]
     loggers = {x["logger"] for x in lines}
-    assert {"multihead.access", "service.core.context"} <= loggers
+    assert {"multihead.access", "service.core.lifecycle"} <= loggers
     assert "aiohttp.access" not in loggers  # one access line per request: ours
     # The access line of that request names the same trace and span.
     access = [x for x in lines if x["logger"] == "multihead.access"

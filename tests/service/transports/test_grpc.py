@@ -32,8 +32,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from backbone import preprocess
-from service.core.context import Service
 from service.core.errors import ServiceError
+from service.core.service import Service
 from service.core.settings import InvalidSettings, Settings
 from service.transports.grpc.server import GrpcServer
 from service.transports.http.app import LISTENERS, SERVICE

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from service.core.batcher import Batcher
-from service.core.context import READY, Service
+from service.core.lifecycle import READY
+from service.core.service import Service
 from service.transports.http.app import SERVICE
 from tests.backbone.helpers import encode
 from tests.support.fakes import GatedTrunk
@@ -190,8 +191,8 @@ async def test_head_lookups_never_wait_behind_the_default_executor(store, tmp_pa
     release = threading.Event()
     blockers = [loop.run_in_executor(None, release.wait, 30) for _ in range(40)]
     try:
-        head = await asyncio.wait_for(service.head("alpha"), timeout=10)
-        info = await asyncio.wait_for(service.info("bravo"), timeout=10)
+        (head,) = await asyncio.wait_for(service.bots.heads(["alpha"]), timeout=10)
+        info = await asyncio.wait_for(service.bots.info("bravo"), timeout=10)
         assert (head.bot_id, info.bot_id) == ("alpha", "bravo")
     finally:
         release.set()
@@ -240,7 +241,7 @@ async def test_a_failed_batch_gives_each_request_its_own_exception():
 async def test_a_trunk_that_fails_to_load_is_logged_with_its_traceback(store, tmp_path, caplog):
     settings = make_settings(tmp_path, trunk_checkpoint=str(tmp_path / "missing.ckpt"))
     service = Service(settings, store=store)
-    with caplog.at_level(logging.ERROR, logger="service.core.context"):
+    with caplog.at_level(logging.ERROR, logger="service.core.lifecycle"):
         await service.start()
         assert not await service.wait_ready()
     assert service.readiness.status == "failed" and "missing.ckpt" in service.readiness.error

@@ -48,8 +48,8 @@ from PIL import Image
 from starlette.requests import Request as HttpRequest
 
 from service.codecs.pipeline import UNMATCHED
-from service.core.context import Service
 from service.core.metrics import Metrics
+from service.core.service import Service
 from service.transports.grpc import kserve as grpc_kserve
 from service.transports.grpc import tfserving as grpc_tfserving
 from service.transports.grpc.common import CODE_KEY

@@ -1,0 +1,370 @@
+"""The life of one process's service: bring-up, readiness, drain.
+
+`Lifecycle.start()` opens nothing but launches the bring-up (import TensorFlow, build and
+restore the trunk, warm it up, start the engine; the pinned and preloaded heads beside it) as a
+background task, so health checks answer at once and readiness says "loading" meanwhile;
+`close()` waits for a bring-up still running, drains the engine (queued rows finish), then
+closes the store and the trunk session, in that order. Readiness is decided here, in one
+place, and every protocol reports it (`readiness_report`, with what `/metrics` shows).
+
+Hot bots: `--pin` and `--preload` load heads before readiness says ready (`preload_heads`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from backbone.spec import FEATURE_DIM
+from backbone.tfimport import import_tensorflow
+from backbone.trunk import warm_up
+from heads import HeadLoadError, UnknownBot
+from service.core.engine import Engine
+from service.core.errors import NotReady, ServiceError
+from service.core.metrics import Metrics
+from service.core.settings import Settings
+from service.core.threads import Threads
+from service.core.tracing import Tracing
+from store import BotInfo, HeadStore
+
+log = logging.getLogger(__name__)
+
+LOADING, READY, FAILED = "loading", "ready", "failed"
+
+
+def trunk_kind(prefix: str) -> str:
+    """What readiness reports: the official weights, the demo random ones, or another file."""
+    from backbone.checkpoint import DEMO_CHECKPOINT, OFFICIAL_CHECKPOINT
+
+    name = Path(prefix).name
+    if name == OFFICIAL_CHECKPOINT:
+        return "official"
+    if name == DEMO_CHECKPOINT:
+        return "demo (seeded random weights)"
+    return "custom"
+
+
+def warmup_batch_sizes(max_batch_size: int, device: str) -> tuple[int, ...]:
+    """Batch sizes run before readiness says ready.
+
+    On a GPU: 1, 2, 4, ... and max_batch_size, since cuDNN picks its kernels per shape and a
+    first run at a new shape can take seconds. On the CPU: batch 1 only (session start-up, memory
+    arenas, oneDNN primitives): measured here, a first run at a new batch size costs 20-100 ms
+    more than the next one, while warming every size would add about 3 s to each restart.
+    """
+    if "GPU" not in device.upper():
+        return (1,)
+    sizes, size = [], 1
+    while size < max_batch_size:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes + [max_batch_size])
+
+
+# -- hot bots: heads loaded before ready -----------------------------------------------------------
+
+class PreloadError(ServiceError):
+    """A pinned bot is not registered, or its head cannot be loaded: the service is not ready
+    (and `multihead serve` refuses to start)."""
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What the bring-up loaded besides the trunk.
+
+    Attributes:
+        pinned: the pinned bots (all resident, never evicted).
+        preloaded: the bots `--preload` loaded, most recently registered first.
+        skipped: the ones it chose but left out: they did not fit in the heads memory budget.
+    """
+
+    pinned: tuple[str, ...] = ()
+    preloaded: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+def head_bytes(info: BotInfo) -> int:
+    """What a bot's head will take resident (as `Head.nbytes` counts it), from the registry's
+    view alone: weights [1536, n] and biases [n] in float32, and the label strings."""
+    return (FEATURE_DIM + 1) * info.n_classes * 4 + sum(sys.getsizeof(label)
+                                                         for label in info.labels)
+
+
+def _registered_at(info: BotInfo) -> datetime:
+    try:
+        when = datetime.fromisoformat(info.created)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=UTC)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def most_recent(infos: Sequence[BotInfo], n: int, *, exclude: Sequence[str] = ()) -> list[BotInfo]:
+    """The `n` most recently registered bots (by their active version's registration time; ties
+    by id), newest first, leaving out `exclude`."""
+    skip = set(exclude)
+    ordered = sorted((i for i in infos if i.bot_id not in skip),
+                     key=lambda i: (_registered_at(i), i.bot_id), reverse=True)
+    return ordered[:n]
+
+
+def check_pinned_bots(store: HeadStore, pinned: Sequence[str], *, where: str = "the store"
+                      ) -> None:
+    """Refuses (PreloadError, one line naming each) pinned bots that are not registered."""
+    missing = [b for b in pinned if not store.exists(b)]
+    if missing:
+        raise PreloadError(f"--pin: {', '.join(repr(b) for b in missing)} not registered in "
+                           f"{where}; register {'them' if len(missing) > 1 else 'it'} first "
+                           f"(multihead register) or leave {'them' if len(missing) > 1 else 'it'}"
+                           f" out")
+
+
+def preload_heads(store: HeadStore, pinned: Sequence[str], n: int) -> Preloaded:
+    """Loads the pinned heads, then the heads of the `n` most recently registered other bots
+    that fit in the store's heads memory budget. Blocking: run it in a worker thread.
+
+    Preloaded heads are chosen newest first, each kept only if it fits beside what is already
+    resident (a bigger one is skipped, a later smaller one may still fit), then loaded oldest
+    first, so the newest ends up the most recently used: under memory pressure the cache evicts
+    the older ones first.
+
+    Raises:
+        PreloadError: a pinned bot is not registered or its head cannot be loaded.
+    """
+    check_pinned_bots(store, pinned)
+    for bot_id in pinned:
+        try:
+            store.get(bot_id)
+        except UnknownBot:
+            raise PreloadError(f"pinned bot {bot_id!r} is not registered") from None
+        except HeadLoadError as exc:
+            raise PreloadError(f"pinned bot {bot_id!r} cannot be loaded: {exc}") from None
+    if n <= 0:
+        return Preloaded(tuple(pinned))
+    stats = store.cache_stats()
+    budget, used = stats["memory_budget_bytes"], stats["resident_bytes"]
+    chosen, skipped = [], []
+    for info in most_recent(store.list(), n, exclude=pinned):
+        size = head_bytes(info)
+        if used + size > budget:
+            skipped.append(info.bot_id)
+            continue
+        chosen.append(info.bot_id)
+        used += size
+    loaded = []
+    for bot_id in reversed(chosen):
+        try:
+            store.get(bot_id)
+        except (UnknownBot, HeadLoadError) as exc:  # removed meanwhile, or broken: not fatal
+            log.warning("preload: bot %r not loaded: %s", bot_id, exc)
+            continue
+        loaded.append(bot_id)
+    if skipped:
+        log.warning("preload: %d of %d bots left out: their heads do not fit in the heads "
+                    "memory budget (%.0f MiB) beside the ones already resident",
+                    len(skipped), len(chosen) + len(skipped), budget / 2**20)
+    return Preloaded(tuple(pinned), tuple(reversed(loaded)), tuple(skipped))
+
+
+@dataclass
+class Readiness:
+    """Where the bring-up is: `status` is loading, ready or failed (with `error`)."""
+
+    status: str = LOADING
+    error: str | None = None
+    started_s: float = field(default_factory=time.monotonic)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == READY
+
+
+class Lifecycle:
+    """Bring-up, readiness and drain of one process's service (see the module doc).
+
+    Args:
+        settings: the validated settings.
+        store: the store (closed here at the end only if `own_store`).
+        metrics: the metrics registry.
+        threads: the service's executors (the lookup threads load the preloaded heads; shut
+            down on close).
+        engine_for: builds the engine around the trunk once it is warm.
+        on_ready: called once readiness says ready (gives the build's garbage back).
+        trunk: an already-built trunk to use (tests, benchmark); it is then not closed here.
+        own_store: whether `close()` closes the store.
+        tracing: the tracer (shut down last on close), or None when tracing is off.
+    """
+
+    def __init__(self, settings: Settings, store: HeadStore, metrics: Metrics, threads: Threads,
+                 *, engine_for: Callable[[Any], Engine], on_ready: Callable[[], None],
+                 trunk=None, own_store: bool = False, tracing: Tracing | None = None) -> None:
+        self._settings = settings
+        self._store = store
+        self._metrics = metrics
+        self._threads = threads
+        self._engine_for = engine_for
+        self._on_ready = on_ready
+        self._given_trunk = trunk
+        self._own_store = own_store
+        self._tracing = tracing
+        self.readiness = Readiness()
+        self.preloaded = Preloaded()
+        self.trunk = None
+        self.trunk_kind = "unknown"
+        self.engine: Engine | None = None
+        # Who answers, for transports with several processes (the Ray replica sets it).
+        self.identity: dict[str, Any] = {}
+        self._bring_up_task: asyncio.Task | None = None
+
+    # -- bring-up ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the bring-up in the background and returns at once (in the event loop)."""
+        self._bring_up_task = asyncio.get_running_loop().create_task(self._bring_up())
+
+    async def wait_ready(self) -> bool:
+        """Waits for the bring-up to end; True if the service is ready."""
+        if self._bring_up_task is not None:
+            await asyncio.shield(self._bring_up_task)
+        return self.readiness.ready
+
+    async def _preload(self) -> None:
+        """Pinned and preloaded heads, beside the trunk build (numpy and file reads only)."""
+        settings = self._settings
+        start = time.perf_counter()
+        self.preloaded = await self._threads.lookup(
+            preload_heads, self._store, settings.pinned_bots, settings.preload)
+        self.readiness.timings["preload_s"] = time.perf_counter() - start
+        self._metrics.set_preloaded_heads(len(self.preloaded.preloaded))
+        if settings.pinned_bots or settings.preload:
+            log.info("heads resident before ready: %d pinned, %d preloaded (%d skipped: over "
+                     "the heads memory budget) in %.2fs", len(self.preloaded.pinned),
+                     len(self.preloaded.preloaded), len(self.preloaded.skipped),
+                     self.readiness.timings["preload_s"])
+
+    async def _bring_up(self) -> None:
+        readiness = self.readiness
+        loop = asyncio.get_running_loop()
+        preload = loop.create_task(self._preload())
+        try:
+            await self._bring_up_trunk(loop)
+        except Exception as exc:  # noqa: BLE001 - reported by readiness and the log
+            readiness.status, readiness.error = FAILED, f"trunk failed to load: {exc}"
+            log.error("%s", readiness.error, exc_info=exc)
+            await asyncio.wait([preload])
+            if not preload.cancelled() and preload.exception() is not None:
+                log.error("head preload failed too: %s", preload.exception())
+            return
+        try:
+            await preload
+        except Exception as exc:  # noqa: BLE001 - reported by readiness and the log
+            readiness.status, readiness.error = FAILED, f"head preload failed: {exc}"
+            log.error("%s", readiness.error, exc_info=not isinstance(exc, PreloadError))
+            return
+        readiness.timings["ready_s"] = time.monotonic() - readiness.started_s
+        readiness.status = READY
+        self._on_ready()
+        log.info("ready: trunk %s (%s) in %.1fs", self.trunk.checkpoint_prefix, self.trunk_kind,
+                 readiness.timings["ready_s"])
+
+    async def _bring_up_trunk(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Import, build, restore and warm the trunk, then start the engine."""
+        settings, readiness = self._settings, self.readiness
+        trunk = self._given_trunk
+        if trunk is None:
+            from backbone.checkpoint import cache_dir_of, default_trunk_checkpoint
+
+            start = time.perf_counter()
+            await loop.run_in_executor(None, import_tensorflow, settings.device)
+            readiness.timings["import_s"] = time.perf_counter() - start
+            from backbone import Trunk
+
+            prefix = settings.trunk_checkpoint or default_trunk_checkpoint(settings.store)
+            self.trunk_kind = trunk_kind(prefix)
+            # Next to the trunk checkpoint: <store>/trunk/graph_cache for the store's own trunk.
+            # The INT8 trunks `multihead quantize` writes there are found without the cache.
+            cache_dir = cache_dir_of(prefix) if settings.graph_cache else None
+            trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
+                prefix, device=settings.device, warmup_batch_sizes=(),
+                graph_cache_dir=cache_dir, precision=settings.precision,
+                runtime=settings.runtime, int8_dir=cache_dir_of(prefix)))
+            readiness.timings.update(build_s=trunk.timings.build_s,
+                                     restore_s=trunk.timings.restore_s,
+                                     compile_s=trunk.timings.compile_s)
+        self.trunk = trunk
+        self.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
+        calibration = getattr(trunk, "calibration", None)
+        self._metrics.set_trunk(device=trunk.device,
+                                runtime=getattr(trunk, "runtime", "tf"),
+                                precision=getattr(trunk, "precision", "fp32"),
+                                calibration=calibration)
+        sizes = warmup_batch_sizes(settings.max_batch_size, trunk.device) if settings.warmup else ()
+        readiness.timings["warmup_s"] = await loop.run_in_executor(
+            None, warm_up, trunk.features, sizes)
+        self.engine = self._engine_for(trunk)
+        await self.engine.batcher.start()
+
+    # -- drain -------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Waits for a running bring-up, drains the engine, closes the store and the trunk."""
+        if self._bring_up_task is not None and not self._bring_up_task.done():
+            await self._bring_up_task
+        if self.engine is not None:
+            await self.engine.close()
+        await self._threads.close()
+        if self._own_store:
+            self._store.close()
+        if self._given_trunk is None and self.trunk is not None:
+            self.trunk.close()
+        if self._tracing is not None:  # the last spans (the drained batches') go out now
+            await asyncio.get_running_loop().run_in_executor(None, self._tracing.shutdown)
+
+    # -- readiness, and what operations read -------------------------------------------------------
+
+    def require_ready(self) -> None:
+        """`NotReady` (503 + Retry-After) while loading or after a failure."""
+        if not self.readiness.ready:
+            raise NotReady(self.readiness.error or "the trunk is still loading; retry shortly")
+
+    def trunk_info(self) -> dict[str, Any]:
+        """The trunk for /readyz and the page: weights, checkpoint, device, runtime,
+        precision; an INT8 trunk also its float layers' precision and calibration set."""
+        info: dict[str, Any] = {"weights": self.trunk_kind}
+        if self.trunk is not None:
+            info.update(checkpoint=self.trunk.checkpoint_prefix, device=self.trunk.device,
+                        runtime=getattr(self.trunk, "runtime", "tf"),
+                        precision=getattr(self.trunk, "precision", "fp32"))
+            calibration = getattr(self.trunk, "calibration", None)
+            if calibration is not None:
+                info.update(float_precision=self.trunk.float_precision,
+                            calibration=calibration.to_json())
+        return info
+
+    def readiness_report(self) -> dict[str, Any]:
+        """The one description of readiness: status, trunk, timings (and error if failed)."""
+        r, p = self.readiness, self.preloaded
+        heads: dict[str, Any] = {"pinned": list(self._settings.pinned_bots),
+                                 "preloaded": len(p.preloaded)}
+        if p.skipped:
+            heads["preload_skipped"] = len(p.skipped)
+        body: dict[str, Any] = {"status": r.status, "trunk": self.trunk_info(),
+                                "timings": {k: round(v, 3) for k, v in r.timings.items()},
+                                "heads": heads}
+        if r.error:
+            body["error"] = r.error
+        if self.identity:
+            body["replica"] = dict(self.identity)
+        return body
+
+    def render_metrics(self) -> tuple[bytes, str]:
+        """The Prometheus text (and its content type), the heads cache gauges read now."""
+        stats = self._store.cache_stats()
+        self._metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
+        return self._metrics.render()

@@ -1,0 +1,170 @@
+"""The protocol-agnostic service of one process: settings, store, trunk, engine, readiness.
+
+Every transport (the aiohttp app, a Ray Serve replica, the gRPC server) owns one `Service`
+and hands each call's `Caller` (`Service.caller`) to the codecs' endpoints; nothing here knows
+HTTP. The service is composed of one part per concern, each a module of its own:
+
+    lifecycle   bring-up, readiness, drain; hot bots; what operations read
+    bots        heads, versions, candidates and their changes
+    tenancy     tenants, keys, audit, limits (the engine's per-tenant callbacks)
+    inference   classification on the engine, candidates looked up per request
+    caller      the access and ownership rules of every call
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from service.core import logs, memory
+from service.core.admission import ByteBudget
+from service.core.auth import Authenticator
+from service.core.bots import Bots
+from service.core.caller import Caller, Core
+from service.core.candidates import CandidateStats
+from service.core.engine import Engine
+from service.core.inference import Inference
+from service.core.lifecycle import Lifecycle, Readiness
+from service.core.metrics import Metrics
+from service.core.settings import Settings
+from service.core.tenancy import Tenancy
+from service.core.threads import Threads
+from service.core.tracing import Tracing
+from store import HeadStore
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """One process's serving state, shared by every protocol and transport.
+
+    Args:
+        settings: the validated settings.
+        trunk: an already-built trunk to use (tests, benchmark); it is then not closed here.
+        store: an already-open store to use; likewise not closed here.
+        metrics: the metrics registry (a fresh one by default).
+        tracer_provider: an OpenTelemetry SDK tracer provider to trace with (tests); by
+            default tracing follows the settings and the OTEL_* variables
+            (`Tracing.configure`), and is off unless they turn it on.
+    """
+
+    def __init__(self, settings: Settings, *, trunk=None, store: HeadStore | None = None,
+                 metrics: Metrics | None = None, tracer_provider: Any = None) -> None:
+        self.settings = settings
+        # None when tracing is off: then no OpenTelemetry module is even imported.
+        self.tracing: Tracing | None = (Tracing(tracer_provider) if tracer_provider is not None
+                                        else Tracing.configure(settings.tracing))
+        logs.register_secret(settings.admin_token)
+        self.metrics = metrics or Metrics(top_bots=settings.metrics_top_bots,
+                                          top_tenants=settings.metrics_top_tenants)
+        pinned = settings.pinned_bots
+        if store is not None and set(store.pinned) != set(pinned):
+            # NOTE: what /bots and /metrics call pinned must be what the cache never evicts.
+            raise ValueError(f"the given store pins {sorted(store.pinned)}, the settings "
+                             f"{sorted(pinned)}: open it with pinned=settings.pinned_bots")
+        own_store = store is None
+        self.store = store if store is not None else HeadStore(
+            settings.store, heads_memory_mb=settings.heads_memory_mb, pinned=pinned)
+        self.auth = Authenticator(settings.auth, settings.admin_token,
+                                  keys=self.store.key_table, mark_used=self.store.mark_used)
+        self.metrics.set_pinned_bots(pinned)
+        self.metrics.bind_pinned_heads(
+            lambda: self.store.cache_stats().get("pinned_resident", 0))
+        # Admission: every transport of this process reserves request bytes here first. The
+        # memory of a burst of large bodies goes back to the OS when it is over; so does what
+        # the trunk's build freed, once ready (service.core.memory).
+        self.trimmer = memory.Trimmer()
+        self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=self.trimmer)
+        self.metrics.bind_inflight_bytes(lambda: self.inflight.used_bytes)
+        threads = Threads()
+        # The comparison of each bot's candidate with its live version, in this process.
+        candidate_stats = CandidateStats()
+        self.tenancy = Tenancy(settings, self.store, threads)
+        self.bots = Bots(self.store, pinned, threads, candidate_stats)
+
+        def engine_for(trunk) -> Engine:
+            return Engine(trunk, settings, self.metrics, quotas=self.tenancy.quotas,
+                          weight=self.tenancy.weight, max_queued=self.tenancy.max_queued,
+                          tracing=self.tracing, candidate_stats=candidate_stats)
+
+        self.lifecycle = Lifecycle(settings, self.store, self.metrics, threads,
+                                   engine_for=engine_for, on_ready=self._ready, trunk=trunk,
+                                   own_store=own_store, tracing=self.tracing)
+        self.inference = Inference(settings, self.store, self.lifecycle, self.metrics, threads,
+                                   candidate_stats)
+        self._core = Core(settings, self.auth, self.store, threads, self.lifecycle, self.bots,
+                          self.tenancy, self.inference)
+
+    # -- what the transports read ------------------------------------------------------------------
+
+    @property
+    def readiness(self) -> Readiness:
+        return self.lifecycle.readiness
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine, once the bring-up started it."""
+        return self.lifecycle.engine
+
+    @property
+    def trunk(self):
+        """The trunk, once the bring-up built it (or the one given)."""
+        return self.lifecycle.trunk
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """Who answers, for transports with several processes (the Ray replica sets it):
+        in the full readiness report."""
+        return self.lifecycle.identity
+
+    @identity.setter
+    def identity(self, value: dict[str, Any]) -> None:
+        self.lifecycle.identity = value
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts the bring-up in the background and returns at once."""
+        if self.auth.keys_enabled:
+            log.info("auth: API keys (a key sees only its tenant's bots); operator token %s",
+                     "set" if self.settings.admin_token else "unset (tenant and key routes "
+                     "disabled)")
+        else:
+            log.warning("auth none: no API keys; every client that reaches the port may list "
+                        "and call every bot")
+        self.lifecycle.start()
+
+    async def wait_ready(self) -> bool:
+        """Waits for the bring-up to end; True if the service is ready."""
+        return await self.lifecycle.wait_ready()
+
+    async def close(self) -> None:
+        """Waits for a running bring-up, drains the engine, closes the store and the trunk."""
+        await self.lifecycle.close()
+
+    def _ready(self) -> None:
+        self.trimmer()  # the build's and restore's garbage (TF graph, checkpoint reads)
+
+    def readiness_report(self) -> dict[str, Any]:
+        """The one description of readiness: status, trunk, timings (and error if failed)."""
+        return self.lifecycle.readiness_report()
+
+    def render_metrics(self) -> tuple[bytes, str]:
+        """The Prometheus text (and its content type), the heads cache gauges read now."""
+        return self.lifecycle.render_metrics()
+
+    # -- one call ----------------------------------------------------------------------------------
+
+    def caller(self, authorization: str | None, access: str, *,
+               route_key: str | None = None) -> Caller:
+        """This service as the caller of one call sees it, after checking that the caller
+        may call an endpoint with rule `access` (`service.core.auth`): the one place where a
+        call's credential is read, for every transport. `route_key` is the call's routing key
+        for canaries (`service.core.candidates.ROUTE_KEY_HEADER`), if it carries one.
+
+        Raises:
+            Unauthorized, Forbidden: see `Authenticator.identify` and `authorize`.
+        """
+        principal = self.auth.admit(authorization, access)
+        if principal.tenant is not None:
+            logs.note(tenant=principal.tenant)
+        return Caller(self._core, principal, route_key=route_key)

@@ -1,0 +1,104 @@
+"""Tenants at serving time: their limits as the engine reads them (fair share, quota, queue
+cap: from memory, per request and per batch row), and the operator's changes to tenants, keys
+and the audit log, off the event loop. No access rule here: a call reaches this through
+`service.core.caller.Caller`, which applies them."""
+from __future__ import annotations
+
+import functools
+
+from accounts.tenants import OPERATOR as OPERATOR_ACTOR
+from accounts.tenants import ApiKey, AuditRecord, TenantInfo, TenantLimits
+from service.core.quota import Quotas
+from service.core.settings import Settings
+from service.core.threads import Threads
+from store import HeadStore
+
+
+class Tenancy:
+    """The tenants of one process's store.
+
+    Args:
+        settings: the serve defaults of every limit a tenant leaves unset, and the quota
+            divisor (processes sharing one tenant's traffic).
+        store: the store.
+        threads: where the store is read and written, off the event loop.
+    """
+
+    def __init__(self, settings: Settings, store: HeadStore, threads: Threads) -> None:
+        self._store = store
+        self._threads = threads
+        # Fair sharing: each tenant's settings from the store (read from memory, re-read when
+        # the store changes), the serve flags for what a tenant leaves unset.
+        self._defaults = TenantLimits(
+            weight=settings.tenant_weight, rate=settings.tenant_rate,
+            burst=settings.tenant_burst, max_queued=settings.tenant_max_queued)
+        self._table: dict | None = None
+        self._filled: dict[str, TenantLimits] = {}
+        self.quotas = Quotas(self.rate, divisor=settings.quota_divisor)
+
+    # -- limits (from memory: called per request and per batch row) --------------------------------
+
+    def limits(self, tenant: str) -> TenantLimits:
+        """`tenant`'s limits, each its own or else the serve default (`TenantLimits.filled`).
+        Called per request and per batch row: kept per tenant until the store's table of
+        limits is re-read (`HeadStore.tenant_limits` returns the same dict until then)."""
+        table = self._store.tenant_limits()
+        if table is not self._table:
+            self._table, self._filled = table, {}
+        filled = self._filled.get(tenant)
+        if filled is None:
+            own = table.get(tenant) or TenantLimits()
+            filled = self._filled[tenant] = own.filled(self._defaults)
+        return filled
+
+    def weight(self, tenant: str) -> float:
+        """`tenant`'s share of the trunk relative to the others' (the batcher's)."""
+        return self.limits(tenant).weight
+
+    def rate(self, tenant: str) -> tuple[float | None, int | None]:
+        """(images per second, burst): None is no quota, and the quota's default burst."""
+        limits = self.limits(tenant)
+        return limits.rate, limits.burst
+
+    def max_queued(self, tenant: str) -> int | None:
+        """`tenant`'s own cap on queued images (the batcher's), None for none."""
+        return self.limits(tenant).max_queued
+
+    # -- tenants, keys, audit (the operator's; a manage key reads its tenant's audit) --------------
+
+    async def tenants(self) -> list[TenantInfo]:
+        return await self._threads.blocking(self._store.tenants)
+
+    async def add_tenant(self, name: str, *, actor: str = OPERATOR_ACTOR,
+                         limits: TenantLimits | None = None) -> TenantInfo:
+        return await self._threads.blocking(functools.partial(
+            self._store.add_tenant, name, actor=actor, limits=limits))
+
+    async def set_tenant_limits(self, name: str, *, actor: str = OPERATOR_ACTOR,
+                                **changes: float | int | None) -> TenantLimits:
+        """Changes a tenant's limits (`HeadStore.set_tenant_limits`: None is back to the serve
+        default, a limit not given keeps its value); returns them."""
+        return await self._threads.blocking(functools.partial(
+            self._store.set_tenant_limits, name, actor=actor, **changes))
+
+    async def remove_tenant(self, name: str, *, force: bool = False,
+                            actor: str = OPERATOR_ACTOR) -> None:
+        await self._threads.blocking(functools.partial(
+            self._store.remove_tenant, name, force=force, actor=actor))
+
+    async def keys(self, tenant: str | None = None) -> list[ApiKey]:
+        return await self._threads.blocking(self._store.keys, tenant)
+
+    async def add_key(self, tenant: str, scope: str, *,
+                      actor: str = OPERATOR_ACTOR) -> tuple[ApiKey, str]:
+        return await self._threads.blocking(functools.partial(
+            self._store.add_key, tenant, scope, actor=actor))
+
+    async def revoke_key(self, key_id: str, *, actor: str = OPERATOR_ACTOR) -> ApiKey:
+        return await self._threads.blocking(functools.partial(
+            self._store.revoke_key, key_id, actor=actor))
+
+    async def audit(self, *, tenant: str | None = None, since: str | None = None,
+                    limit: int = 1000) -> list[AuditRecord]:
+        return await self._threads.blocking(functools.partial(
+            self._store.audit, tenant=tenant, since=since, limit=limit))
