@@ -183,7 +183,8 @@ class Endpoint:
         handle: parse -> service call -> render; it gets the `Service` as the caller sees it
             (`service.core.caller.Caller`: only the caller's tenant's bots).
         access: who may call it (`service.core.auth`: PUBLIC, INFER, MANAGE, METRICS,
-            OPERATOR), checked by `dispatch` before `handle`. Required: an endpoint without
+            OPERATOR), checked by the request pipeline (`service.codecs.pipeline`; `dispatch`
+            without a transport) before `handle`. Required: an endpoint without
             a rule is refused when the table is built.
         summary: one line for the API description.
         stream: a streaming endpoint's opener (a WebSocket route, `service.codecs.stream`): an
