@@ -15,7 +15,8 @@ import pytest
 
 from service.core.lifecycle import PreloadError, check_pinned_bots, most_recent, preload_heads
 from service.core.service import Service
-from service.core.settings import InvalidSettings, Settings
+from service.core.setting_fields import InvalidSettings
+from service.core.settings import Settings
 from service.transports.http.app import SERVICE, create_app
 from store import HeadStore
 from tests.support.builders import random_head

@@ -34,7 +34,8 @@ from tritonclient.utils import InferenceServerException
 from backbone import preprocess
 from service.core.errors import ServiceError
 from service.core.service import Service
-from service.core.settings import InvalidSettings, Settings
+from service.core.setting_fields import InvalidSettings
+from service.core.settings import Settings
 from service.transports.grpc.server import GrpcServer
 from service.transports.http.app import LISTENERS, SERVICE
 from tests.backbone.helpers import encode, pattern
