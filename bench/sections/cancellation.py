@@ -24,10 +24,11 @@ Per group of clients (patient, impatient): the requests SENT in the window, thei
 the p50/p95 of those answered, and `goodput`, the images of those answered per second of window
 (charged to when they were sent: the clients keep the load on until each is answered or
 refused, so an overload that grows during the window is charged in full); the images/s
-answered in the window (`fairness.batch_rates`); the server's trunk images over the window (its
-trunk batches' rows, `multihead_batch_size`'s sum) against the images answered in it; over the
-whole load, the clients' give-ups and the requests still in flight when the load stopped
-(abandoned too) against the server's classify requests by status (`multihead_requests_total`).
+answered in the window (`fairness_numbers.batch_rates`); the server's trunk images over the
+window (its trunk batches' rows, `multihead_batch_size`'s sum) against the images answered in
+it; over the whole load, the clients' give-ups and the requests still in flight when the load
+stopped (abandoned too) against the server's classify requests by status
+(`multihead_requests_total`).
 
 Why the median of ONE client: a timeout of 2 x the 16-client median is almost never reached.
 The closed loop holds 16 rows, so a request waits for one batch and runs in the next, whatever
@@ -84,14 +85,8 @@ from bench.context import Context, say
 from bench.markdown import fmt, table
 from bench.result import Result
 from bench.sections.base import Results, Section, Target, note
-from bench.sections.fairness import (
-    Call,
-    batch_rates,
-    call_stats,
-    flood,
-    labelled_samples,
-    warm_up_batch,
-)
+from bench.sections.fairness_load import Call, flood, warm_up_batch
+from bench.sections.fairness_numbers import batch_rates, call_stats, labelled_samples
 from bench.stats import num, ratio
 
 CLIENTS = 16
@@ -234,7 +229,7 @@ def statuses(before: str, after: str) -> dict[str, int]:
 
 
 def load_summary(data: Mapping, whole: Mapping[str, str] | None = None) -> dict:
-    """One load's numbers, from `fairness.flood`'s data (client labels "patient-i",
+    """One load's numbers, from `fairness_load.flood`'s data (client labels "patient-i",
     "impatient-i") and `whole`, the /metrics texts "before" the load and "after" it settled
     (see the module doc)."""
     begin, end = data["window"]
