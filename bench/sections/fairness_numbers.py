@@ -1,8 +1,8 @@
 """The numbers of the fairness section (`bench.sections.fairness`), from its load's `Call`s and
-the server's /metrics: per tenant over a window (`call_stats`, `batch_rates`), a flood's summary
-(`flood_summary`), the quota's (`quota_summary`), and the raw trunk's batch to compare with
-(`raw_batch`). Pure functions of what was recorded: tested on constructed calls
-(tests/bench/test_fairness.py).
+the server's /metrics (read by `bench.prometheus`): per tenant over a window (`call_stats`,
+`batch_rates`), a flood's summary (`flood_summary`), the quota's (`quota_summary`), and the raw
+trunk's batch to compare with (`raw_batch`). Pure functions of what was recorded: tested on
+constructed calls (tests/bench/test_fairness.py).
 
 The quota's measured rate: the images accepted between the first and the last refusal of the
 run, divided by the time between them, corrected by the bucket's level at both refusals as
@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from bench.markdown import fmt
+from bench.prometheus import by_labels, histograms
 from bench.sections.fairness_load import LIMITED, QUIET, Call
 from bench.stats import num, summarize
 
@@ -60,20 +61,6 @@ def batch_rates(calls: Sequence[Call], begin: float, end: float,
     return rates, span
 
 
-def labelled_samples(text: str, sample: str) -> dict[str, float]:
-    """The values of the Prometheus sample `sample` (e.g. "multihead_tenant_images_total") by
-    its labels' values joined with a space ("noisy", "noisy rate_limited")."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == sample and s.labels:
-                key = " ".join(v for _, v in sorted(s.labels.items()))
-                out[key] = out.get(key, 0.0) + float(s.value)
-    return out
-
-
 def _delta(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in sorted(after.items())
             if v - before.get(k, 0.0)}
@@ -84,8 +71,6 @@ def flood_summary(data: Mapping, clients: Mapping[str, int]) -> dict:
     time per batch telling batches apart), the quiet tenants pooled, the total, and the
     server's own over the window (batches, trunk and heads per batch, trunk images per
     tenant)."""
-    from bench.stats import parse_histograms
-
     begin, end = data["window"]
     calls = data["calls"]
     tenants = {t: {"clients": n, **call_stats([c for c in calls if c.tenant == t], begin, end)}
@@ -94,7 +79,7 @@ def flood_summary(data: Mapping, clients: Mapping[str, int]) -> dict:
     out: dict = {"window_s": end - begin, "tenants": tenants, "quiet": quiet}
     before, after = data.get("before") or "", data.get("after") or ""
     if after:
-        hb, ha = parse_histograms(before), parse_histograms(after)
+        hb, ha = histograms(before), histograms(after)
 
         def delta(name: str):
             return ha[name].minus(hb.get(name)) if name in ha else None
@@ -105,10 +90,10 @@ def flood_summary(data: Mapping, clients: Mapping[str, int]) -> dict:
                    mean_batch_size=size.mean if size else None,
                    server_trunk_ms=1000 * trunk.mean if trunk else None,
                    server_heads_ms=1000 * heads.mean if heads else None,
-                   served=_delta(labelled_samples(after, "multihead_tenant_images_total"),
-                                 labelled_samples(before, "multihead_tenant_images_total")),
-                   refused=_delta(labelled_samples(after, "multihead_tenant_refusals_total"),
-                                  labelled_samples(before, "multihead_tenant_refusals_total")))
+                   served=_delta(by_labels(after, "multihead_tenant_images_total"),
+                                 by_labels(before, "multihead_tenant_images_total")),
+                   refused=_delta(by_labels(after, "multihead_tenant_refusals_total"),
+                                  by_labels(before, "multihead_tenant_refusals_total")))
     trunk_ms = num(out.get("server_trunk_ms"))
     rates, span = ({}, None) if math.isnan(trunk_ms) else batch_rates(calls, begin, end,
                                                                        trunk_ms / 2000)

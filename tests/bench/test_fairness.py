@@ -18,7 +18,6 @@ from bench.sections.fairness_numbers import (
     bucket_level,
     call_stats,
     flood_summary,
-    labelled_samples,
     quota_summary,
     raw_batch,
 )
@@ -142,12 +141,6 @@ def test_answers_are_rated_from_the_first_batch_to_the_last_not_over_the_window(
     # A gap that joins every batch into one, or a single batch: nothing to rate.
     assert batch_rates(calls, 0.5, 4.0, gap_s=5.0) == ({}, None)
     assert batch_rates(calls, 0.5, 1.5, gap_s=0.5) == ({}, None)
-
-
-def test_labelled_samples_are_keyed_by_their_label_values():
-    assert labelled_samples(METRICS_AFTER, "multihead_tenant_refusals_total") == {
-        "queue_share noisy": 2.0}
-    assert labelled_samples(METRICS_AFTER, "multihead_no_such_total") == {}
 
 
 # -- the quota ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from backbone import FEATURE_DIM
+from bench import prometheus
 from bench.bots import bot_id, random_head, register_bots
 from bench.context import Context
 from bench.load import (
@@ -220,7 +221,7 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
     # Each tenant is charged its own images (the owner of the bot), and its refusals. The
     # flood's clients leave their last request unanswered (at most one each): the server may
     # still have served it.
-    served = fairness_numbers.labelled_samples(metrics, "multihead_tenant_images_total")
+    served = prometheus.by_labels(metrics, "multihead_tenant_images_total")
     answered = collections.Counter()
     for c in flood["calls"] + quota["calls"]:
         answered[c.tenant] += c.images if c.status == 200 else 0
@@ -239,7 +240,7 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
     assert result["refusals_improper"] == 0 and result["retries"] >= 1
     assert result["retries_refused"] == 0
     assert result["accepted_images"] % 2 == 0  # the opening request came before the 429
-    refused = fairness_numbers.labelled_samples(metrics, "multihead_tenant_refusals_total")
+    refused = prometheus.by_labels(metrics, "multihead_tenant_refusals_total")
     assert refused == {f"rate_limited {fairness_load.LIMITED}": result["refusals"]}
 
 
