@@ -206,8 +206,8 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
     try:
         flood = await fairness_load.flood(url, jpegs, bots, clients, 0.2, 1.0)
         quota = await fairness_load.quota_load(url, jpegs, bots[fairness_load.LIMITED],
-                                          {"quiet-1": bots["quiet-1"]}, 2, 3.0,
-                                          opening_images=3, first_refusal_s=60.0)
+                                               {"quiet-1": bots["quiet-1"]}, 2, 3.0,
+                                               opening_images=3, first_refusal_s=60.0)
         async with client_session() as session:
             async with session.get(f"{url}/metrics") as response:
                 metrics = await response.text()
@@ -282,7 +282,7 @@ async def test_an_impatient_client_leaves_and_only_a_cancelling_server_counts_a_
         url = str(server.make_url(f"/classify/{bot}"))
         async with client_session() as session:
             status, code, _ = await fairness_load.post_images(session, url, jpegs[:1],
-                                                         timeout_s=0.5)
+                                                              timeout_s=0.5)
         assert cancellation.gave_up(fairness_load.Call("impatient-0", 0.0, 0.5, status, code))
         assert gated.entered.is_set()  # it gave up with its row in the trunk
         if cancel:
