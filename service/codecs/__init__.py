@@ -11,9 +11,10 @@ Protocol v2, TF Serving REST) is written ONCE here, as:
   member with its access and ownership rule), and renders.
 
 The interop protocols (OIP v2, TF Serving) also expose their typed calls to other transports:
-a typed request (`oip.InferRequest`, with its input in the neutral form `oip.Tensor`; TF
-Serving's images) goes into a call (`oip.infer_call`, `tfserving.predict_call`, the metadata,
-readiness and status calls) that returns a typed result (`oip.InferResult`, ...). The REST
+a typed request (`oip_tensors.InferRequest`, with its input in the neutral form
+`oip_tensors.Tensor`; TF Serving's images) goes into a call (`oip.infer_call`,
+`tfserving.predict_call`, the metadata, readiness and status calls) that returns a typed result
+(`oip_tensors.InferResult`, ...). The REST
 endpoints are parse -> typed call -> render; the gRPC services (`service.transports.grpc`) are
 protobuf -> the same typed request -> the same call -> protobuf, with the same input rules and
 messages. No transport builds another protocol's wire bytes.

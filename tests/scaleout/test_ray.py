@@ -24,10 +24,10 @@ import aiohttp
 import numpy as np
 import pytest
 
+from bench import prometheus
 from bench.pgserver import free_port
 from store import HeadStore
 from tests.support.heads import random_head, save_checkpoint, write_labels
-from tests.support.prometheus import Samples, parse_metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -192,19 +192,19 @@ async def classify(session: aiohttp.ClientSession, base: str, bot: str, image: b
         return r.status, r.headers.get("X-Multihead-Replica"), await r.read()
 
 
-async def scrape(session: aiohttp.ClientSession, base: str) -> Samples:
+async def scrape(session: aiohttp.ClientSession, base: str) -> prometheus.Samples:
     async with session.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as r:
         text = await r.text()
         assert r.status == 200, text
         assert r.headers["Content-Type"].startswith("text/plain"), r.headers
-        return parse_metrics(text)
+        return prometheus.samples(text)
 
 
 def series(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return name, tuple(sorted(labels.items()))
 
 
-def value(samples: Samples, name: str, **labels: str) -> float:
+def value(samples: prometheus.Samples, name: str, **labels: str) -> float:
     return samples.get(series(name, **labels), 0.0)
 
 
@@ -537,7 +537,7 @@ def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deploy
     image = png_bytes(5)
     pids = asyncio.run(replicas_ready(deployment.base, 2, 30))
     victim, pid = sorted(pids.items())[0]
-    scrapes: list[Samples] = []
+    scrapes: list[prometheus.Samples] = []
 
     async def run():
         async with aiohttp.ClientSession(headers=OPERATOR) as session:

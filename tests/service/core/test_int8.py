@@ -5,8 +5,8 @@ at start, in one line, where it cannot run."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from bench.prometheus import samples
 from tests.backbone.helpers import encode, pattern
 from tests.support.int8 import SAMPLES
 from tests.support.servers import make_settings, started
@@ -16,8 +16,7 @@ pytest.importorskip("nncf")
 
 def _trunk_info(text: str) -> list[dict[str, str]]:
     """The label sets of `multihead_trunk_info` in a /metrics text."""
-    return [sample.labels for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == "multihead_trunk_info"]
+    return [dict(labels) for name, labels in samples(text) if name == "multihead_trunk_info"]
 
 
 async def test_serve_by_default_runs_the_int8_trunk_and_shows_its_calibration(

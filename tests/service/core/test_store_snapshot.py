@@ -21,7 +21,7 @@ import pytest
 from store import HeadStore
 from tests.support.builders import random_head
 from tests.support.polling import until, until_checked
-from tests.support.prometheus import parse_metrics
+from tests.support.prometheus import metric
 from tests.support.servers import make_settings, started
 from tests.support.stores import BackendReads
 
@@ -47,8 +47,7 @@ async def snapshot_age(client) -> tuple[float, float]:
         store = (await resp.json())["store"]
     assert store["kind"] == "sqlite" and store["read"] is True
     async with client.get("/metrics", headers=auth) as resp:
-        metrics = parse_metrics(await resp.text())
-    age = metrics[("multihead_store_snapshot_age_seconds", ())]
+        age = metric(await resp.text(), "multihead_store_snapshot_age_seconds")
     await asyncio.sleep(0.05)
     return store["snapshot_age_s"], age
 
