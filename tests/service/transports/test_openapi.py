@@ -24,7 +24,7 @@ import pytest
 
 from service.codecs import openapi
 from service.codecs.routes import ENDPOINTS
-from tests.service.test_openapi_document import document
+from tests.service.codecs.test_openapi_document import document
 from tests.support.builders import random_head
 from tests.support.servers import BOTS
 
@@ -90,7 +90,7 @@ async def test_the_docs_page_and_all_it_loads_come_from_this_server(shared_clien
 
 
 async def test_the_docs_page_renders_every_operation_in_a_browser(shared_client):
-    from tests.service.test_browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
+    from tests.service.transports.test_browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
 
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
         pytest.fail("needs Debian's chromium and chromium-driver (make browser-deps)",
