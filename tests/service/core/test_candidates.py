@@ -47,7 +47,7 @@ from tests.support.servers import metric
 
 pytestmark = pytest.mark.timeout(300)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKEN = "candidates-operator"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 JPEG = {"Content-Type": "image/jpeg"}
