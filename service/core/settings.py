@@ -309,8 +309,8 @@ class Settings:
     ray: bool = setting(
         False,
         "serve through Ray Serve: --replicas processes, each with its own trunk and "
-        "batcher, behind Ray's HTTP proxy on --host/--port (needs the ray extra; no "
-        "WebSocket route or web page there)")
+        "batcher, behind Ray's HTTP proxy on --host/--port (needs the ray extra; no web "
+        "page there)")
     # Its fields are settings like the others (flags, variables), listed right after --ray.
     deployment: Deployment = field(default_factory=Deployment, metadata={GROUP: Deployment})
 
