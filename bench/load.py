@@ -23,15 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.stats import (
-    Histogram,
-    ZipfSampler,
-    parse_gauges,
-    parse_histograms,
-    poisson_arrivals,
-    rss_bytes,
-    summarize,
-)
+from bench.prometheus import Histogram, histograms, unlabelled
+from bench.stats import ZipfSampler, poisson_arrivals, rss_bytes, summarize
 
 # -- images ---------------------------------------------------------------------------------
 
@@ -300,7 +293,7 @@ async def scrape_metrics(url: str) -> tuple[dict[str, Histogram], dict[str, floa
             if response.status != 200:
                 raise ServerError(f"GET {url}/metrics answered {response.status}")
             text = await response.text()
-    return parse_histograms(text), parse_gauges(text)
+    return histograms(text), unlabelled(text)
 
 
 # -- load -------------------------------------------------------------------------------------

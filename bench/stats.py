@@ -1,5 +1,5 @@
 """Statistics and load-shape helpers of the benchmark: percentiles, Zipf bot popularity, Poisson
-arrivals, Prometheus histogram deltas, process RSS, machine facts.
+arrivals, process RSS, machine facts (Prometheus text: `bench.prometheus`).
 
 Pure numpy / stdlib; no TensorFlow, no aiohttp (importing this is cheap).
 """
@@ -9,7 +9,6 @@ import math
 import os
 import platform
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -80,92 +79,6 @@ def poisson_arrivals(rate_per_s: float, count: int, seed: int = 0) -> np.ndarray
         raise ValueError(f"count must be >= 0, got {count}")
     rng = np.random.default_rng(seed)
     return np.cumsum(rng.exponential(1.0 / rate_per_s, size=count))
-
-
-# -- Prometheus ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Histogram:
-    """One Prometheus histogram as scraped: cumulative bucket counts by upper bound, sum, count."""
-
-    buckets: dict[float, float]
-    sum: float
-    count: float
-
-    def minus(self, earlier: Histogram | None) -> Histogram:
-        """What was observed between `earlier` and this scrape."""
-        if earlier is None:
-            return self
-        return Histogram({le: c - earlier.buckets.get(le, 0.0) for le, c in self.buckets.items()},
-                         self.sum - earlier.sum, self.count - earlier.count)
-
-    @property
-    def mean(self) -> float:
-        return self.sum / self.count if self.count else math.nan
-
-    def distribution(self) -> dict[str, float]:
-        """Observations per bucket (not cumulative), keyed by the bucket's range: "<=1", "2",
-        "3-4", ... ("a-b" holds the values in (a-1, b], integers being what batches have)."""
-        out: dict[str, float] = {}
-        prev_le, prev_c = None, 0.0
-        for le in sorted(self.buckets):
-            c = self.buckets[le]
-            if math.isinf(le):
-                key = f">{_fmt_le(prev_le)}" if prev_le is not None else "all"
-            elif prev_le is None:
-                key = f"<={_fmt_le(le)}"
-            elif le - prev_le <= 1:
-                key = _fmt_le(le)
-            else:
-                key = f"{_fmt_le(prev_le + 1)}-{_fmt_le(le)}"
-            out[key] = c - prev_c
-            prev_le, prev_c = le, c
-        return out
-
-
-def _fmt_le(le: float) -> str:
-    return str(int(le)) if float(le).is_integer() else f"{le:g}"
-
-
-def parse_histograms(text: str) -> dict[str, Histogram]:
-    """Histograms of a Prometheus text exposition. An unlabelled histogram is keyed by its base
-    name ("multihead_batch_size"); a labelled one by name and labels
-    ("multihead_request_seconds{route=classify}", labels sorted)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, Histogram] = {}
-    for family in text_string_to_metric_families(text):
-        if family.type != "histogram":
-            continue
-        series: dict[str, dict] = {}
-        for sample in family.samples:
-            labels = sorted((k, v) for k, v in sample.labels.items() if k != "le")
-            key = family.name + ("{" + ",".join(f"{k}={v}" for k, v in labels) + "}"
-                                 if labels else "")
-            entry = series.setdefault(key, {"buckets": {}, "sum": 0.0, "count": 0.0})
-            if sample.name.endswith("_bucket"):
-                entry["buckets"][float(sample.labels["le"])] = float(sample.value)
-            elif sample.name.endswith("_sum"):
-                entry["sum"] = float(sample.value)
-            elif sample.name.endswith("_count"):
-                entry["count"] = float(sample.value)
-        for key, entry in series.items():
-            out[key] = Histogram(entry["buckets"], entry["sum"], entry["count"])
-    return out
-
-
-def parse_gauges(text: str) -> dict[str, float]:
-    """Unlabelled gauges and counters of a Prometheus text exposition, by sample name."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.type not in ("gauge", "counter", "untyped"):
-            continue
-        for sample in family.samples:
-            if not sample.labels:
-                out[sample.name] = float(sample.value)
-    return out
 
 
 # -- processes and the machine --------------------------------------------------------------

@@ -8,7 +8,7 @@ import time
 from cli.demo_images import KINDS
 from cli.demo_setup import PER_CLASS, ensure_demo, int8_runtimes
 from cli.options import features_option, store_dir, store_option, trunk_kwargs
-from service.core.settings import InvalidSettings
+from service.core.setting_fields import InvalidSettings
 
 
 def add_commands(sub) -> None:

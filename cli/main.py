@@ -11,7 +11,7 @@ from backbone.errors import BackboneError
 from cli import bench, bots, demo, quantize, serve, tenants, trunk
 from heads.errors import HeadsError
 from service.core.errors import ServiceError
-from service.core.settings import InvalidSettings
+from service.core.setting_fields import InvalidSettings
 from store.errors import StoreError
 
 COMMAND_GROUPS = (serve, demo, trunk, quantize, bots, tenants, bench)

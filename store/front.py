@@ -1,52 +1,50 @@
-"""`HeadStore`: the bots of one store, the registry, and the resident cache of heads.
+"""`HeadStore`: the bots of one store, its snapshot, and the resident cache of heads.
 
     store = open_store("checkpoints")                         # a directory: SQLite + files
     store = open_store("postgresql://multihead@db:5432/heads")  # PostgreSQL: rows + tensors
 
-One class, two backends (`store.backend`). Everything the backends share lives here: the
-validation of what is registered (a refusal touches nothing), the resident LRU cache by bytes
-with pinned bots, change detection, `BotInfo` and the rollback-target rules. A backend keeps
-rows and tensors:
+One class over two backends (`store.backend`, each made of a bots, a blobs and an accounts
+part): a directory with a SQLite registry and one immutable folder per version
+(`store.directory`, the default) and PostgreSQL with LISTEN/NOTIFY (`store.pg`). Everything the
+backends share lives here: the validation of what is registered (a refusal touches nothing),
+the resident LRU cache by bytes with pinned bots, the snapshot the lookups answer from and the
+rollback-target rules. Either way a registration is one transaction: a crash at any point
+leaves nothing visible, and version numbers are never reused (also after a removal).
 
-- a directory (`store.directory`, the default): `<root>/registry.sqlite` (WAL) maps bot ids to
-  versions, `<root>/registry.lock` serialises writers, and `<root>/heads/<bot_id>/v<N>/` holds
-  one immutable version (TF checkpoint, labels, manifest with sha256s; see `heads.files`);
-  `<root>/trunk/` is the trunk's, not ours. Other processes' changes are seen through
-  `PRAGMA data_version`.
-- PostgreSQL (`store.pg`): the same registry tables plus the tensors and labels as sha256-
-  checked blobs, in the schema `multihead` of the URL's database; other processes' changes
-  arrive by LISTEN/NOTIFY on a background connection.
-
-Either way a registration is one transaction: a crash at any point leaves nothing visible, and
-version numbers are never reused (also after a removal).
+The snapshot (`store.snapshot`): the lookups on the request path (`get`'s version, `exists`,
+`owner`, `has_candidate`, `candidate_mode`, `candidate`, `key_table`, `tenant_limits`) read
+only the current `StoreSnapshot`, never the registry; a head not resident yet is loaded from its
+blobs on first use. A background thread (one per watched store) polls the backend's data
+version every `change_poll_s` (PostgreSQL's notifications wake it at once), reads the rows
+when it moved and publishes a new snapshot; a write through this `HeadStore` publishes before
+it returns. The thread starts with `watch()` (the service calls it at bring-up) or else at the
+first lookup, and stops at `close()`: a one-shot use that only writes and lists (the CLI's
+commands) starts none.
 
 Tenants (`accounts.tenants`): every bot belongs to one tenant (`default` unless registered into
 another; a store written before tenants existed has all its bots in `default`), an id live under
 one tenant cannot be registered by another, and API keys belong to tenants. Every change to
 bots, tenants, their limits and keys appends an audit record in the change's own transaction;
 `key_table()` serves the live keys and `tenant_limits()` every tenant's limits (fair sharing:
-`accounts.tenants.TenantLimits`) from memory, re-read like the bots when another process changed
-the store.
+`accounts.tenants.TenantLimits`) from the snapshot.
 
 Candidates (`accounts.candidates`): a bot may have one candidate, a stored version that is not
 active (registered with `candidate=`), which the service scores beside the live version as a
 shadow or a canary; `promote` makes it active, `discard` deletes it. Every process sees a
 candidate, its promotion and its discard as it sees a new version: within `change_poll_s` of
-the backend learning of the change (`candidate()` answers from memory).
+the backend learning of the change.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from accounts.candidates import Candidate, CandidateInfo, CandidateMode
+from accounts.candidates import Candidate, CandidateMode
 from accounts.errors import InvalidLimits, InvalidTenant, UnknownKey
 from accounts.tenants import (
     DEFAULT_TENANT,
@@ -67,17 +65,14 @@ from accounts.tenants import (
 )
 from heads import files
 from heads.cache import CANDIDATE, HeadCache
-from heads.errors import HeadLoadError, InvalidHead, TrunkMismatch, UnknownBot
-from heads.head import Head, validate_bot_id, validate_head_arrays, validate_labels
-from store.backend import (
-    POSTGRESQL,
-    StoreBackend,
-    VersionRow,
-    parse_location,
-    redact_url,
-)
+from heads.errors import HeadLoadError, UnknownBot
+from heads.head import Head, validate_bot_id, validate_head_arrays
+from store.backend import POSTGRESQL, Backend, parse_location, redact_url
+from store.bots import BotInfo, rollback_target
 from store.directory.backend import DirectoryBackend
 from store.errors import StoreUnavailable, UnknownVersion
+from store.snapshot import Snapshots, StoreSnapshot
+from store.sources import checkpoint_head, labels_arg, slim_head
 
 log = logging.getLogger(__name__)
 
@@ -93,39 +88,7 @@ def _step(name: str) -> None:
         _fault_hook(name)
 
 
-@dataclass(frozen=True)
-class BotInfo(VersionRow):
-    """What the registry knows about one bot: its active version's row, plus every version
-    still stored (ascending) that can be made active (its candidate's is not one of them), the
-    tenant that owns it, and its candidate (None if it has none)."""
-
-    versions: list[int] = field(hash=False, default_factory=list)
-    tenant: str = DEFAULT_TENANT
-    candidate: CandidateInfo | None = None
-
-    def to_dict(self, *, with_source: bool = True, with_candidate: bool = True) -> dict:
-        """JSON-ready fields. `with_source=False` for public answers: a training source is a
-        path on the server. `with_candidate=False` leaves the candidate out (a caller that may
-        not manage the bot)."""
-        out = {"bot_id": self.bot_id, "version": self.version, "n_classes": self.n_classes,
-               "labels": list(self.labels), "created": self.created,
-               "versions": list(self.versions), "tenant": self.tenant}
-        if with_source:
-            out["source"] = self.source
-        if with_candidate:
-            out["candidate"] = (None if self.candidate is None
-                                else self.candidate.to_dict(with_source=with_source))
-        return out
-
-
-def _labels_arg(labels) -> tuple[str, ...]:
-    """Labels given as a sequence, or as the path of a labels file (str or PathLike)."""
-    if isinstance(labels, (str, os.PathLike)):
-        return files.read_labels(labels)
-    return validate_labels(labels)
-
-
-def _open_backend(location: str | os.PathLike) -> StoreBackend:
+def _open_backend(location: str | os.PathLike) -> Backend:
     kind, where = parse_location(location)
     if kind == POSTGRESQL:
         from store.pg import PgBackend  # psycopg is imported only for a PostgreSQL store
@@ -151,21 +114,21 @@ def open_store(location: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
 
 
 class HeadStore:
-    """The bots of one store: registration, lookup with a resident LRU, and change detection.
+    """The bots of one store: registration, lookup from a snapshot with a resident LRU, and
+    change detection.
 
     Thread-safe: the event loop, the batch thread and executor threads may call it concurrently.
     Several processes (on several machines, for PostgreSQL) may open the same store; writes are
-    serialised, and each reader notices a change committed elsewhere within `change_poll_s`
-    (+ one `get`) of the backend learning of it, without re-reading any head. While the
+    serialised, and each watched store publishes a change committed elsewhere within
+    `change_poll_s` of the backend learning of it, without re-reading any head. While the
     backend cannot be read (a locked SQLite file, PostgreSQL down), resident heads and the last
-    known bots keep being served.
+    snapshot keep being served.
 
     Args:
         location: a store directory, or a `postgresql://` URL; see `open_store` (the same
             thing; `HeadStore(path)` stays for existing callers).
         heads_memory_mb: byte budget (MiB) of resident heads (default: about 3,400 heads of
-            100 classes); least recently used unpinned
-            heads are evicted beyond it. A 100-class head takes about 0.6 MiB.
+            100 classes, 0.6 MiB each); least recently used unpinned heads are evicted beyond it.
         pinned: bot ids whose heads, once loaded, are never evicted.
 
     Attributes:
@@ -188,16 +151,8 @@ class HeadStore:
         self.root: Path | None = disk.root if disk is not None else None
         self.heads_dir: Path | None = disk.heads_dir if disk is not None else None
         self._cache = HeadCache(int(heads_memory_mb * 2**20), pinned)
-        self._active: dict[str, int] = {}
-        self._owners: dict[str, str] = {}
-        self._candidates: dict[str, tuple[int, CandidateMode]] = {}
-        self._keys: dict[str, ApiKey] | None = None  # read once key_table() was asked for
-        self._want_keys = False
-        self._limits: dict[str, TenantLimits] | None = None  # once tenant_limits() was asked
-        self._want_limits = False
-        self._data_version: object = object()  # never equal: the first call loads
-        self._next_check_s = 0.0
-        self._refresh_lock = threading.Lock()
+        self._snapshots = Snapshots(self._backend, poll_s=lambda: self.change_poll_s,
+                                    published=self._published, log=log)
         self._loads_lock = threading.Lock()
         self._loading: dict[tuple[str, int], threading.Lock] = {}
 
@@ -205,7 +160,36 @@ class HeadStore:
     def pinned(self) -> frozenset[str]:
         return self._cache.pinned
 
-    # -- lookup (hot path) ---------------------------------------------------------------------
+    # -- the snapshot --------------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> StoreSnapshot:
+        """The current snapshot: what the lookups answer from (reading it starts nothing)."""
+        return self._snapshots.current
+
+    def snapshot_age_s(self) -> float:
+        """Seconds since the snapshot was last confirmed current (its read, or the refresher's
+        last poll that found the store unchanged); since the store was opened if it was never
+        read. Grows while the registry cannot be read, or while nobody watches the store."""
+        return self._snapshots.age_s()
+
+    def watch(self) -> None:
+        """Read the first snapshot now (unless one is current) and keep it current from a
+        background thread until `close()`. Idempotent. The service calls it at bring-up, so
+        that no request ever meets a store that is not watched; otherwise the first lookup
+        calls it (the one lookup that reads the registry).
+
+        Raises:
+            RuntimeError: the store is closed.
+        """
+        self._snapshots.watch()
+
+    def _published(self, snapshot: StoreSnapshot) -> None:
+        active, candidates = snapshot.active, snapshot.candidates
+        self._cache.retain(lambda h: h.version in (active.get(h.bot_id),
+                                                   candidates.get(h.bot_id, (None,))[0]))
+
+    # -- lookup (hot path: the snapshot only) --------------------------------------------------
 
     def get(self, bot_id: str) -> Head:
         """The active head of `bot_id`, loaded on first use and kept resident (LRU).
@@ -215,8 +199,7 @@ class HeadStore:
             HeadLoadError: its files or blobs are missing or corrupt; StoreUnavailable (a
                 HeadLoadError) if it is not resident and the database is unreachable.
         """
-        self._refresh()
-        version = self._active.get(bot_id)
+        version = self._snapshots.for_lookup().active.get(bot_id)
         if version is None:
             validate_bot_id(bot_id)
             raise UnknownBot(bot_id)
@@ -228,9 +211,10 @@ class HeadStore:
         except StoreUnavailable:
             raise  # nothing to learn from the registry either
         except HeadLoadError:
-            # Removed or replaced by another process since our last check? Then say so.
-            self._refresh(force=True)
-            now = self._active.get(bot_id)
+            # Removed or replaced by another process since the snapshot? Then say so. NOTE: the
+            # one registry read a lookup of a watched store makes: after its blobs failed.
+            self._snapshots.refresh(force=True)
+            now = self._snapshots.current.active.get(bot_id)
             if now is None:
                 raise UnknownBot(bot_id) from None
             if now != version:
@@ -238,51 +222,17 @@ class HeadStore:
             raise
 
     def exists(self, bot_id: str) -> bool:
-        """Whether `bot_id` is registered (cheap: no file or database access)."""
-        self._refresh()
-        return bot_id in self._active
+        """Whether `bot_id` is registered (from the snapshot: no file or database access)."""
+        return bot_id in self._snapshots.for_lookup().active
 
-    def _refresh(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self._next_check_s:
-            return
-        with self._refresh_lock:
-            if not force and now < self._next_check_s:
-                return  # another thread just checked
-            try:
-                version = self._backend.data_version()
-                if (force or version != self._data_version
-                        or (self._want_keys and self._keys is None)
-                        or (self._want_limits and self._limits is None)):
-                    # Read the version before the rows: a commit in between is seen twice,
-                    # never missed.
-                    state = self._backend.active_map()
-                    found = self._backend.candidates()
-                    keys = ({k.id: k for k in self._backend.keys(live_only=True)}
-                            if self._want_keys else None)
-                    limits = self._backend.tenant_limits() if self._want_limits else None
-                    active = {b: v for b, (v, _) in state.items()}
-                    # NOTE: two reads: a candidate promoted between them would name the active
-                    # version; it is not one then (the next poll reads both again).
-                    candidates = {b: (c.version, c.mode) for b, c in found.items()
-                                  if b in active and active[b] != c.version}
-                    self._owners = {b: t for b, (_, t) in state.items()}
-                    self._active = active
-                    self._candidates = candidates
-                    if keys is not None:
-                        self._keys = keys
-                    if limits is not None:
-                        self._limits = limits
-                    self._data_version = version
-                    self._cache.retain(
-                        lambda h: h.version in (active.get(h.bot_id),
-                                                candidates.get(h.bot_id, (None,))[0]))
-            except self._backend.read_errors as exc:
-                # NOTE: an unreadable registry must not make every bot unknown: keep serving
-                # the last known state and read again at the next poll.
-                log.warning("registry of store %s unreadable (%s): keeping the last known bots",
-                            self._backend.describe(), exc)
-            self._next_check_s = time.monotonic() + self.change_poll_s
+    def owner(self, bot_id: str) -> str:
+        """The tenant of a live bot, from the snapshot (like `exists`: no store round trip).
+        Raises UnknownBot (InvalidBotId for a malformed id)."""
+        tenant = self._snapshots.for_lookup().owners.get(bot_id)
+        if tenant is None:
+            validate_bot_id(bot_id)
+            raise UnknownBot(bot_id)
+        return tenant
 
     def _load(self, bot_id: str, version: int, slot: str = "") -> Head:
         key = (bot_id, version)
@@ -292,25 +242,21 @@ class HeadStore:
             with lock:  # one load per head at a time; the others wait and then hit the cache
                 head = self._cache.peek(bot_id, version, slot)
                 if head is None:
-                    head = self._backend.load(bot_id, version)
+                    head = self._backend.blobs.load(bot_id, version)
                     self._cache.put(head, slot)
                 return head
         finally:
             with self._loads_lock:
                 self._loading.pop(key, None)
 
-    # -- candidates (hot path) -----------------------------------------------------------------
-
     def has_candidate(self, bot_id: str) -> bool:
-        """Whether `bot_id` has a candidate (from memory: no store access)."""
-        self._refresh()
-        return bot_id in self._candidates
+        """Whether `bot_id` has a candidate (from the snapshot: no store access)."""
+        return bot_id in self._snapshots.for_lookup().candidates
 
     def candidate_mode(self, bot_id: str) -> tuple[int, CandidateMode] | None:
-        """(version, mode) of the candidate of `bot_id`, or None (from memory, as
+        """(version, mode) of the candidate of `bot_id`, or None (from the snapshot, as
         `has_candidate`)."""
-        self._refresh()
-        return self._candidates.get(bot_id)
+        return self._snapshots.for_lookup().candidates.get(bot_id)
 
     def candidate(self, bot_id: str) -> Candidate | None:
         """The candidate of `bot_id` with its head (loaded on first use and kept resident, like
@@ -320,8 +266,7 @@ class HeadStore:
             HeadLoadError: its files or blobs are missing or corrupt, or (StoreUnavailable)
                 it is not resident and the database is unreachable.
         """
-        self._refresh()
-        found = self._candidates.get(bot_id)
+        found = self._snapshots.for_lookup().candidates.get(bot_id)
         if found is None:
             return None
         version, mode = found
@@ -329,6 +274,19 @@ class HeadStore:
         if head is None:
             head = self._load(bot_id, version, CANDIDATE)
         return Candidate(head, mode)
+
+    def key_table(self) -> Mapping[str, ApiKey]:
+        """The live (unrevoked) keys by id, from the snapshot: a revoke in another process is
+        seen within `change_poll_s` of the backend learning of it, with no store round trip
+        per call. The same (read-only) mapping until the keys change."""
+        return self._snapshots.for_lookup().keys
+
+    def tenant_limits(self) -> Mapping[str, TenantLimits]:
+        """{tenant: its limits} of every tenant ("default" always; a None limit is the serve
+        default), from the snapshot: a change made in another process is seen within
+        `change_poll_s` of the backend learning of it, with no store round trip per call. The
+        same (read-only) mapping until the limits change."""
+        return self._snapshots.for_lookup().limits
 
     # -- registration --------------------------------------------------------------------------
 
@@ -359,9 +317,12 @@ class HeadStore:
         tenant = validate_tenant(tenant)
         actor = normalize_actor(actor)
         mode = CandidateMode.parse(candidate) if candidate is not None else None
-        w, b, labels_t = validate_head_arrays(weights, biases, _labels_arg(labels))
-        return self._add_version(bot_id, w, b, labels_t, " ".join(str(source).split()),
-                                 tenant, actor, mode)
+        w, b, labels_t = validate_head_arrays(weights, biases, labels_arg(labels))
+        version = self._backend.bots.add_version(bot_id, w, b, labels_t,
+                                                 " ".join(str(source).split()), _step,
+                                                 tenant=tenant, actor=actor, candidate=mode)
+        self._snapshots.refresh(force=True)  # read-your-writes in this process
+        return version
 
     def register_checkpoint(self, bot_id: str, prefix: str | os.PathLike, labels, *,
                             weights_name: str = files.WEIGHTS_KEY,
@@ -374,12 +335,8 @@ class HeadStore:
         bot_id = validate_bot_id(bot_id)
         if candidate is not None:
             candidate = CandidateMode.parse(candidate)  # refused before the checkpoint is read
-        labels_t = _labels_arg(labels)
-        w, b = files.read_checkpoint_tensors(prefix, [weights_name, biases_name])
-        try:
-            validate_head_arrays(w, b, labels_t)
-        except InvalidHead as exc:
-            raise InvalidHead(f"checkpoint '{os.fspath(prefix)}': {exc}") from None
+        w, b, labels_t = checkpoint_head(prefix, labels, weights_name=weights_name,
+                                         biases_name=biases_name)
         if source is None:
             source = f"checkpoint:{os.path.abspath(prefix)}"
         return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor,
@@ -406,40 +363,10 @@ class HeadStore:
         bot_id = validate_bot_id(bot_id)
         if candidate is not None:
             candidate = CandidateMode.parse(candidate)
-        labels_t = _labels_arg(labels)
-        prefix = os.fspath(prefix)
-        w, b = files.read_checkpoint_tensors(prefix, [files.SLIM_WEIGHTS_KEY,
-                                                      files.SLIM_BIASES_KEY])
-        try:
-            validate_head_arrays(w, b, labels_t)  # cheap refusals before hashing two trunks
-        except InvalidHead as exc:
-            raise InvalidHead(f"slim checkpoint '{prefix}': {exc}") from None
-        source = f"slim:{os.path.abspath(prefix)}"
-        if serving_trunk_prefix is not None:
-            from backbone import trunk_digest
-
-            theirs = trunk_digest(prefix)
-            ours = trunk_digest(os.fspath(serving_trunk_prefix))
-            if theirs != ours:
-                if not force:
-                    raise TrunkMismatch(
-                        f"the trunk of '{prefix}' differs from the serving trunk "
-                        f"'{os.fspath(serving_trunk_prefix)}' (digest {theirs[:12]} vs "
-                        f"{ours[:12]}): that model's trunk was fine-tuned too, so bot "
-                        f"'{bot_id}' would give different predictions from the original model; "
-                        "use --force (force=True) to import its classifier layer anyway"
-                    )
-                source += f" (forced: trunk {theirs[:12]} differs from the serving trunk)"
+        w, b, labels_t, source = slim_head(bot_id, prefix, labels, force=force,
+                                           serving_trunk_prefix=serving_trunk_prefix)
         return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor,
                              candidate=candidate)
-
-    def _add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
-                     labels: tuple[str, ...], source: str, tenant: str, actor: str,
-                     candidate: CandidateMode | None = None) -> int:
-        version = self._backend.add_version(bot_id, weights, biases, labels, source, _step,
-                                            tenant=tenant, actor=actor, candidate=candidate)
-        self._refresh(force=True)  # read-your-writes in this process
-        return version
 
     def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
         """Make the bot's candidate its active version (audited "candidate_promote"); the
@@ -452,8 +379,8 @@ class HeadStore:
         """
         bot_id = validate_bot_id(bot_id)
         actor = normalize_actor(actor)
-        result = self._backend.promote(bot_id, actor=actor)
-        self._refresh(force=True)
+        result = self._backend.bots.promote(bot_id, actor=actor)
+        self._snapshots.refresh(force=True)
         return result
 
     def discard(self, bot_id: str, *, actor: str = OPERATOR) -> int:
@@ -461,59 +388,41 @@ class HeadStore:
         its version. Raises InvalidBotId, UnknownBot, NoCandidate (nothing written)."""
         bot_id = validate_bot_id(bot_id)
         actor = normalize_actor(actor)
-        version = self._backend.discard(bot_id, actor=actor)
-        self._refresh(force=True)
+        version = self._backend.bots.discard(bot_id, actor=actor)
+        self._snapshots.refresh(force=True)
         return version
 
     # -- administration ------------------------------------------------------------------------
 
     def list(self, tenant: str | None = None) -> list[BotInfo]:
-        """Every registered bot, ordered by id; only `tenant`'s if given (InvalidTenant)."""
+        """Every registered bot, ordered by id; only `tenant`'s if given (InvalidTenant).
+        Read from the registry now (an administration call, not a lookup)."""
         if tenant is not None:
             tenant = validate_tenant(tenant)
-        rows = [row for row in self._backend.snapshot() if tenant is None or row[3] == tenant]
-        candidates = self._backend.candidates() if rows else {}
-        return [self._bot_info(*row, candidates.get(row[1].bot_id)) for row in rows]
-
-    def owner(self, bot_id: str) -> str:
-        """The tenant of a live bot, from memory (like `exists`: no store round trip).
-        Raises UnknownBot (InvalidBotId for a malformed id)."""
-        self._refresh()
-        tenant = self._owners.get(bot_id)
-        if tenant is None:
-            validate_bot_id(bot_id)
-            raise UnknownBot(bot_id)
-        return tenant
+        rows = [row for row in self._backend.bots.rows() if tenant is None or row.tenant == tenant]
+        candidates = self._backend.bots.candidates() if rows else {}
+        return [BotInfo.of(row, candidates.get(row.active.bot_id)) for row in rows]
 
     def info(self, bot_id: str) -> BotInfo:
-        """The registry's view of one bot. Raises UnknownBot."""
+        """The registry's view of one bot, read now. Raises UnknownBot."""
         bot_id = validate_bot_id(bot_id)
-        rows = self._backend.snapshot(bot_id)
+        rows = self._backend.bots.rows(bot_id)
         if not rows:
             raise UnknownBot(bot_id)
-        return self._bot_info(*rows[0], self._backend.candidates(bot_id).get(bot_id))
+        return BotInfo.of(rows[0], self._backend.bots.candidates(bot_id).get(bot_id))
 
     def history(self, bot_id: str) -> list[dict]:
         """Every registration, rollback and removal of `bot_id` (and its candidates: stored,
         promoted, discarded), oldest first."""
-        return self._backend.history(validate_bot_id(bot_id))
-
-    @staticmethod
-    def _bot_info(active: int, row: VersionRow, versions: list[int], tenant: str,
-                  candidate: CandidateInfo | None = None) -> BotInfo:
-        if candidate is not None and candidate.version == active:
-            candidate = None  # promoted between the two reads
-        skip = candidate.version if candidate is not None else None
-        return BotInfo(row.bot_id, active, row.n_classes, row.labels, row.created, row.source,
-                       [v for v in versions if v != skip], tenant, candidate)
+        return self._backend.bots.history(validate_bot_id(bot_id))
 
     def remove(self, bot_id: str, *, actor: str = OPERATOR) -> None:
         """Unregister `bot_id` and delete all its versions (audited). Raises UnknownBot."""
         bot_id = validate_bot_id(bot_id)
         actor = normalize_actor(actor)
         self.info(bot_id)  # refuse an unknown bot without opening a write transaction
-        self._backend.remove(bot_id, actor=actor)
-        self._refresh(force=True)
+        self._backend.bots.remove(bot_id, actor=actor)
+        self._snapshots.refresh(force=True)
 
     def rollback(self, bot_id: str, to: int | None = None, *, actor: str = OPERATOR) -> int:
         """Make an earlier (or any other stored) version of `bot_id` active (audited, unless
@@ -534,26 +443,12 @@ class HeadStore:
         if to is not None and info.candidate is not None and int(to) == info.candidate.version:
             raise UnknownVersion(f"version {int(to)} of bot '{bot_id}' is its candidate: "
                                  "promote it (multihead bots promote) to make it active")
-        self._rollback_target(bot_id, info.version, info.versions, to)  # refuse before writing
-        target = self._backend.rollback(
-            bot_id, lambda active, versions: self._rollback_target(bot_id, active, versions, to),
+        rollback_target(bot_id, info.version, info.versions, to)  # refuse before writing
+        target = self._backend.bots.rollback(
+            bot_id, lambda active, versions: rollback_target(bot_id, active, versions, to),
             actor=actor)
-        self._refresh(force=True)
+        self._snapshots.refresh(force=True)
         return target
-
-    @staticmethod
-    def _rollback_target(bot_id: str, active: int, versions: list[int], to: int | None) -> int:
-        if to is None:
-            older = [v for v in versions if v < active]
-            if not older:
-                raise UnknownVersion(f"bot '{bot_id}' has no version before v{active} "
-                                     "to roll back to")
-            return max(older)
-        if int(to) not in versions:
-            shown = ", ".join(str(v) for v in versions)
-            raise UnknownVersion(f"bot '{bot_id}' has no version {int(to)} "
-                                 f"(versions on disk: {shown})")
-        return int(to)
 
     # -- tenants, keys, audit ------------------------------------------------------------------
 
@@ -566,14 +461,14 @@ class HeadStore:
         actor = normalize_actor(actor)
         if limits is not None and not isinstance(limits, TenantLimits):
             raise InvalidLimits(f"limits must be a TenantLimits, got {type(limits).__name__}")
-        info = self._backend.add_tenant(name, actor=actor, limits=limits)
-        self._refresh(force=True)
+        info = self._backend.accounts.add_tenant(name, actor=actor, limits=limits)
+        self._snapshots.refresh(force=True)
         return info
 
     def tenants(self) -> list[TenantInfo]:
         """Every tenant with its count of live bots and its limits, ordered by name ("default"
         always)."""
-        return self._backend.tenants()
+        return self._backend.accounts.tenants()
 
     def set_tenant_limits(self, name: str, *, actor: str = OPERATOR,
                           **changes: float | int | None) -> TenantLimits:
@@ -596,21 +491,9 @@ class HeadStore:
             raise InvalidLimits(f"no limit to change: give one or more of "
                                 f"{', '.join(LIMIT_NAMES)}")
         changes = validate_limits(**changes)
-        limits = self._backend.set_limits(name, changes, actor=actor)
-        self._refresh(force=True)
+        limits = self._backend.accounts.set_limits(name, changes, actor=actor)
+        self._snapshots.refresh(force=True)
         return limits
-
-    def tenant_limits(self) -> dict[str, TenantLimits]:
-        """{tenant: its limits} of every tenant ("default" always; a None limit is the serve
-        default), from memory: re-read only when the store changed (like `key_table()`), so a
-        change made in another process is seen within `change_poll_s` of the backend learning
-        of it, with no store round trip per call. Do not mutate it."""
-        if not self._want_limits:
-            self._want_limits = True
-            self._refresh(force=True)
-        else:
-            self._refresh()
-        return self._limits if self._limits is not None else {DEFAULT_TENANT: TenantLimits()}
 
     def remove_tenant(self, name: str, *, force: bool = False, actor: str = OPERATOR) -> None:
         """Delete a tenant and revoke its keys, in one transaction, each change audited.
@@ -625,8 +508,8 @@ class HeadStore:
         actor = normalize_actor(actor)
         if name == DEFAULT_TENANT:
             raise InvalidTenant("the default tenant cannot be removed")
-        self._backend.remove_tenant(name, force=bool(force), actor=actor)
-        self._refresh(force=True)
+        self._backend.accounts.remove_tenant(name, force=bool(force), actor=actor)
+        self._snapshots.refresh(force=True)
 
     def add_key(self, tenant: str, scope: str, *, actor: str = OPERATOR) -> tuple[ApiKey, str]:
         """Make an API key of `tenant` with `scope` (one of accounts.tenants.SCOPES), audited.
@@ -643,8 +526,8 @@ class HeadStore:
         key_id, token = new_token()
         key = ApiKey(key_id, tenant, scope, f"{TOKEN_PREFIX}{key_id}", utc_now(), None, None,
                      token_hash(token))
-        self._backend.add_key(key, actor=actor)
-        self._refresh(force=True)
+        self._backend.accounts.add_key(key, actor=actor)
+        self._snapshots.refresh(force=True)
         return key, token
 
     def keys(self, tenant: str | None = None) -> list[ApiKey]:
@@ -652,7 +535,7 @@ class HeadStore:
         `tenant`'s if given."""
         if tenant is not None:
             tenant = validate_tenant(tenant)
-        return self._backend.keys(tenant)
+        return self._backend.accounts.keys(tenant)
 
     def revoke_key(self, key_id: str, *, actor: str = OPERATOR) -> ApiKey:
         """Revoke a key (audited); a key revoked already is returned as it is. Every store
@@ -661,20 +544,9 @@ class HeadStore:
         actor = normalize_actor(actor)
         if not isinstance(key_id, str):
             raise UnknownKey(key_id)
-        key = self._backend.revoke_key(key_id, actor=actor)
-        self._refresh(force=True)
+        key = self._backend.accounts.revoke_key(key_id, actor=actor)
+        self._snapshots.refresh(force=True)
         return key
-
-    def key_table(self) -> dict[str, ApiKey]:
-        """The live (unrevoked) keys by id, from memory: re-read only when the store changed
-        (like the bots), so a revoke in another process is seen within `change_poll_s` of the
-        backend learning of it, with no store round trip per call. Do not mutate it."""
-        if not self._want_keys:
-            self._want_keys = True
-            self._refresh(force=True)
-        else:
-            self._refresh()
-        return self._keys if self._keys is not None else {}
 
     def mark_used(self, used: dict[str, str]) -> None:
         """Record when keys were last used ({key id: ISO 8601 UTC}), keeping the later time.
@@ -683,7 +555,7 @@ class HeadStore:
         if not used:
             return
         try:
-            self._backend.mark_used({str(k): str(v) for k, v in used.items()})
+            self._backend.accounts.mark_used({str(k): str(v) for k, v in used.items()})
         except Exception as exc:  # noqa: BLE001 - best effort by contract
             log.warning("could not record the last use of %d API key(s) in store %s: %s",
                         len(used), self._backend.describe(), exc)
@@ -699,7 +571,7 @@ class HeadStore:
             raise ValueError(f"since must be an ISO 8601 text, got {type(since).__name__}")
         if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
             raise ValueError(f"limit must be a positive integer, got {limit!r}")
-        return self._backend.audit(tenant=tenant, since=since, limit=int(limit))
+        return self._backend.accounts.audit(tenant=tenant, since=since, limit=int(limit))
 
     # -- housekeeping --------------------------------------------------------------------------
 
@@ -708,8 +580,9 @@ class HeadStore:
         return self._cache.stats()
 
     def close(self) -> None:
-        """Close the registry connections (and the PostgreSQL listener) and drop resident
-        heads. Idempotent."""
+        """Stop the refresher, close the registry connections (and the PostgreSQL listener)
+        and drop resident heads. Idempotent; a lookup after it raises RuntimeError."""
+        self._snapshots.close()
         self._backend.close()
         self._cache.clear()
 

@@ -24,10 +24,11 @@ Per group of clients (patient, impatient): the requests SENT in the window, thei
 the p50/p95 of those answered, and `goodput`, the images of those answered per second of window
 (charged to when they were sent: the clients keep the load on until each is answered or
 refused, so an overload that grows during the window is charged in full); the images/s
-answered in the window (`fairness.batch_rates`); the server's trunk images over the window (its
-trunk batches' rows, `multihead_batch_size`'s sum) against the images answered in it; over the
-whole load, the clients' give-ups and the requests still in flight when the load stopped
-(abandoned too) against the server's classify requests by status (`multihead_requests_total`).
+answered in the window (`fairness_numbers.batch_rates`); the server's trunk images over the
+window (its trunk batches' rows, `multihead_batch_size`'s sum) against the images answered in
+it; over the whole load, the clients' give-ups and the requests still in flight when the load
+stopped (abandoned too) against the server's classify requests by status
+(`multihead_requests_total`).
 
 Why the median of ONE client: a timeout of 2 x the 16-client median is almost never reached.
 The closed loop holds 16 rows, so a request waits for one batch and runs in the next, whatever
@@ -82,16 +83,11 @@ import numpy as np
 
 from bench.context import Context, say
 from bench.markdown import fmt, table
+from bench.prometheus import by_labels, histograms
 from bench.result import Result
 from bench.sections.base import Results, Section, Target, note
-from bench.sections.fairness import (
-    Call,
-    batch_rates,
-    call_stats,
-    flood,
-    labelled_samples,
-    warm_up_batch,
-)
+from bench.sections.fairness_load import Call, flood, warm_up_batch
+from bench.sections.fairness_numbers import batch_rates, call_stats
 from bench.stats import num, ratio
 
 CLIENTS = 16
@@ -206,25 +202,23 @@ def _group_of(label: str) -> str:
 
 
 def _histogram_delta(before: str, after: str, name: str):
-    from bench.stats import parse_histograms
-
-    hb, ha = parse_histograms(before), parse_histograms(after)
+    hb, ha = histograms(before), histograms(after)
     return ha[name].minus(hb.get(name)) if name in ha else None
 
 
 def _counter_delta(before: str, after: str, name: str) -> float | None:
     """A counter's increase between two /metrics texts, over all its series; None when
     `after` has none of them."""
-    a = labelled_samples(after, name)
+    a = by_labels(after, name)
     if not a:
         return None
-    return sum(a.values()) - sum(labelled_samples(before, name).values())
+    return sum(a.values()) - sum(by_labels(before, name).values())
 
 
 def statuses(before: str, after: str) -> dict[str, int]:
     """The server's classify requests by status between two /metrics texts."""
-    b = labelled_samples(before, "multihead_requests_total")
-    a = labelled_samples(after, "multihead_requests_total")
+    b = by_labels(before, "multihead_requests_total")
+    a = by_labels(after, "multihead_requests_total")
     out = {}
     for key, value in sorted(a.items()):
         route, _, status = key.partition(" ")
@@ -234,7 +228,7 @@ def statuses(before: str, after: str) -> dict[str, int]:
 
 
 def load_summary(data: Mapping, whole: Mapping[str, str] | None = None) -> dict:
-    """One load's numbers, from `fairness.flood`'s data (client labels "patient-i",
+    """One load's numbers, from `fairness_load.flood`'s data (client labels "patient-i",
     "impatient-i") and `whole`, the /metrics texts "before" the load and "after" it settled
     (see the module doc)."""
     begin, end = data["window"]
@@ -343,7 +337,7 @@ async def _settled(url: str, expected_499: float, timeout_s: float = SETTLE_S) -
     deadline = time.perf_counter() + timeout_s
     while True:
         text = await _scrape(url)
-        count = labelled_samples(text, "multihead_requests_total").get("classify 499", 0.0)
+        count = by_labels(text, "multihead_requests_total").get("classify 499", 0.0)
         if count >= expected_499 or time.perf_counter() >= deadline:
             return text
         await asyncio.sleep(0.2)
@@ -366,7 +360,7 @@ def _load(context: Context, url: str, bots: list[str], scenario: Scenario,
                            timeouts={t: timeout_s for t in labels if t.startswith(IMPATIENT)})
         # Every request given up on or abandoned at the end is a 499 on a server that cancels;
         # on one that does not, none is: read its counts as they are.
-        base = labelled_samples(before, "multihead_requests_total").get("classify 499", 0.0)
+        base = by_labels(before, "multihead_requests_total").get("classify 499", 0.0)
         given_up = sum(1 for c in data["calls"] if gave_up(c))
         after = await _settled(url, base + given_up + data["unfinished"] if cancels else 0)
         return {**load_summary(data, {"before": before, "after": after}),

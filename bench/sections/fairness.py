@@ -26,22 +26,16 @@ no request of either scheduler is dropped: a dropped one would hide its latency)
   servers ran: from the trunk section's table (or the service section's raw trunk) when this
   run measured it, else measured here, in this process, once the servers are stopped.
 
-The quota's measured rate: the images accepted between the first and the last refusal of the
-run, divided by the time between them, corrected by the bucket's level at both refusals as
-their Retry-After implies it (a refusal means the bucket held less than a request's images,
-`need`; Retry-After = ceil((need - level) / R), at least 1, pins the level within R images). So
-the estimate is off by at most min(need, R) images over the window, where "accepted images /
-window" could be off by a whole request plus a second of the rate; that plain count is shown
-too.
+The section's load (the clients) is `bench.sections.fairness_load`'s; the numbers taken from it
+(per tenant, the flood's and the quota's summaries, the raw trunk's batch) are
+`bench.sections.fairness_numbers`'; the runs on their servers, the report and the targets are
+here.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,12 +43,18 @@ from bench.context import Context, say
 from bench.markdown import fmt, table
 from bench.result import Result
 from bench.sections.base import Results, Section, Target, note
-from bench.stats import num, ratio, summarize
+from bench.sections.fairness_load import (
+    LIMITED,
+    NOISY,
+    QUIET,
+    TENANTS,
+    flood,
+    quota_load,
+    warm_up_batch,
+)
+from bench.sections.fairness_numbers import call_stats, flood_summary, quota_summary, raw_batch
+from bench.stats import num, ratio
 
-NOISY = "noisy"
-QUIET = ("quiet-1", "quiet-2", "quiet-3")
-LIMITED = "limited"
-TENANTS = (NOISY, *QUIET, LIMITED)
 SCHEDULERS = ("fair", "fifo")
 
 # Every server of the section: no feature cache (every request's images reach the trunk) and a
@@ -68,7 +68,6 @@ QUOTA_MAX_RATE = 8.0
 QUOTA_CAPACITY_SHARE = 4.0
 QUOTA_BURST = 16
 QUOTA_IMAGES = 4  # images per request of the limited client
-FIRST_REFUSAL_S = 120.0  # longest wait for the limited client's first 429
 
 # Targets.
 QUIET_P50_VS_FIFO = 0.5  # quiet tenants' p50, fair / fifo
@@ -103,407 +102,7 @@ class FairnessResult(Result):
         return (self.runs.get(scheduler) or {}).get("total_images_per_s")
 
 
-# -- load ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Call:
-    """One request as a client saw it (perf_counter seconds)."""
-
-    tenant: str
-    start: float
-    end: float
-    status: int  # -1: no answer (a transport error)
-    code: str = ""  # the error body's "code" (or the transport error's type)
-    retry_after_s: float | None = None  # the Retry-After header, when sent
-    images: int = 1
-    retry: bool = False  # the same request again, after sleeping its Retry-After
-
-    @property
-    def label(self) -> str:
-        """"200", "429 rate_limited", ... for the status counts."""
-        return f"{self.status} {self.code}".strip()
-
-
-class ImagePool:
-    """The run's JPEGs in turn: consecutive requests, and the images of one request, carry
-    distinct images (as far as the pool goes)."""
-
-    def __init__(self, jpegs: Sequence[bytes]) -> None:
-        if not jpegs:
-            raise ValueError("an image pool needs at least one image")
-        self.jpegs = list(jpegs)
-        self._next = 0
-
-    def take(self, n: int = 1) -> list[bytes]:
-        out = [self.jpegs[(self._next + k) % len(self.jpegs)] for k in range(n)]
-        self._next += n
-        return out
-
-
-def _seconds(header: str | None) -> float | None:
-    try:
-        return float(header) if header is not None else None
-    except ValueError:
-        return None
-
-
-async def post_images(session, url: str, images: Sequence[bytes], *,
-                      timeout_s: float | None = None) -> tuple[int, str, float | None]:
-    """POSTs `images` to `url` (one: the raw body; more: multipart `image` parts); returns
-    (status, error code, Retry-After seconds); status -1 and the error's type on a transport
-    error. With `timeout_s`, the client gives up after that many seconds (status -1,
-    "TimeoutError"): aiohttp then closes the request's connection, as a client that goes away
-    does."""
-    import aiohttp
-
-    timeout = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
-    if len(images) == 1:
-        data, headers = images[0], {"Content-Type": "image/jpeg"}
-    else:
-        data, headers = aiohttp.FormData(), None
-        for i, image in enumerate(images):
-            data.add_field("image", image, filename=f"{i}.jpg", content_type="image/jpeg")
-    try:
-        async with session.post(url, data=data, headers=headers, **timeout) as response:
-            body = await response.read()
-            status, retry_after = response.status, response.headers.get("Retry-After")
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a failed request is a data point
-        return -1, type(exc).__name__, None
-    code = ""
-    if status != 200:
-        try:
-            code = str(json.loads(body).get("code", ""))
-        except (ValueError, AttributeError):
-            code = ""
-    return status, code, _seconds(retry_after)
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    """Sleeps `seconds`, or less when `stop` is set meanwhile."""
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
-    except TimeoutError:
-        pass
-
-
-async def _metrics_text(session, url: str) -> str:
-    async with session.get(f"{url}/metrics") as response:
-        return await response.text() if response.status == 200 else ""
-
-
-class InFlight:
-    """When each client's request in flight was sent; `answered` is set at every answer."""
-
-    def __init__(self) -> None:
-        self.sent: dict[object, float] = {}
-        self.answered = asyncio.Event()
-
-    async def drained(self, before: float, deadline: float) -> None:
-        """Returns once no request sent before `before` is in flight, or at `deadline`."""
-        while any(s < before for s in self.sent.values()):
-            self.answered.clear()
-            try:
-                await asyncio.wait_for(self.answered.wait(), deadline - time.perf_counter())
-            except TimeoutError:
-                return
-
-
-async def _closed_client(session, url: str, tenant: str, bot: str, pool: ImagePool,
-                         calls: list[Call], stop: asyncio.Event, in_flight: InFlight,
-                         key: object, timeout_s: float | None = None) -> None:
-    """One closed-loop client of one image per request until `stop`; it honours Retry-After
-    and gives up on a request after `timeout_s` (if given), then sends the next one."""
-    target = f"{url}/classify/{bot}"
-    while not stop.is_set():
-        start = time.perf_counter()
-        in_flight.sent[key] = start
-        status, code, retry_after = await post_images(session, target, pool.take(1),
-                                                      timeout_s=timeout_s)
-        del in_flight.sent[key]
-        in_flight.answered.set()
-        calls.append(Call(tenant, start, time.perf_counter(), status, code, retry_after))
-        if status != 200 and retry_after is not None:
-            await _sleep_unless(stop, retry_after)
-
-
-async def flood(url: str, jpegs: Sequence[bytes], bots: Mapping[str, str],
-                clients: Mapping[str, int], warmup_s: float, duration_s: float, *,
-                drain_s: float = 300.0, timeouts: Mapping[str, float] | None = None) -> dict:
-    """Closed-loop clients (`clients[tenant]` of them, on `bots[tenant]`, giving up on a
-    request after `timeouts[tenant]` seconds where given) on the server at `url` for
-    `warmup_s`, then a window of `duration_s`; the clients keep the load on until every
-    request sent inside the window is answered (at most `drain_s` more), then the requests
-    still in flight are abandoned. Returns {"window": (begin, end), "calls": [Call], "before":
-    /metrics text at begin, "after": at end, "unfinished": the requests abandoned so}."""
-    from bench.load import client_session
-
-    pool = ImagePool(jpegs)
-    calls: list[Call] = []
-    in_flight = InFlight()
-    stop = asyncio.Event()
-    async with client_session(limit=0) as session:
-        tasks = [asyncio.create_task(_closed_client(session, url, tenant, bots[tenant], pool,
-                                                    calls, stop, in_flight, (tenant, i),
-                                                    (timeouts or {}).get(tenant)))
-                 for tenant, n in clients.items() for i in range(n)]
-        unfinished = 0
-        try:
-            begin = time.perf_counter() + warmup_s
-            end = begin + duration_s
-            await asyncio.sleep(max(0.0, begin - time.perf_counter()))
-            before = await _metrics_text(session, url)
-            await asyncio.sleep(max(0.0, end - time.perf_counter()))
-            after = await _metrics_text(session, url)
-            await in_flight.drained(end, end + drain_s)
-        finally:
-            stop.set()
-            unfinished = len(in_flight.sent)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-    return {"window": (begin, end), "calls": calls, "before": before, "after": after,
-            "unfinished": unfinished}
-
-
-async def quota_load(url: str, jpegs: Sequence[bytes], limited_bot: str,
-                     quiet_bots: Mapping[str, str], images_per_request: int, window_s: float, *,
-                     opening_images: int | None = None,
-                     first_refusal_s: float = FIRST_REFUSAL_S) -> dict:
-    """The limited tenant's one client (`images_per_request` distinct images per request, the
-    first one `opening_images` if given; on a refusal with Retry-After it sleeps exactly that
-    long and sends the same request again, marked `retry`; without one, 1 s and the same
-    request, not marked) beside one closed-loop client per quiet tenant, from the limited
-    client's first 429 (RuntimeError when none comes within `first_refusal_s`: the quota did
-    not bind) until its first 429 after `window_s` more (or `window_s` after that). Every
-    client finishes the request it has in flight. Returns {"calls": [Call], "first_429": its
-    send time}."""
-    from bench.load import client_session
-
-    pool = ImagePool(jpegs)
-    calls: list[Call] = []
-    stop, refused = asyncio.Event(), asyncio.Event()  # refused: set at each 429
-    first: list[float] = []  # the send times of the limited client's 429s
-
-    async with client_session(limit=0) as session:
-        async def limited() -> None:
-            target = f"{url}/classify/{limited_bot}"
-            count = opening_images or images_per_request
-            while not stop.is_set():
-                images, retry, count = pool.take(count), False, images_per_request
-                while not stop.is_set():
-                    start = time.perf_counter()
-                    status, code, retry_after = await post_images(session, target, images)
-                    calls.append(Call(LIMITED, start, time.perf_counter(), status, code,
-                                      retry_after, len(images), retry))
-                    if status == 200:
-                        break
-                    if status == 429:
-                        first.append(start)
-                        refused.set()
-                    await _sleep_unless(stop, 1.0 if retry_after is None else retry_after)
-                    retry = retry_after is not None
-
-        in_flight = InFlight()
-        tasks = [asyncio.create_task(limited())]
-        tasks += [asyncio.create_task(_closed_client(session, url, tenant, bot, pool, calls,
-                                                     stop, in_flight, tenant))
-                  for tenant, bot in quiet_bots.items()]
-        try:
-            try:
-                await asyncio.wait_for(refused.wait(), timeout=first_refusal_s)
-            except TimeoutError:
-                raise RuntimeError(f"the limited tenant's client got no 429 in "
-                                   f"{first_refusal_s:.0f} s: its quota did not bind") from None
-            await asyncio.sleep(max(0.0, first[0] + window_s - time.perf_counter()))
-            refused.clear()
-            try:
-                await asyncio.wait_for(refused.wait(), timeout=window_s)
-            except TimeoutError:
-                pass
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-    return {"calls": calls, "first_429": first[0] if first else None}
-
-
-# -- numbers ------------------------------------------------------------------------------------
-
-
-def call_stats(calls: Sequence[Call], begin: float, end: float) -> dict:
-    """Requests SENT in [begin, end): count, statuses and the latency of the answered ones
-    (ms); images/s of those ANSWERED (200) in (begin, end] (`answered_images` / its length)."""
-    sent = [c for c in calls if begin <= c.start < end]
-    ok = [c for c in sent if c.status == 200]
-    done = sum(c.images for c in calls if c.status == 200 and begin < c.end <= end)
-    span = end - begin
-    latency = summarize([c.end - c.start for c in ok])
-    return {"requests": len(sent), "answered": len(ok), "answered_images": done,
-            "images_per_s": done / span if span > 0 else math.nan,
-            **{k: v for k, v in latency.items() if k != "n"},
-            "statuses": dict(sorted(Counter(c.label for c in sent).items()))}
-
-
-def batch_rates(calls: Sequence[Call], begin: float, end: float,
-                gap_s: float) -> tuple[dict[str, float], float | None]:
-    """({tenant: images/s}, seconds measured) from the answers (200) in (begin, end], counted
-    from the first trunk batch's answers to the last one's: a batch's answers come together,
-    and "answered in the window / window" would be off by up to a whole batch (16 images in
-    a 30 s window on 2 cores: 13 %). Answers less than `gap_s` apart are one batch's (half a
-    batch's run: the worker runs one at a time); the images of the batches after the first,
-    over the time from the first batch to the last. ({}, None) with fewer than two batches."""
-    answers = sorted((c.end, c.tenant, c.images) for c in calls
-                     if c.status == 200 and begin < c.end <= end)
-    if len(answers) < 2:
-        return {}, None
-    gaps = [b[0] - a[0] for a, b in zip(answers, answers[1:])]
-    firsts = [i + 1 for i, g in enumerate(gaps) if g > gap_s]  # where each later batch begins
-    if not firsts:
-        return {}, None
-    span = answers[firsts[-1]][0] - answers[0][0]
-    rates: dict[str, float] = {}
-    for _, tenant, images in answers[firsts[0]:]:
-        rates[tenant] = rates.get(tenant, 0.0) + images / span
-    return rates, span
-
-
-def labelled_samples(text: str, sample: str) -> dict[str, float]:
-    """The values of the Prometheus sample `sample` (e.g. "multihead_tenant_images_total") by
-    its labels' values joined with a space ("noisy", "noisy rate_limited")."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == sample and s.labels:
-                key = " ".join(v for _, v in sorted(s.labels.items()))
-                out[key] = out.get(key, 0.0) + float(s.value)
-    return out
-
-
-def _delta(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in sorted(after.items())
-            if v - before.get(k, 0.0)}
-
-
-def flood_summary(data: Mapping, clients: Mapping[str, int]) -> dict:
-    """A flood's numbers: per tenant (images/s by `batch_rates`, half the server's mean trunk
-    time per batch telling batches apart), the quiet tenants pooled, the total, and the
-    server's own over the window (batches, trunk and heads per batch, trunk images per
-    tenant)."""
-    from bench.stats import parse_histograms
-
-    begin, end = data["window"]
-    calls = data["calls"]
-    tenants = {t: {"clients": n, **call_stats([c for c in calls if c.tenant == t], begin, end)}
-               for t, n in clients.items()}
-    quiet = call_stats([c for c in calls if c.tenant in QUIET], begin, end)
-    out: dict = {"window_s": end - begin, "tenants": tenants, "quiet": quiet}
-    before, after = data.get("before") or "", data.get("after") or ""
-    if after:
-        hb, ha = parse_histograms(before), parse_histograms(after)
-
-        def delta(name: str):
-            return ha[name].minus(hb.get(name)) if name in ha else None
-
-        size = delta("multihead_batch_size")
-        trunk, heads = delta("multihead_trunk_seconds"), delta("multihead_heads_seconds")
-        out.update(batches=size.count if size else None,
-                   mean_batch_size=size.mean if size else None,
-                   server_trunk_ms=1000 * trunk.mean if trunk else None,
-                   server_heads_ms=1000 * heads.mean if heads else None,
-                   served=_delta(labelled_samples(after, "multihead_tenant_images_total"),
-                                 labelled_samples(before, "multihead_tenant_images_total")),
-                   refused=_delta(labelled_samples(after, "multihead_tenant_refusals_total"),
-                                  labelled_samples(before, "multihead_tenant_refusals_total")))
-    trunk_ms = num(out.get("server_trunk_ms"))
-    rates, span = ({}, None) if math.isnan(trunk_ms) else batch_rates(calls, begin, end,
-                                                                       trunk_ms / 2000)
-    if span:
-        for tenant, stats in tenants.items():
-            stats["images_per_s"] = rates.get(tenant, 0.0)
-        quiet["images_per_s"] = sum(rates.get(t, 0.0) for t in QUIET)
-    # Without two batches told apart: answered in the window / the window.
-    out.update(measured_s=span or end - begin,
-               total_images_per_s=sum(s["images_per_s"] for s in tenants.values()))
-    return out
-
-
-def bucket_level(retry_after_s: float, rate: float, need: int) -> float:
-    """The bucket's level at a refusal of a request needing `need` tokens (its images, at most
-    the burst: the level is never below 0 then), answered with `retry_after_s` = max(1,
-    ceil((need - level) / rate)): the middle of the levels in [0, need) that give it."""
-    low = max(0.0, need - rate * retry_after_s)
-    high = min(float(need), need - rate * (retry_after_s - 1))
-    return (low + high) / 2 if high > low else low
-
-
-def _proper(c: Call) -> bool:
-    """A refusal as a quota's should be: 429 rate_limited with Retry-After."""
-    return c.status == 429 and c.code == "rate_limited" and c.retry_after_s is not None
-
-
-def quota_summary(calls: Sequence[Call], first_429: float | None, rate: float, burst: int,
-                  images_per_request: int, window_s: float) -> dict:
-    """The limited tenant's numbers: its refusals over the whole run (any not a proper one,
-    any honoured retry refused again); the images it had accepted in the `window_s` from its
-    first 429 (the plain count); and its accepted rate from that 429 to its last refusal (the
-    run stops at the first one after the window), corrected by the bucket's level at both (see
-    the module doc)."""
-    mine = [c for c in calls if c.tenant == LIMITED]
-    refusals = [c for c in mine if c.status != 200]
-    out: dict = {
-        "rate": rate, "burst": burst, "images_per_request": images_per_request,
-        "window_s": window_s, "requests": len(mine), "refusals": len(refusals),
-        "refusals_improper": sum(1 for c in refusals if not _proper(c)),
-        "retries": sum(1 for c in mine if c.retry),
-        "retries_refused": sum(1 for c in mine if c.retry and c.status != 200),
-        "statuses": dict(sorted(Counter(c.label for c in mine).items())),
-        "retry_after_s": dict(sorted(Counter(
-            fmt(c.retry_after_s) for c in refusals if c.retry_after_s is not None).items())),
-    }
-    if first_429 is None:
-        return out
-    accepted = sum(c.images for c in mine
-                   if c.status == 200 and first_429 <= c.start < first_429 + window_s)
-    out.update(accepted_images=accepted, plain_images_per_s=accepted / window_s)
-    bounds = [c for c in mine if _proper(c) and c.start >= first_429]
-    if len(bounds) >= 2 and bounds[-1].start > bounds[0].start:
-        first, last = bounds[0], bounds[-1]
-        need = min(images_per_request, burst)
-        between = sum(c.images for c in mine
-                      if c.status == 200 and first.start < c.start < last.start)
-        level0 = bucket_level(first.retry_after_s, rate, need)
-        level1 = bucket_level(last.retry_after_s, rate, need)
-        span = last.start - first.start
-        out.update(measured_span_s=span, measured_images=between,
-                   accepted_images_per_s=(between + level1 - level0) / span)
-    return out
-
-
 # -- the raw trunk ------------------------------------------------------------------------------
-
-
-def raw_batch(name: str, batch_size: int, trunk, service, measure) -> dict:
-    """The raw trunk `name` ("<runtime>-<precision>") at `batch_size`: from the trunk section's
-    table, else the service section's raw trunk (same name and size), else
-    `measure(name, batch_size) -> {median_s, images_per_s}`."""
-    entry = ((getattr(trunk, "runtimes", None) or {}).get(name) or {})
-    by_size = {b.get("batch_size"): b for b in entry.get("batches") or []}
-    raw = getattr(service, "raw_trunk", None) or {}
-    if batch_size in by_size:
-        b, source = by_size[batch_size], "trunk section"
-        batch_s, rate = b["median_s"], b["images_per_s"]
-    elif raw.get("name") == name and raw.get("batch_size") == batch_size:
-        rate, source = raw["images_per_s"], "service section"
-        batch_s = batch_size / rate
-    else:
-        b, source = measure(name, batch_size), "measured in the fairness section"
-        batch_s, rate = b["median_s"], b["images_per_s"]
-    return {"name": name, "batch_size": batch_size, "batch_s": batch_s, "images_per_s": rate,
-            "source": source}
 
 
 def _measure_in_process(context: Context):
@@ -566,16 +165,6 @@ def quota_rate(result: FairnessResult) -> tuple[float, float | None]:
 
 def _facts(server) -> dict:
     return {"ready_s": server.ready_s, "pid": server.pid, "runtime": server.runtime()}
-
-
-async def warm_up_batch(url: str, jpegs: Sequence[bytes], bot: str, n: int) -> None:
-    """One full batch of distinct images at once (not measured): the trunk's batch shape."""
-    from bench.load import client_session
-
-    pool = ImagePool(jpegs)
-    async with client_session(limit=0) as session:
-        await asyncio.gather(*(post_images(session, f"{url}/classify/{bot}", pool.take(1))
-                               for _ in range(n)))
 
 
 def _run_flood(context: Context, store: Path, bots: dict[str, str], scheduler: str,

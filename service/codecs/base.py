@@ -5,14 +5,15 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from service.codecs.pipeline import caller_of
 from service.core import logs
 from service.core.auth import ACCESS, MANAGE, OPERATOR
-from service.core.candidates import ROUTE_KEY_HEADER
 from service.core.errors import ServiceError, error_body, error_status
 
 if TYPE_CHECKING:  # pragma: no cover
+    from service.core.caller import Caller
     from service.core.service import Service
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,9 @@ def json_reply(obj: Any, status: int = 200, headers: Mapping[str, str] | None = 
     return Reply(status, json.dumps(obj).encode(), JSON, dict(headers or {}))
 
 
-def error_reply(exc: BaseException) -> Reply:
-    """Any exception as the JSON error body with its status and headers (Retry-After, ...).
+def error_answer(exc: BaseException) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Any exception as (HTTP status, JSON error body, headers: Retry-After, WWW-Authenticate),
+    from the one error table (`service.core.errors`), whatever renders it.
 
     Unknown exceptions are logged with their traceback and answered with a generic 500 that
     names no internals.
@@ -79,10 +81,30 @@ def error_reply(exc: BaseException) -> Reply:
     status, _, headers = error_status(exc)
     if status >= 500 and not isinstance(exc, ServiceError):
         log.error("internal error", exc_info=exc)
-    return json_reply(error_body(exc), status, headers)
+    return status, error_body(exc), headers
 
 
-Handler = Callable[["Service", Request], Awaitable[Reply]]
+def error_reply(exc: BaseException) -> Reply:
+    """Any exception as the JSON error body with its status and headers (`error_answer`)."""
+    status, body, headers = error_answer(exc)
+    return json_reply(body, status, headers)
+
+
+Handler = Callable[["Caller", Request], Awaitable[Reply]]
+
+
+class Session(Protocol):
+    """An open stream of a streaming endpoint (a WebSocket): answers its messages, one at a
+    time, in order (`service.codecs.stream`)."""
+
+    async def answer(self, data: bytes) -> Any:
+        """The JSON answer to one binary message; raises a domain error (answered as JSON
+        with its status, the stream stays open)."""
+
+
+# Opens a stream after the caller and admission steps: checks what can fail before the upgrade
+# (an unknown bot, a bad parameter: JSON errors), and returns the stream's `Session`.
+Opener = Callable[["Caller", Request], Awaitable[Session]]
 
 # -- the API description of an endpoint (OpenAPI 3.0 schema objects, as plain data) ------------
 #
@@ -161,9 +183,13 @@ class Endpoint:
         handle: parse -> service call -> render; it gets the `Service` as the caller sees it
             (`service.core.caller.Caller`: only the caller's tenant's bots).
         access: who may call it (`service.core.auth`: PUBLIC, INFER, MANAGE, METRICS,
-            OPERATOR), checked by `dispatch` before `handle`. Required: an endpoint without
+            OPERATOR), checked by the request pipeline (`service.codecs.pipeline`; `dispatch`
+            without a transport) before `handle`. Required: an endpoint without
             a rule is refused when the table is built.
         summary: one line for the API description.
+        stream: a streaming endpoint's opener (a WebSocket route, `service.codecs.stream`): an
+            upgrade request is answered by opening a stream; `handle` answers a request that
+            is not an upgrade.
 
     What the API description (`service.codecs.openapi`) says of it, besides the above (none of
     it changes how a request is handled):
@@ -185,6 +211,7 @@ class Endpoint:
     handle: Handler
     access: str = ""
     summary: str = ""
+    stream: Opener | None = field(default=None, compare=False)
     tag: str = ""
     description: str = field(default="", compare=False)
     path_params: Mapping[str, Schema] = field(default_factory=dict, compare=False)
@@ -206,16 +233,14 @@ class Endpoint:
 
 
 async def dispatch(service: Service, endpoint: Endpoint, request: Request) -> Reply:
-    """Runs one endpoint for one request: who calls and may they (`Service.caller`), the
-    handler on the `Service` as that caller sees it (with the request's routing key for
-    canaries, its `X-Multihead-Route-Key` header), errors mapped to a Reply. The bot a path
-    names goes to the request's access line (`logs.note`)."""
+    """Runs one endpoint for one request without a transport (the codecs' tests): the caller,
+    handler and error steps of the request pipeline (`service.codecs.pipeline`) on a request
+    whose body is already there. The bot a path names goes to the request's access line."""
     if "bot_id" in request.params:
         logs.note(bots=(request.params["bot_id"],))
     try:
-        caller = service.caller(request.header("authorization"), endpoint.access,
-                                route_key=request.header(ROUTE_KEY_HEADER))
-        return await endpoint.handle(caller, request)
+        return await endpoint.handle(caller_of(service, endpoint.access, request.headers),
+                                     request)
     except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
         return error_reply(exc)
 

@@ -16,6 +16,7 @@ them into OpenAPI. Rules it adds for every endpoint alike:
 - an admin endpoint needs the bearer token (`security`) and may answer 401 and 403;
 - an endpoint with a body may answer 413 (over `max_body_bytes`) and 503 (admission: the
   in-flight budget is full, before the body is read);
+- a streaming endpoint (a WebSocket) documents its upgrade: a 101 answer instead of a 2xx;
 - a schema with a "title" becomes a named component (`#/components/schemas/<title>`).
 
 OpenAPI 3.0.3 rather than 3.1: Swagger UI before 5.0 (the swagger-ui-bundle package ships 4.15)
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.codecs.base import JSON, Answer, Endpoint, Reply, Request
+from service.codecs.pipeline import SWITCHING_PROTOCOLS
 from service.core.auth import PUBLIC
 from service.core.errors import NotFound
 
@@ -74,7 +76,9 @@ another tenant's bot answers as an unknown one (404). The operator token
 (`MULTIHEAD_ADMIN_TOKEN`) manages tenants and keys and reaches every bot. With `--auth none`
 only the changes need the operator token.
 
-Not described here: the WebSocket route `GET /ws/classify/{bot_id}` and the web page `/`.
+**The WebSocket** `GET /ws/classify/{bot_id}` is described by its upgrade request (OpenAPI 3.0
+has no WebSocket): its `101` answer and the messages are in its description. Not described
+here: the web page `/`.
 """
 
 ERROR_SCHEMA = {
@@ -235,7 +239,8 @@ def operation(components: _Components, endpoint: Endpoint) -> dict[str, Any]:
                              "content": _content(components, body.content, body.encoding)}
         if body.description:
             op["requestBody"]["description"] = body.description
-    if not any(200 <= s < 300 for s in endpoint.answers):
+    if not any(200 <= s < 300 or (s == SWITCHING_PROTOCOLS and endpoint.stream is not None)
+               for s in endpoint.answers):
         raise ValueError(f"{endpoint.name} documents no 2xx answer")
     errors = error_statuses(endpoint)
     both = set(errors) & set(endpoint.answers)

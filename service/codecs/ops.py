@@ -103,6 +103,19 @@ READINESS_SCHEMA = {
                   "properties": {"pinned": {"type": "array", "items": {"type": "string"}},
                                  "preloaded": {"type": "integer", "minimum": 0},
                                  "preload_skipped": {"type": "integer", "minimum": 0}}},
+        "store": {"type": "object", "additionalProperties": False,
+                  "required": ["kind", "read", "snapshot_age_s"],
+                  "description": "the store requests are served from: its kind, whether its "
+                                 "snapshot (bots, owners, keys, limits, candidates) was read, "
+                                 "and seconds since it was last confirmed current (it grows "
+                                 "while the store cannot be read)",
+                  "properties": {"kind": {"type": "string", "enum": ["sqlite", "postgresql"]},
+                                 "read": {"type": "boolean"},
+                                 "snapshot_age_s": {"type": "number", "minimum": 0}}},
+        "replica": {"type": "object",
+                    "description": "under Ray (`serve --ray`): the model replica that answered "
+                                   "(its Ray id and process id)",
+                    "properties": {"replica": {"type": "string"}, "pid": {"type": "integer"}}},
         "error": {"type": "string", "description": "why the bring-up failed"}}}
 
 ENDPOINTS = [

@@ -45,7 +45,7 @@ from service.codecs.common import (
     parse_json_object,
     parse_top_k,
 )
-from service.codecs.oip import ARRAY_INPUT, ARRAY_SHAPE, BYTES_INPUT, OUTPUT
+from service.codecs.oip_tensors import ARRAY_INPUT, ARRAY_SHAPE, BYTES_INPUT, OUTPUT
 from service.core.auth import INFER
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest, NotFound

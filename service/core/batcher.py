@@ -29,10 +29,10 @@ away, a per-row failure.
     ...
     await batcher.close()    # stop accepting, finish queued rows, stop the worker thread
 
-Queue room is checked in ONE place, `book(n)`: a caller that prepares its rows before queueing
-them (decoding images) books their room first (admission before work) and hands the `Booking`
-to `submit_many`, which queues the booked rows without checking again; `submit` and a
-`submit_many` without a booking book and queue at once.
+Queue room is checked in ONE place, `book(n)` (`service.core.booking`): a caller that prepares
+its rows before queueing them books their room first and hands the `Booking` to `submit_many`.
+What is queued, a `Row` in an `Entry`, and how an entry's future is finished, are
+`service.core.rows`'.
 """
 from __future__ import annotations
 
@@ -43,118 +43,20 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from service.core.errors import (
-    BadRequest,
-    BatchError,
-    DeadlineExceeded,
-    Overloaded,
-    QueueShareExceeded,
-    ShuttingDown,
-    copy_for_waiter,
-)
+from service.core.booking import Booking, QueueRoom
+from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
+from service.core.rows import Entry, Row, deliver, fail, outcome
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("mixed", "per_group")
 
-RunBatch = Callable[[list["Row"]], Sequence[Any]]
+RunBatch = Callable[[list[Row]], Sequence[Any]]
 OnBatch = Callable[[int, int, list[float], float], None]
 OnServed = Callable[[dict[str, int]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One queued row, as `run_batch` sees it.
-
-    Attributes:
-        payload: the caller's opaque object (e.g. a [299, 299, 3] float32 image and its head).
-        group: the bot id the row belongs to.
-        deadline: `time.monotonic()` time after which the row is dropped unrun, or None.
-        enqueued_s: `time.monotonic()` time at which the row was queued.
-        tenant: whom the row is charged to (fair order, queue shares, quotas).
-        cost: what the row costs its tenant's counter: 1 for a trunk image, 0 for a row
-            whose features are already known.
-    """
-
-    payload: Any
-    group: str
-    deadline: float | None
-    enqueued_s: float
-    tenant: str = ""
-    cost: float = 1.0
-
-
-class Booking:
-    """Room for `rows` rows in the queue bound, held from `Batcher.book` until the rows are
-    queued (`Batcher.submit_many(..., booking=)`) or the booking is released (leaving its
-    `with` block, or `release()`). Released twice or after use: nothing happens."""
-
-    __slots__ = ("rows", "tenant", "_batcher")
-
-    def __init__(self, batcher: Batcher, rows: int, tenant: str = "") -> None:
-        self.rows = rows
-        self.tenant = tenant
-        self._batcher: Batcher | None = batcher
-
-    @property
-    def held(self) -> bool:
-        return self._batcher is not None
-
-    def release(self) -> None:
-        """Gives the room back (the rows will not come) and lets a waiting batch re-evaluate."""
-        batcher, self._batcher = self._batcher, None
-        if batcher is not None:
-            batcher._unbook(self.rows, self.tenant)
-            batcher.poke()
-
-    def _use(self, batcher: Batcher, rows: int) -> None:
-        """The booked rows are being queued now: the room passes from the booking to the
-        queue (no await between this and the rows entering the queue)."""
-        if self._batcher is not batcher:
-            raise RuntimeError("this booking was released, used, or is another batcher's")
-        if rows > self.rows:
-            raise RuntimeError(f"{rows} rows queued on a booking of {self.rows}")
-        self._batcher = None
-        batcher._unbook(self.rows, self.tenant)
-
-    def __enter__(self) -> Booking:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-class _Entry:
-    """A row and its future. Identity equality (no dataclass `__eq__`), for `deque.remove`."""
-
-    __slots__ = ("row", "future", "queued", "request")
-
-    def __init__(self, row: Row, future: asyncio.Future) -> None:
-        self.row = row
-        self.future = future
-        self.queued = True  # in `Batcher._queue` exactly while True
-        self.request: list[_Entry] = [self]  # the entries queued with it by one call
-
-    # what `TenantQueue` reads
-    @property
-    def tenant(self) -> str:
-        return self.row.tenant
-
-    @property
-    def group(self) -> str:
-        return self.row.group
-
-    @property
-    def cost(self) -> float:
-        return self.row.cost
-
-    @property
-    def enqueued_s(self) -> float:
-        return self.row.enqueued_s
 
 
 class Batcher:
@@ -228,19 +130,18 @@ class Batcher:
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
         self._max_wait_s = float(max_wait_ms) / 1000.0
-        self._max_queue_rows = max_queue_rows
         self._policy = policy
         self._on_batch = on_batch
         self._wait_for_booked_only = wait_for_booked_only
-        self._booked = 0  # rows of the bookings held (`book`)
-        self._tenant_booked: collections.Counter[str] = collections.Counter()
-        self._max_queued = max_queued
         self._on_served = on_served
         self._clock = clock
         self._own_executor = executor is None
         self._executor: concurrent.futures.Executor = executor or _single_thread_executor()
 
         self._queue = TenantQueue(scheduler, weight=weight)
+        self._room = QueueRoom(self._queue, max_queue_rows=max_queue_rows,
+                               max_batch_size=max_batch_size, max_queued=max_queued,
+                               retry_after_s=self.retry_after_s, on_release=self.poke)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -312,9 +213,10 @@ class Batcher:
     # -- submitting -----------------------------------------------------------------------------
 
     def book(self, n: int, tenant: str = "") -> Booking:
-        """Holds room for `n` rows in the queue bound (the one room check): counting the rows
-        queued and the rows booked. A caller that prepares rows before submitting them books
-        first (admission before work) and passes the booking to `submit_many`.
+        """Holds room for `n` rows in the queue bound (the one room check,
+        `service.core.booking.QueueRoom.book`): counting the rows queued and the rows booked. A
+        caller that prepares rows before submitting them books first (admission before work)
+        and passes the booking to `submit_many`.
 
         Raises:
             ShuttingDown: `close()` was called.
@@ -325,60 +227,7 @@ class Batcher:
         """
         if self._closing:
             raise ShuttingDown("the service is shutting down and accepts no new requests")
-        if n > self._max_queue_rows:
-            raise BadRequest(
-                f"{n} images in one request exceed the queue bound "
-                f"max_queue_rows={self._max_queue_rows}"
-            )
-        mine = self._queue.rows.get(tenant, 0) + self._tenant_booked.get(tenant, 0)
-        cap = self._max_queued(tenant)
-        if mine and cap is not None and mine + n > cap:
-            raise QueueShareExceeded(self.retry_after_s(), (
-                f"tenant '{tenant}' has {mine} images waiting, its max_queued is {cap}; "
-                "retry when they are served"))
-        share = None
-        if self._queue.fair:
-            share = self._queue.share(tenant, self._max_queue_rows, self._max_batch_size,
-                                      self._tenant_booked)
-            # A tenant alone has the whole queue as its share: full, the server is (503 below).
-            if mine and mine + n > share and share < self._max_queue_rows:
-                raise QueueShareExceeded(self.retry_after_s(), (
-                    f"tenant '{tenant}' has {mine} images waiting, its share of the queue is "
-                    f"{share} now; retry when they are served"))
-        if len(self._queue) + self._booked + n > self._max_queue_rows and share is not None:
-            self._push_out(tenant, len(self._queue) + self._booked + n - self._max_queue_rows)
-        if len(self._queue) + self._booked + n > self._max_queue_rows:
-            raise Overloaded(retry_after_s=self.retry_after_s())
-        self._booked += n
-        self._tenant_booked[tenant] += n
-        return Booking(self, n, tenant)
-
-    def _unbook(self, n: int, tenant: str = "") -> None:
-        self._booked -= n
-        self._tenant_booked[tenant] -= n
-        if self._tenant_booked[tenant] <= 0:
-            del self._tenant_booked[tenant]
-
-    def _push_out(self, tenant: str, need: int) -> None:
-        """Makes room for `need` rows of `tenant` (within its share) by failing the newest
-        queued requests of the tenants most over their shares, with QueueShareExceeded."""
-        q = self._queue
-        while need > 0:
-            victims = q.victims(tenant, self._max_queue_rows, self._max_batch_size,
-                                self._tenant_booked)
-            newest = next((e for e in map(q.newest_of, victims) if e is not None), None)
-            if newest is None:
-                return
-            request = [e for e in newest.request if e.queued]
-            error = QueueShareExceeded(self.retry_after_s(), (
-                f"tenant '{newest.tenant}' is over its share of the queue: its newest images "
-                "made room for a tenant within its share; retry later"))
-            q.remove_many(request)
-            for e in request:
-                e.queued = False
-                if not e.future.done():
-                    e.future.set_exception(copy_for_waiter(error))
-            need -= len(request)
+        return self._room.book(n, tenant)
 
     def poke(self) -> None:
         """Re-evaluate the waiting batch now (e.g. a clock moved, or rows booked will not
@@ -442,7 +291,7 @@ class Batcher:
             self._withdraw(entries)
             raise
         if return_exceptions:
-            return [_outcome(f) for f in futures]
+            return [outcome(f) for f in futures]
         failed = next(
             (f for f in futures if f.done() and not f.cancelled() and f.exception() is not None),
             None,
@@ -472,7 +321,7 @@ class Batcher:
 
     def _enqueue(self, payloads: Sequence[Any], group: str, deadline: float | None,
                  booking: Booking | None = None, *, tenant: str = "",
-                 costs: Sequence[float] | None = None) -> list[_Entry]:
+                 costs: Sequence[float] | None = None) -> list[Entry]:
         self._ensure_started()
         if self._closing:  # also for booked rows: close() may have begun since their booking
             if booking is not None:
@@ -486,7 +335,7 @@ class Batcher:
                 return []
             booking = self.book(n, tenant)
         tenant = booking.tenant
-        booking._use(self, n)
+        booking.use(self._room, n)
         if n == 0:
             return []
         now = self._clock()
@@ -496,7 +345,7 @@ class Batcher:
         assert self._loop is not None and self._wakeup is not None
         was_empty = not self._queue
         entries = [
-            _Entry(Row(p, group, deadline, now, tenant, 1.0 if costs is None else costs[i]),
+            Entry(Row(p, group, deadline, now, tenant, 1.0 if costs is None else costs[i]),
                    self._loop.create_future())
             for i, p in enumerate(payloads)
         ]
@@ -507,17 +356,17 @@ class Batcher:
         # non-empty (it may be idle), a batch may now be full, or the last booked rows came
         # (nothing more to wait for). Its timer covers the rest.
         if (was_empty or len(self._queue) >= self._max_batch_size
-                or (self._wait_for_booked_only and not self._booked)):
+                or (self._wait_for_booked_only and not self._room.booked)):
             self._wakeup.set()
         return entries
 
-    def _discard(self, entry: _Entry) -> None:
+    def _discard(self, entry: Entry) -> None:
         """Remove a still-queued entry (its caller went away)."""
         if entry.queued:
             self._queue.remove(entry)
             entry.queued = False
 
-    def _withdraw(self, entries: Iterable[_Entry]) -> None:
+    def _withdraw(self, entries: Iterable[Entry]) -> None:
         for e in entries:
             if not e.future.done():
                 e.future.cancel()
@@ -535,7 +384,7 @@ class Batcher:
         """Is a batch ready? Returns (ready, group or None for mixed, seconds until it will be)."""
         oldest = self._queue.oldest().row
         due_in = oldest.enqueued_s + self._max_wait_s - now
-        if self._wait_for_booked_only and self._booked == 0:
+        if self._wait_for_booked_only and self._room.booked == 0:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
@@ -553,11 +402,11 @@ class Batcher:
                     return True, e.row.group, due_in
         return False, None, due_in
 
-    def _take(self, group: str | None, now: float) -> list[_Entry]:
+    def _take(self, group: str | None, now: float) -> list[Entry]:
         """Remove up to max_batch_size live rows (of `group`, if given) from the queue, in the
         scheduler's order, failing those whose deadline passed."""
 
-        def live(e: _Entry) -> bool:
+        def live(e: Entry) -> bool:
             e.queued = False
             if e.future.done():  # cancelled by a caller without running _discard yet
                 return False
@@ -571,7 +420,7 @@ class Batcher:
 
         return self._queue.take(self._max_batch_size, live, group)
 
-    async def _next_batch(self) -> list[_Entry] | None:
+    async def _next_batch(self) -> list[Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""
         assert self._wakeup is not None
         while True:
@@ -602,7 +451,7 @@ class Batcher:
             if batch:
                 await self._run(batch)
 
-    async def _run(self, batch: list[_Entry]) -> None:
+    async def _run(self, batch: list[Entry]) -> None:
         assert self._loop is not None
         rows = [e.row for e in batch]
         start = self._clock()
@@ -612,13 +461,13 @@ class Batcher:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
         except asyncio.CancelledError:
             # Only close(timeout_s=...) cancels this task.
-            self._fail(batch, ShuttingDown("the service shut down before this request finished"))
+            fail(batch, ShuttingDown("the service shut down before this request finished"))
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of run_batch fails this batch only
             log.warning("batch of %d rows failed: %r", len(rows), exc)
-            self._fail(batch, exc)
+            fail(batch, exc)
         else:
-            self._deliver(batch, results)
+            deliver(batch, results)
         run_s = self._clock() - start
         self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s
         if self._on_batch is not None:
@@ -633,34 +482,6 @@ class Batcher:
             except Exception:  # noqa: BLE001 - stats must never break serving
                 log.exception("on_served hook failed")
 
-    def _deliver(self, batch: list[_Entry], results: Any) -> None:
-        try:
-            n = len(results)
-        except TypeError:
-            n = None
-        if n != len(batch):
-            got = "a non-sequence" if n is None else f"{n} results"
-            error = BatchError(f"run_batch returned {got} for a batch of {len(batch)} rows")
-            self._fail(batch, error)
-            return
-        for e, result in zip(batch, results):
-            if e.future.done():  # the client went away while its row ran
-                continue
-            try:
-                if isinstance(result, BaseException):
-                    # score() hands one head's exception to each of its rows: copy it per row.
-                    e.future.set_exception(copy_for_waiter(result))
-                else:
-                    e.future.set_result(result)
-            except Exception as exc:  # noqa: BLE001 - e.g. set_exception(StopIteration())
-                e.future.set_exception(BatchError(f"cannot deliver this row's result: {exc!r}"))
-
-    @staticmethod
-    def _fail(batch: Iterable[_Entry], exc: BaseException) -> None:
-        for e in batch:
-            if not e.future.done():
-                e.future.set_exception(copy_for_waiter(exc))
-
     def _on_task_done(self, task: asyncio.Task) -> None:
         if task.cancelled():
             return
@@ -670,10 +491,10 @@ class Batcher:
             self._fail_queued(BatchError("the batcher failed; please retry"))
 
     def _fail_queued(self, exc: BaseException) -> None:
-        for e in self._queue.pop_all():
+        entries = self._queue.pop_all()
+        for e in entries:
             e.queued = False
-            if not e.future.done():
-                e.future.set_exception(copy_for_waiter(exc))
+        fail(entries, exc)
 
     async def _close(self, timeout_s: float | None) -> None:
         if self._wakeup is not None:
@@ -713,9 +534,3 @@ def _is_int(value: Any) -> bool:
 
 def _noop() -> None:
     return None
-
-
-def _outcome(future: asyncio.Future) -> Any:
-    if future.cancelled():
-        return asyncio.CancelledError()
-    return future.exception() or future.result()

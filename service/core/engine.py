@@ -29,7 +29,8 @@ from backbone import preprocess
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
 from service.core import tracing as trace
-from service.core.batcher import Batcher, Booking, Row
+from service.core.batcher import Batcher
+from service.core.booking import Booking
 from service.core.candidates import CandidateStats, Comparison, Route, compare, route_for, route_key
 from service.core.errors import (
     BadRequest,
@@ -41,6 +42,7 @@ from service.core.errors import (
 )
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
+from service.core.rows import Row
 from service.core.settings import Settings
 from service.core.tracing import NO_BATCH, BatchTrace, NoBatch, RowTrace, Tracing
 

@@ -417,9 +417,13 @@ class Lifecycle:
                                  "preloaded": len(p.preloaded)}
         if p.skipped:
             heads["preload_skipped"] = len(p.skipped)
+        snapshot = self._store.snapshot
         body: dict[str, Any] = {"status": r.status, "trunk": self.trunk_info(),
                                 "timings": {k: round(v, 3) for k, v in r.timings.items()},
-                                "heads": heads}
+                                "heads": heads,
+                                "store": {"kind": self._store.kind, "read": snapshot.is_read,
+                                          "snapshot_age_s": round(
+                                              self._store.snapshot_age_s(), 3)}}
         if r.error:
             body["error"] = r.error
         if self.identity:

@@ -217,6 +217,11 @@ class Metrics:
             "pinned_bot", "the pinned bots (--pin), value 1 each", ["bot"],
             namespace=ns, registry=r,
         )
+        self.store_snapshot_age = Gauge(
+            "store_snapshot_age_seconds", "seconds since the snapshot of the store this process "
+            "serves from (bots, owners, keys, limits, candidates) was last confirmed current; "
+            "grows while the store cannot be read", namespace=ns, registry=r,
+        )
         self.preloaded_heads = Gauge(
             "preloaded_heads", "heads loaded before ready by --preload (most recently "
             "registered bots); evictable", namespace=ns, registry=r,
@@ -457,6 +462,10 @@ class Metrics:
     def bind_inflight_bytes(self, read: Callable[[], float]) -> None:
         """Read the admission budget in use at scrape time."""
         self.inflight_bytes.set_function(read)
+
+    def bind_store_snapshot_age(self, read: Callable[[], float]) -> None:
+        """Read the age of the store's snapshot at scrape time (`HeadStore.snapshot_age_s`)."""
+        self.store_snapshot_age.set_function(read)
 
     def bind_queue_depth(self, read: Callable[[], float]) -> None:
         """Read the queue depth at scrape time (e.g. `lambda: batcher.queue_depth`)."""

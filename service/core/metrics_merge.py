@@ -46,6 +46,7 @@ GAUGES = {
     "multihead_resident_head_bytes": PER_REPLICA,
     "multihead_pinned_heads": PER_REPLICA,
     "multihead_preloaded_heads": PER_REPLICA,
+    "multihead_store_snapshot_age_seconds": PER_REPLICA,
     "multihead_tenant_counter": PER_REPLICA,
     # NOTE: per replica, although a bot's agreement is the same in each: which bots have a
     # label of their own, and so what "other" holds, is each replica's traffic.

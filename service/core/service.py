@@ -64,6 +64,10 @@ class Service:
         own_store = store is None
         self.store = store if store is not None else HeadStore(
             settings.store, heads_memory_mb=settings.heads_memory_mb, pinned=pinned)
+        # NOTE: the first snapshot is read here, before any request: from now on the request
+        # path (keys, owners, limits, active versions) reads only the snapshot, which a
+        # background thread keeps current (store.snapshot).
+        self.store.watch()
         self.auth = Authenticator(settings.auth, settings.admin_token,
                                   keys=self.store.key_table, mark_used=self.store.mark_used)
         self.metrics.set_pinned_bots(pinned)
@@ -75,6 +79,7 @@ class Service:
         self.trimmer = memory.Trimmer()
         self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=self.trimmer)
         self.metrics.bind_inflight_bytes(lambda: self.inflight.used_bytes)
+        self.metrics.bind_store_snapshot_age(self.store.snapshot_age_s)
         threads = Threads()
         # The comparison of each bot's candidate with its live version, in this process.
         candidate_stats = CandidateStats()

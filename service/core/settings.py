@@ -11,12 +11,17 @@ and one variable per field of either (`--replicas`, `MULTIHEAD_REPLICAS`).
 
 Where each piece lives:
 - a field's constraints are its metadata (`setting(default, help, at_least=1, ...)`, checked by
-  the functions of `CONSTRAINTS`); `validate` checks every field in one loop, then the few rules
-  between fields (`RULES`, `DEPLOYMENT_RULES`);
+  the functions of `service.core.setting_fields.CONSTRAINTS`); `validate` checks every field in
+  one loop, then the few rules between fields (`RULES`, `DEPLOYMENT_RULES`, here);
 - every setting resolves one way, `Settings.resolve`: flag, else environment, else default. The
   other commands' shared options (`cli.options`) resolve through it too;
-- what a log, a message or a status page may show of a value is `_public` (a secret as ***, a
-  URL without its password), used by messages, `repr` and `public_dict` alike.
+- what a log, a message or a status page may show of a value is
+  `service.core.setting_fields.public_value` (a secret as ***, a URL without its password), used
+  by messages, `repr` and `public_dict` alike.
+
+This module declares the fields (`Settings`, `Deployment`) and the rules between them;
+`service.core.setting_fields` holds what any field is: its declaration, parsing, checks and
+redaction.
 """
 from __future__ import annotations
 
@@ -34,38 +39,23 @@ from service.core.auth import AUTH_MODES
 from service.core.batcher import POLICIES as BATCH_POLICIES
 from service.core.fair import SCHEDULERS
 from service.core.logs import FORMATS as LOG_FORMATS
+from service.core.setting_fields import (
+    GROUP,
+    InvalidSettings,
+    base_type,
+    check_value,
+    parse_text,
+    public_fields,
+    setting,
+    shown,
+    validate_fields,
+)
 from service.core.tracing import EXPORTERS
-from store.backend import redact_url
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "MULTIHEAD_"
 MIB = 1024 * 1024
-SECRET = "***"  # what is shown of a secret, wherever it would be
-# Metadata key of a field that holds a group of settings (a dataclass of their own).
-GROUP = "group"
-
-
-class InvalidSettings(ValueError):
-    """A setting (flag, environment variable or field) has an invalid value."""
-
-
-# What a variable's text may be, by the field's type.
-_WORDS = {**dict.fromkeys(("1", "true", "yes", "on"), True),
-          **dict.fromkeys(("0", "false", "no", "off"), False)}
-_EXPECTED = {bool: "one of 1/0, true/false, yes/no, on/off", int: "an integer", float: "a number"}
-
-
-# -- constraints: field metadata, one check each ---------------------------------------------
-
-Constraint = Callable[[dataclasses.Field, Any, Any], "str | None"]
-
-
-def _non_empty(f: dataclasses.Field, value: Any, _: bool) -> str | None:
-    if value:
-        return None
-    hint = " (leave it unset for the default)" if _optional(f) else ""
-    return f"{f.name} must not be empty{hint}"
 
 
 def _device(name: str, value: str) -> str | None:
@@ -90,37 +80,6 @@ def _bot_list(name: str, value: str) -> str | None:
         except InvalidBotId as exc:
             return f"{name}: {exc}"
     return None
-
-
-# A field's own constraints, by metadata key, in the order they are checked: each gives the
-# message of a value that breaks it, else None. A bound refuses NaN too (`nan >= x` is False).
-CONSTRAINTS: dict[str, Constraint] = {
-    "at_least": lambda f, value, low: (
-        None if value >= low else f"{f.name} must be >= {low}, got {value}"),
-    "above": lambda f, value, low: (
-        None if value > low else f"{f.name} must be > {low}, got {value}"),
-    "at_most": lambda f, value, high: (
-        None if value <= high else f"{f.name} must be <= {high}, got {value}"),
-    "non_empty": _non_empty,
-    "choices": lambda f, value, choices: (
-        None if value in choices else
-        f"{f.name} must be one of {', '.join(choices)}, got {_shown(f, value)}"),
-    "check": lambda f, value, check: check(f.name, value),  # a rule of its own: name -> message
-}
-# What a field's metadata may say besides its constraints: its help text, whether its value is
-# a secret (never shown) or may be a URL holding a password (shown without it), its group.
-ANNOTATIONS = ("help", "secret", "url", GROUP)
-
-
-def setting(default: Any, help: str, **metadata: Any) -> Any:
-    """A settings field: its default, its help text (the flag's), and its constraints
-    (`CONSTRAINTS` keys: `at_least=1`, `choices=(...)`, ...) or annotations (`secret=True`)."""
-    unknown = set(metadata) - set(CONSTRAINTS) - set(ANNOTATIONS)
-    if unknown:
-        raise TypeError(f"unknown setting metadata: {', '.join(sorted(unknown))}")
-    # NOTE: repr=False keeps a secret out of the repr a subclass's dataclass generates too.
-    return field(default=default, repr=not metadata.get("secret"),
-                 metadata={"help": help, **metadata})
 
 
 # -- the Ray Serve deployment -------------------------------------------------------------------
@@ -165,7 +124,7 @@ class Deployment:
         0.0, "GPUs Ray reserves for each replica; a fraction shares one GPU", at_least=0)
 
     def __post_init__(self) -> None:
-        _validate(self, DEPLOYMENT_RULES)
+        validate_fields(self, DEPLOYMENT_RULES)
 
     @property
     def fewest_replicas(self) -> int:
@@ -350,8 +309,8 @@ class Settings:
     ray: bool = setting(
         False,
         "serve through Ray Serve: --replicas processes, each with its own trunk and "
-        "batcher, behind Ray's HTTP proxy on --host/--port (needs the ray extra; no "
-        "WebSocket route or web page there)")
+        "batcher, behind Ray's HTTP proxy on --host/--port (needs the ray extra; no web "
+        "page there)")
     # Its fields are settings like the others (flags, variables), listed right after --ray.
     deployment: Deployment = field(default_factory=Deployment, metadata={GROUP: Deployment})
 
@@ -359,16 +318,16 @@ class Settings:
         self.validate()
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{f.name}={_shown(f, getattr(self, f.name))}"
-                          for f in dataclasses.fields(self))
-        return f"{type(self).__name__}({shown})"
+        fields = ", ".join(f"{f.name}={shown(f, getattr(self, f.name))}"
+                           for f in dataclasses.fields(self))
+        return f"{type(self).__name__}({fields})"
 
     # -- validation -------------------------------------------------------------------------
 
     def validate(self) -> None:
         """Raise `InvalidSettings` for the first invalid field: of the wrong type, outside its
         own constraints (its metadata), or breaking a rule between fields (`RULES`)."""
-        _validate(self, RULES)
+        validate_fields(self, RULES)
 
     # -- derived values ---------------------------------------------------------------------
 
@@ -398,7 +357,7 @@ class Settings:
     def public_dict(self) -> dict[str, Any]:
         """All fields for logging / a status page, nested as `dataclasses.asdict` nests them,
         with a set admin token shown as *** and a store URL without its password."""
-        return _public_dict(self)
+        return public_fields(self)
 
     # -- construction from the outside world ------------------------------------------------
 
@@ -437,10 +396,10 @@ class Settings:
         if given is not None:
             value = given
         elif var in environ:
-            value = _parse(f, var, environ[var])
+            value = parse_text(f, var, environ[var])
         else:
             value = f.default
-        _check(f, value)
+        check_value(f, value)
         return value
 
     @classmethod
@@ -479,7 +438,7 @@ class Settings:
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise InvalidSettings(f"unknown setting(s): {', '.join(unknown)}")
-        given = {name: _parse(names[name], name, value) if isinstance(value, str) else value
+        given = {name: parse_text(names[name], name, value) if isinstance(value, str) else value
                  for name, value in values.items()}
         return cls.from_env_and_args(argparse.Namespace(**given), environ)
 
@@ -494,12 +453,12 @@ class Settings:
         )
         for f in cls.flat_fields():
             flag = "--" + f.name.replace("_", "-")
-            shown = "unset" if f.default is None else f.default
+            default = "unset" if f.default is None else f.default
             if f.name.endswith("_bytes"):
-                shown = f"{f.default} = {f.default // MIB} MiB"
-            text = f"{f.metadata.get('help', '')} (env {cls.env_var(f.name)}; default: {shown})"
+                default = f"{f.default} = {f.default // MIB} MiB"
+            text = f"{f.metadata.get('help', '')} (env {cls.env_var(f.name)}; default: {default})"
             text = text.replace("%", "%%")
-            kind = _base_type(f)
+            kind = base_type(f)
             if kind is bool:
                 group.add_argument(
                     flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
@@ -544,92 +503,6 @@ def _autoscaling_range(d: Deployment) -> str | None:
 
 RULES: tuple[Callable[[Settings], str | None], ...] = (_distinct_ports, _admissible_requests)
 DEPLOYMENT_RULES: tuple[Callable[[Deployment], str | None], ...] = (_autoscaling_range,)
-
-
-# -- helpers ----------------------------------------------------------------------------------
-
-_TYPES: dict[str, type] = {
-    "str": str, "int": int, "float": float, "bool": bool,
-    "str | None": str, "int | None": int, "float | None": float,
-}
-
-
-def _base_type(f: dataclasses.Field) -> type:
-    if GROUP in f.metadata:
-        return f.metadata[GROUP]
-    # `from __future__ import annotations` makes field types strings.
-    return _TYPES[f.type] if isinstance(f.type, str) else f.type
-
-
-def _optional(f: dataclasses.Field) -> bool:
-    return isinstance(f.type, str) and f.type.endswith("| None")
-
-
-def _public(f: dataclasses.Field, value: Any) -> Any:
-    """A value as a log, a message or a status page may show it: a secret as ***, a URL
-    without its password."""
-    if value is None:
-        return None
-    if f.metadata.get("secret"):
-        return SECRET
-    if f.metadata.get("url") and isinstance(value, str):
-        return redact_url(value)
-    return value
-
-
-def _shown(f: dataclasses.Field, value: Any) -> str:
-    """A value in a message or a repr: its `_public` repr (a set secret as a bare ***)."""
-    return SECRET if f.metadata.get("secret") and value is not None else repr(_public(f, value))
-
-
-def _public_dict(obj: Any) -> dict[str, Any]:
-    return {f.name: (_public_dict(getattr(obj, f.name)) if GROUP in f.metadata
-                     else _public(f, getattr(obj, f.name)))
-            for f in dataclasses.fields(obj)}
-
-
-def _parse(f: dataclasses.Field, label: str, text: str) -> Any:
-    """`text` (an environment variable's, or a mapping's) as a value of `f`'s type; refused
-    naming `label` (the variable, or the setting)."""
-    kind = _base_type(f)
-    stripped = text.strip()
-    if _optional(f) and not stripped:
-        return None
-    if kind not in _EXPECTED:
-        return text
-    try:
-        return _WORDS[stripped.lower()] if kind is bool else kind(stripped)
-    except (KeyError, ValueError):
-        raise InvalidSettings(f"{label}={_shown(f, text)}: expected {_EXPECTED[kind]}") from None
-
-
-def _check(f: dataclasses.Field, value: Any) -> None:
-    """Raise `InvalidSettings` for a value of the wrong type or outside `f`'s constraints."""
-    if value is None and _optional(f):
-        return
-    kind = _base_type(f)
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise InvalidSettings(f"{f.name} must be {kind.__name__}, got {_shown(f, value)}")
-    for key, constraint in CONSTRAINTS.items():
-        if key in f.metadata:
-            message = constraint(f, value, f.metadata[key])
-            if message:
-                raise InvalidSettings(message)
-
-
-def _validate(obj: Any, rules: tuple[Callable[[Any], str | None], ...]) -> None:
-    for f in dataclasses.fields(obj):
-        _check(f, getattr(obj, f.name))
-    for rule in rules:
-        message = rule(obj)
-        if message:
-            raise InvalidSettings(message)
 
 
 def _bot_ids(text: str) -> tuple[str, ...]:

@@ -202,6 +202,14 @@ class Tracing:
         finally:
             self._context.detach(token)
 
+    def carrier(self) -> dict[str, str]:
+        """The current span's context as headers (`traceparent`): what a request served in
+        another process carries to have its span under this one (a WebSocket message under
+        its socket, on Ray)."""
+        out: dict[str, str] = {}
+        self._propagate.inject(out)
+        return out
+
     # -- spans of the engine -----------------------------------------------------------------
 
     def span(self, name: str,

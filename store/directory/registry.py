@@ -39,7 +39,8 @@ from pathlib import Path
 from accounts.candidates import CandidateInfo, CandidateMode
 from accounts.rows import Rows
 from accounts.tenants import DEFAULT_TENANT
-from store.backend import SQLITE, VersionRow
+from store.backend import SQLITE
+from store.bots import BotRow, VersionRow
 from store.schema import (
     GROWING_CHECKS,
     STORING_ACTIONS,
@@ -228,9 +229,8 @@ class Registry:
             owners = dict(rows_of(conn).owner_map())
             return {b: (int(v), owners.get(b, DEFAULT_TENANT)) for b, v in rows}
 
-    def snapshot(self, bot_id: str | None = None
-                 ) -> list[tuple[int, VersionRow, list[int], str]]:
-        """(active version, its row, all committed versions, owner tenant) per bot, ordered by
+    def rows(self, bot_id: str | None = None) -> list[BotRow]:
+        """Every live bot (only `bot_id` if given) with all its committed versions, ordered by
         bot id."""
         with self._read() as conn:
             if conn is None:
@@ -255,8 +255,8 @@ class Registry:
                     raise
                 return []
             owners = dict(rows_of(conn).owner_map())
-        return [(int(r[1]), _version_row(r), all_versions.get(r[0], []),
-                 owners.get(r[0], DEFAULT_TENANT)) for r in active]
+        return [BotRow(_version_row(r), all_versions.get(r[0], []),
+                       owners.get(r[0], DEFAULT_TENANT)) for r in active]
 
     def candidates(self, bot_id: str | None = None) -> dict[str, CandidateInfo]:
         """{bot id: its candidate} of the live bots that have one (only `bot_id`'s if given);

@@ -5,11 +5,14 @@ shared filesystem. Everything lives in the schema `multihead` of that database, 
 first registration (a reader of a database without it sees an empty store). Built like the
 directory backend (`store.directory`, with `heads.files`):
 
-    backend.py    PgBackend: the rows of each read and write transaction
+    backend.py    PgBackend: the parts composed, the data version, closing
+    database.py   reads, and the one shape of every write transaction (writer lock, NOTIFY)
+    bots.py       the bots part: registry rows
+    blobs.py      the blobs part: float32 tensors and labels, each with its sha256
+    accounts.py   the accounts part: `accounts.rows` in the same transactions
     pool.py       pooled connections, and what a lost connection means for a read or a write
     listener.py   the LISTEN/NOTIFY thread, and the change counter `data_version` is made of
     schema.py     the schema, its tables rendered from `store.schema`
-    blobs.py      how a head is stored: float32 tensors and labels, each with its sha256
 
 psycopg is imported only by this package, and this package only for a PostgreSQL store.
 """

@@ -1,4 +1,4 @@
-"""How a head is stored in PostgreSQL: three blobs per version, each with its sha256.
+"""The blobs of a PostgreSQL store: three rows per version in `blobs`, each with its sha256.
 
     weights   float32 [1536, n], little-endian, C order
     biases    float32 [n]
@@ -13,10 +13,17 @@ import hashlib
 import json
 
 import numpy as np
+import psycopg
 
+from accounts.tenants import combine_digests
 from backbone.spec import FEATURE_DIM
 from heads.errors import HeadLoadError, InvalidHead
 from heads.head import Head, validate_labels
+from store.blobs import Blobs
+from store.bots import Step
+from store.pg.database import Database
+from store.pg.schema import NO_SCHEMA
+from store.pg.schema import SCHEMA as S
 from store.schema import BLOB_NAMES
 
 _FLOAT = np.dtype("<f4")
@@ -73,3 +80,56 @@ def _decode_labels(data: bytes) -> tuple[str, ...]:
     if not isinstance(labels, list):
         raise InvalidHead("blob 'labels' is not a JSON array")
     return validate_labels(labels)
+
+
+class PgBlobs(Blobs[psycopg.Connection]):
+    """The `blobs` rows of a store. They reference their `versions` row (ON DELETE CASCADE):
+    they are written and deleted in the registry's own transactions, nothing is left over."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def load(self, bot_id: str, version: int) -> Head:
+        def work(conn):
+            try:
+                with conn.cursor(binary=True) as cur:
+                    cur.execute(
+                        f"SELECT v.n_classes, b.name, b.data, b.sha256 FROM {S}.versions v "
+                        f"LEFT JOIN {S}.blobs b ON b.bot_id = v.bot_id AND b.version = v.version "
+                        "WHERE v.bot_id = %s AND v.version = %s", (bot_id, version))
+                    return cur.fetchall()
+            except NO_SCHEMA:
+                return []
+
+        rows = self._db.read(work)
+        if not rows:
+            raise HeadLoadError(f"head '{bot_id}' v{version} is not in the store")
+        stored = {name: (bytes(data), digest) for _, name, data, digest in rows
+                  if name is not None}
+        return decode(bot_id, version, int(rows[0][0]), stored)
+
+    def write(self, tx: psycopg.Connection, bot_id: str, version: int, weights: np.ndarray,
+              biases: np.ndarray, labels: tuple[str, ...], *, created: str, source: str,
+              step: Step) -> str:
+        """(Its `versions` row is inserted first: the blobs reference it.)"""
+        encoded = encode(weights, biases, labels)
+        with tx.cursor() as cur:
+            cur.executemany(f"INSERT INTO {S}.blobs VALUES (%s, %s, %s, %s, %s)",
+                            [(bot_id, version, name, *encoded[name]) for name in BLOB_NAMES])
+        step("written")
+        return combine_digests({name: encoded[name][1] for name in BLOB_NAMES})
+
+    def digest(self, tx: psycopg.Connection, bot_id: str, version: int) -> str | None:
+        digests = dict(tx.execute(
+            f"SELECT name, sha256 FROM {S}.blobs WHERE bot_id = %s AND version = %s",
+            (bot_id, version)).fetchall())
+        return combine_digests(digests) if digests else None
+
+    def stored(self, bot_id: str, versions: list[int]) -> list[int]:
+        return list(versions)  # a version row without its blobs never commits
+
+    def sweep(self, bot_id: str, registered: set[int]) -> list[int]:
+        return []  # a failed writer's blobs were rolled back with its transaction
+
+    def drop(self, bot_id: str, version: int | None = None) -> None:
+        pass  # deleted with their versions rows, in that transaction

@@ -3,9 +3,10 @@ LISTENs on `multihead_heads`, and `Changes`, the state `data_version()` is made 
 
 A write transaction sends `NOTIFY multihead_heads, '<change_seq>'` (delivered at commit). Each
 notification (or a check of `change_seq` every `poll_s`, or a reconnect) changes
-`Changes.version()`, and `HeadStore` re-reads the active map on its next lookup. When the
+`Changes.version()` and wakes its subscribers: `HeadStore`'s refresher reads the rows again at
+once and publishes a new snapshot. When the
 connection is lost the thread logs one warning, marks the pool down (reads fail at once with
-StoreUnavailable; `HeadStore` keeps serving resident heads and the last known bots), reconnects
+StoreUnavailable; `HeadStore` keeps serving resident heads and its last snapshot), reconnects
 with exponential backoff (`reconnect_min_s` .. `reconnect_max_s`), and after reconnecting
 re-reads `change_seq`, so changes made while it was away are not missed.
 """
@@ -16,6 +17,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -44,6 +46,18 @@ class Changes:
         self._lock = threading.Lock()
         self._generation = 0  # listener (re)connections
         self._seq: int | None = None  # newest change_seq known
+        self._subscribers: list[Callable[[], None]] = []
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` whenever `version()` changes (from the thread that changed it)."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+    def _moved(self) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            callback()
 
     @property
     def generation(self) -> int:
@@ -57,8 +71,11 @@ class Changes:
     def saw(self, seq: int) -> None:
         """A change up to `seq` was committed (a notification, a poll, or our own write)."""
         with self._lock:
-            if self._seq is None or seq > self._seq:
+            moved = self._seq is None or seq > self._seq
+            if moved:
                 self._seq = seq
+        if moved:
+            self._moved()
 
     def connected(self, seq: int) -> None:
         """The listener is (again) connected and listening; `seq` read after LISTEN."""
@@ -66,6 +83,7 @@ class Changes:
         with self._lock:
             self._generation += 1  # ...and then HeadStore re-reads everything
             self._seq = seq
+        self._moved()
         if was_down:
             log.warning("PostgreSQL store %s is reachable again: re-reading its bots",
                         self._where)

@@ -53,6 +53,7 @@ from store import front as store_front
 from tests.support.heads import is_pg, listening, pg_execute, random_head, stored_entries
 from tests.support.limits import LIMIT_VALUES, accepted_limit
 from tests.support.polling import wait_until
+from tests.support.stores import BackendReads
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN_RE = re.compile(r"mhk_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")
@@ -340,43 +341,39 @@ def test_a_limits_change_and_its_audit_record_commit_together(any_store, monkeyp
     assert [r.action for r in s.audit()] == ["tenant_add"]
 
 
-def test_tenant_limits_are_served_from_memory(any_store, monkeypatch):
+def test_tenant_limits_are_served_from_the_snapshot(any_store, monkeypatch):
+    """No backend call per lookup, and the same mapping until the limits change: the
+    refresher's polls find nothing changed and read no rows."""
     s = any_store
     s.add_tenant("t1", limits=TenantLimits(rate=5))
     assert s.tenant_limits()["t1"] == TenantLimits(rate=5)
     if is_pg(s.location):
         listening(s)
-    calls = []
-    real = s._backend.tenant_limits
-    monkeypatch.setattr(s._backend, "tenant_limits",
-                        lambda: calls.append(1) or real())
+    s.change_poll_s = 0.01
+    reads = BackendReads(s, monkeypatch)
+    table = s.tenant_limits()
     for _ in range(200):
-        assert s.tenant_limits()["t1"] == TenantLimits(rate=5)
-    s._next_check_s = 0.0  # a poll is due: still nothing changed, nothing read
-    assert s.tenant_limits()["t1"] == TenantLimits(rate=5)
-    assert calls == []
+        assert s.tenant_limits() is table
+    assert reads.by() == []
+    wait_until(lambda: sum(label == "data_version" for _, label in reads.calls) >= 3, 10,
+               what="the refresher polling")
+    assert s.tenant_limits() is table and table["t1"] == TenantLimits(rate=5)
+    assert [label for _, label in reads.calls if label != "data_version"] == []
 
 
-def test_a_limits_change_through_one_store_is_served_by_another_at_its_next_poll(location):
-    """Two stores on one location (SQLite: two registry connections; PostgreSQL: two
-    listeners, the change arriving by NOTIFY). Driven by the reader's next-check time, not by
-    sleeping."""
+def test_a_limits_change_through_one_store_is_served_by_another_within_a_second(location):
+    """Two stores on one location (SQLite: two registry connections, the change polled;
+    PostgreSQL: two listeners, the change arriving by NOTIFY)."""
     with open_store(location) as writer, open_store(location) as reader:
         writer.add_tenant("t1")
         assert reader.tenant_limits()["t1"] == TenantLimits()
         if is_pg(location):
             listening(reader)
-        known = reader._backend.data_version()
         writer.set_tenant_limits("t1", weight=4, rate=50)
         writer.set_tenant_limits("default", burst=7)
-        # The reader's backend learns of the change (SQLite: at once; PostgreSQL: NOTIFY).
-        wait_until(lambda: reader._backend.data_version() != known, 1.0 + 2.0,
-                   what="the reader's backend learning of the change")
-        reader._next_check_s = math.inf  # before its next poll: what it knew
-        assert reader.tenant_limits()["t1"] == TenantLimits()
-        reader._next_check_s = 0.0  # the poll is due: re-read
-        assert reader.tenant_limits() == {"default": TenantLimits(burst=7),
-                                          "t1": TenantLimits(weight=4, rate=50)}
+        want = {"default": TenantLimits(burst=7), "t1": TenantLimits(weight=4, rate=50)}
+        wait_until(lambda: reader.tenant_limits() == want, 1.0 + 2.0,
+                   what="the reader serving the new limits")
 
 
 # -- bots and their owners ----------------------------------------------------------------------
@@ -439,19 +436,15 @@ def test_a_bot_belongs_to_the_tenant_that_registered_it(any_store):
     assert [r.id for r in records] == sorted(r.id for r in records)
 
 
-def test_owner_is_answered_from_memory(any_store, monkeypatch):
+def test_owner_is_answered_from_the_snapshot(any_store, monkeypatch):
     s = any_store
     s.add_tenant("t1")
     s.register("acme", *random_head(3, seed=1), tenant="t1")
     assert s.owner("acme") == "t1"
-
-    def no_round_trip(*a, **kw):
-        raise AssertionError("a store round trip")
-
-    for name in ("active_map", "snapshot", "keys"):
-        monkeypatch.setattr(s._backend, name, no_round_trip)
-    for _ in range(100):  # over several change_poll_s periods for none: data_version only
+    reads = BackendReads(s, monkeypatch)
+    for _ in range(100):
         assert s.owner("acme") == "t1"
+    assert reads.by() == []  # not even the data version: the refresher's
 
 
 def test_audit_filters_and_limits(any_store):
@@ -541,7 +534,7 @@ def test_mark_used_keeps_the_latest_use_and_never_raises(any_store, monkeypatch,
     def down(used):
         raise StoreUnavailable("the database is gone")
 
-    monkeypatch.setattr(s._backend, "mark_used", down)
+    monkeypatch.setattr(s._backend.accounts, "mark_used", down)
     s.mark_used({key.id: "2026-01-04T00:00:00.000+00:00"})  # logged, not raised
     assert "the database is gone" in caplog.text
 
@@ -552,16 +545,17 @@ def test_mark_used_on_a_store_without_keys_writes_nothing(tmp_path):
     assert not (tmp_path / "store").exists()
 
 
-def test_key_table_is_served_from_memory(any_store, monkeypatch):
+def test_key_table_is_served_from_the_snapshot(any_store, monkeypatch):
     s = any_store
     key, _ = s.add_key("default", "infer")
     assert set(s.key_table()) == {key.id}
-    calls = []
-    real = s._backend.keys
-    monkeypatch.setattr(s._backend, "keys", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    reads = BackendReads(s, monkeypatch)
+    table = s.key_table()
     for _ in range(200):
-        assert set(s.key_table()) == {key.id}
-    assert calls == []  # nothing changed: never re-read
+        assert s.key_table() is table  # nothing changed: the same mapping, never re-read
+    assert set(table) == {key.id} and reads.by() == []
+    with pytest.raises(TypeError):
+        table["x"] = key  # read-only: no caller can change what every other caller sees
 
 
 REVOKE = textwrap.dedent("""

@@ -71,3 +71,11 @@ def test_passing_runs_pass_and_print_nothing_again(tmp_path):
 def test_a_failed_ray_run_fails_make_test(tmp_path):
     out = run_make_test(tmp_path, first_rc=0, ray_rc=1)
     assert out.returncode != 0, out.stdout
+
+
+def test_the_files_make_test_starts_first_exist():
+    """`tests/conftest.py` orders the slowest files first by path: a moved or renamed file would
+    silently lose its place (and a worker would start it last)."""
+    from tests.conftest import SLOW_FIRST
+
+    assert [path for path in SLOW_FIRST if not (REPO / path).is_file()] == []

@@ -126,7 +126,8 @@ def test_the_bench_lists_and_measures_the_fake(fake, trunk_checkpoint, tmp_path)
 def test_settings_help_and_serve_accept_the_fake(fake, trunk_checkpoint, capsys):
     from cli.main import build_parser, main
     from cli.serve import check_precision_and_runtime
-    from service.core.settings import InvalidSettings, Settings
+    from service.core.setting_fields import InvalidSettings
+    from service.core.settings import Settings
 
     assert Settings(runtime="fake").runtime == "fake"
     assert "fake" in Settings.field_of("runtime").metadata["choices"]

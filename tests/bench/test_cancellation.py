@@ -31,7 +31,7 @@ from bench.sections.cancellation import (
     statuses,
     uncounted_give_ups,
 )
-from bench.sections.fairness import Call
+from bench.sections.fairness_load import Call
 from tests.bench.helpers import passing_results
 
 

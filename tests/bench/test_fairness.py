@@ -9,20 +9,15 @@ import random
 import pytest
 
 from bench.report import evaluate_targets, render_markdown
-from bench.sections import fairness
+from bench.sections import fairness, fairness_load
 from bench.sections.base import FAIL, PASS
-from bench.sections.fairness import (
-    LIMITED,
-    NOISY,
-    Call,
-    FairnessResult,
-    ImagePool,
+from bench.sections.fairness import FairnessResult, quota_rate
+from bench.sections.fairness_load import LIMITED, NOISY, Call, ImagePool
+from bench.sections.fairness_numbers import (
     batch_rates,
     bucket_level,
     call_stats,
     flood_summary,
-    labelled_samples,
-    quota_rate,
     quota_summary,
     raw_batch,
 )
@@ -103,14 +98,14 @@ def _batches(ends, noisy_per_batch=6):
     for end in ends:
         calls += [Call(NOISY, end - 3.0, end + 0.001 * j, 200) for j in range(noisy_per_batch)]
         calls += [Call(q, end - 0.5 * k, end + 0.002, 200)
-                  for k, q in enumerate(fairness.QUIET, start=1)]
+                  for k, q in enumerate(fairness_load.QUIET, start=1)]
     return calls
 
 
 def test_a_flood_summary_has_each_tenant_the_quiet_ones_pooled_and_the_servers_numbers():
     data = {"window": (1.0, 4.0), "calls": _batches([0.5, 1.5, 2.5, 3.5, 4.5]),
             "before": METRICS_BEFORE, "after": METRICS_AFTER}
-    clients = {NOISY: 18, **dict.fromkeys(fairness.QUIET, 1)}
+    clients = {NOISY: 18, **dict.fromkeys(fairness_load.QUIET, 1)}
     summary = flood_summary(data, clients)
     noisy = summary["tenants"][NOISY]
     assert noisy["clients"] == 18 and noisy["requests"] == 6  # those sent at 1.5
@@ -146,12 +141,6 @@ def test_answers_are_rated_from_the_first_batch_to_the_last_not_over_the_window(
     # A gap that joins every batch into one, or a single batch: nothing to rate.
     assert batch_rates(calls, 0.5, 4.0, gap_s=5.0) == ({}, None)
     assert batch_rates(calls, 0.5, 1.5, gap_s=0.5) == ({}, None)
-
-
-def test_labelled_samples_are_keyed_by_their_label_values():
-    assert labelled_samples(METRICS_AFTER, "multihead_tenant_refusals_total") == {
-        "queue_share noisy": 2.0}
-    assert labelled_samples(METRICS_AFTER, "multihead_no_such_total") == {}
 
 
 # -- the quota ----------------------------------------------------------------------------------

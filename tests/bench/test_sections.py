@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from backbone import FEATURE_DIM
+from bench import prometheus
 from bench.bots import bot_id, random_head, register_bots
 from bench.context import Context
 from bench.load import (
@@ -29,7 +30,7 @@ from bench.load import (
 )
 from bench.plan import Plan
 from bench.report import evaluate_targets, write_reports
-from bench.sections import cancellation, fairness, fanout, scale, service
+from bench.sections import cancellation, fairness_load, fairness_numbers, fanout, scale, service
 from bench.stats import rss_bytes
 
 
@@ -194,19 +195,19 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
     rng = np.random.default_rng(0)
     bots = {}
     with HeadStore(tmp_path / "store") as heads:
-        for tenant in (fairness.NOISY, "quiet-1", fairness.LIMITED):
-            limits = TenantLimits(rate=1.0, burst=2) if tenant == fairness.LIMITED else None
+        for tenant in (fairness_load.NOISY, "quiet-1", fairness_load.LIMITED):
+            limits = TenantLimits(rate=1.0, burst=2) if tenant == fairness_load.LIMITED else None
             heads.add_tenant(tenant, limits=limits)
             weights, biases, labels = random_head(rng, 5)
             bots[tenant] = f"{tenant}-bot"
             heads.register(bots[tenant], weights, biases, labels, tenant=tenant)
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "store", feature_cache_size=0)
-    clients = {fairness.NOISY: 2, "quiet-1": 1}
+    clients = {fairness_load.NOISY: 2, "quiet-1": 1}
     try:
-        flood = await fairness.flood(url, jpegs, bots, clients, 0.2, 1.0)
-        quota = await fairness.quota_load(url, jpegs, bots[fairness.LIMITED],
-                                          {"quiet-1": bots["quiet-1"]}, 2, 3.0,
-                                          opening_images=3, first_refusal_s=60.0)
+        flood = await fairness_load.flood(url, jpegs, bots, clients, 0.2, 1.0)
+        quota = await fairness_load.quota_load(url, jpegs, bots[fairness_load.LIMITED],
+                                               {"quiet-1": bots["quiet-1"]}, 2, 3.0,
+                                               opening_images=3, first_refusal_s=60.0)
         async with client_session() as session:
             async with session.get(f"{url}/metrics") as response:
                 metrics = await response.text()
@@ -215,32 +216,32 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
 
     assert {c.tenant for c in flood["calls"]} == set(clients)
     assert {c.status for c in flood["calls"] if c.end <= flood["window"][1]} == {200}
-    summary = fairness.flood_summary(flood, clients)
+    summary = fairness_numbers.flood_summary(flood, clients)
     assert set(summary["tenants"]) == set(clients) and "served" in summary
     # Each tenant is charged its own images (the owner of the bot), and its refusals. The
     # flood's clients leave their last request unanswered (at most one each): the server may
     # still have served it.
-    served = fairness.labelled_samples(metrics, "multihead_tenant_images_total")
+    served = prometheus.by_labels(metrics, "multihead_tenant_images_total")
     answered = collections.Counter()
     for c in flood["calls"] + quota["calls"]:
         answered[c.tenant] += c.images if c.status == 200 else 0
     assert set(served) == set(answered)
     for tenant, n in clients.items():
         assert answered[tenant] <= served[tenant] <= answered[tenant] + n
-    assert served[fairness.LIMITED] == answered[fairness.LIMITED] > 0
+    assert served[fairness_load.LIMITED] == answered[fairness_load.LIMITED] > 0
 
     calls = quota["calls"]
-    assert {c.tenant for c in calls} == {fairness.LIMITED, "quiet-1"}
-    sizes = [c.images for c in calls if c.tenant == fairness.LIMITED]
+    assert {c.tenant for c in calls} == {fairness_load.LIMITED, "quiet-1"}
+    sizes = [c.images for c in calls if c.tenant == fairness_load.LIMITED]
     assert sizes[0] == 3 and set(sizes[1:]) == {2}  # the opening request, then the others
     # Retry-After is at most 2 s (2 images at 1 image/s): its retry is sent within the 3 s.
-    result = fairness.quota_summary(calls, quota["first_429"], 1.0, 2, 2, 3.0)
+    result = fairness_numbers.quota_summary(calls, quota["first_429"], 1.0, 2, 2, 3.0)
     assert result["refusals"] >= 1 and result["statuses"]["429 rate_limited"] >= 1
     assert result["refusals_improper"] == 0 and result["retries"] >= 1
     assert result["retries_refused"] == 0
     assert result["accepted_images"] % 2 == 0  # the opening request came before the 429
-    refused = fairness.labelled_samples(metrics, "multihead_tenant_refusals_total")
-    assert refused == {f"rate_limited {fairness.LIMITED}": result["refusals"]}
+    refused = prometheus.by_labels(metrics, "multihead_tenant_refusals_total")
+    assert refused == {f"rate_limited {fairness_load.LIMITED}": result["refusals"]}
 
 
 def test_random_heads_are_seeded_and_shaped():
@@ -280,9 +281,9 @@ async def test_an_impatient_client_leaves_and_only_a_cancelling_server_counts_a_
         assert await app[SERVICE].wait_ready()
         url = str(server.make_url(f"/classify/{bot}"))
         async with client_session() as session:
-            status, code, _ = await fairness.post_images(session, url, jpegs[:1],
-                                                         timeout_s=0.5)
-        assert cancellation.gave_up(fairness.Call("impatient-0", 0.0, 0.5, status, code))
+            status, code, _ = await fairness_load.post_images(session, url, jpegs[:1],
+                                                              timeout_s=0.5)
+        assert cancellation.gave_up(fairness_load.Call("impatient-0", 0.0, 0.5, status, code))
         assert gated.entered.is_set()  # it gave up with its row in the trunk
         if cancel:
             await until(lambda: counted() == {"499": 1}, what=lambda: f"a 499: {counted()}")

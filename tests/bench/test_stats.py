@@ -1,5 +1,5 @@
-"""The benchmark's statistics helpers: percentiles, Zipf popularity, Poisson arrivals,
-Prometheus histogram deltas. Pure logic, no TensorFlow."""
+"""The benchmark's statistics helpers: percentiles, Zipf popularity, Poisson arrivals (Prometheus
+text: test_prometheus.py). Pure logic, no TensorFlow."""
 from __future__ import annotations
 
 import math
@@ -8,11 +8,8 @@ import numpy as np
 import pytest
 
 from bench.stats import (
-    Histogram,
     ZipfSampler,
     get_path,
-    parse_gauges,
-    parse_histograms,
     percentile,
     poisson_arrivals,
     ratio,
@@ -100,46 +97,6 @@ def test_poisson_arrivals_have_exponential_gaps():
 def test_poisson_arrivals_refuse_bad_arguments(rate, count):
     with pytest.raises(ValueError):
         poisson_arrivals(rate, count)
-
-
-def _exposition(observations: list[float]) -> str:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-    from prometheus_client import Histogram as PHistogram
-
-    registry = CollectorRegistry()
-    h = PHistogram("batch_size", "rows", namespace="multihead", buckets=(1, 2, 4, 8, 16),
-                   registry=registry)
-    labelled = PHistogram("request_seconds", "latency", ["route"], namespace="multihead",
-                          registry=registry)
-    labelled.labels(route="/x").observe(0.1)
-    Gauge("resident_heads", "heads", namespace="multihead", registry=registry).set(12)
-    Counter("feature_cache_hits", "hits", namespace="multihead", registry=registry).inc(3)
-    for v in observations:
-        h.observe(v)
-    return generate_latest(registry).decode()
-
-
-def test_parse_histograms_and_take_the_difference_of_two_scrapes():
-    before = parse_histograms(_exposition([1, 16]))
-    after = parse_histograms(_exposition([1, 16, 2, 3, 4, 8, 16, 16]))
-    assert "multihead_request_seconds" not in after  # labelled: keyed with its labels
-    assert after["multihead_request_seconds{route=/x}"].count == 1
-    h = after["multihead_batch_size"].minus(before["multihead_batch_size"])
-    assert h.count == 6
-    assert h.sum == pytest.approx(2 + 3 + 4 + 8 + 16 + 16)
-    assert h.mean == pytest.approx(49 / 6)
-    dist = h.distribution()
-    assert dist == {"<=1": 0, "2": 1, "3-4": 2, "5-8": 1, "9-16": 2, ">16": 0}
-
-
-def test_histogram_mean_of_no_batches_is_nan():
-    assert math.isnan(Histogram({1.0: 0.0}, 0.0, 0.0).mean)
-
-
-def test_parse_gauges_reads_unlabelled_gauges_and_counters():
-    gauges = parse_gauges(_exposition([]))
-    assert gauges["multihead_resident_heads"] == 12
-    assert gauges["multihead_feature_cache_hits_total"] == 3
 
 
 def test_ratio_and_get_path():

@@ -18,7 +18,7 @@ from bench.pgserver import free_port
 from cli.main import main
 from tests.support.builders import random_head
 from tests.support.polling import serve_ready
-from tests.support.servers import metric
+from tests.support.prometheus import metric
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "s3cret-token"

@@ -2,6 +2,7 @@
 (classify over HTTP, train a new bot from a folder, import a slim checkpoint's classifier)."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import logging
@@ -95,8 +96,16 @@ async def test_demo_setup_and_tour(trunk, trunk_checkpoint, tmp_path, aiohttp_cl
     assert main(["register", "imagenet", "--from-slim-checkpoint", trunk_checkpoint,
                  "--labels", str(labels), "--store", str(store_dir),
                  "--trunk-checkpoint", trunk_checkpoint]) == 0
-    resp = await client.post("/classify?bots=imagenet,colors&top_k=3",
-                             data=_png("colors", "red", 0, 5), headers={"Content-Type": "image/png"})
+
+    # As the tour says, the running server serves it within a second: its lookups read the
+    # store's snapshot, which a background thread keeps current.
+    for _ in range(100):
+        resp = await client.post("/classify?bots=imagenet,colors&top_k=3",
+                                 data=_png("colors", "red", 0, 5),
+                                 headers={"Content-Type": "image/png"})
+        if resp.status != 404:
+            break
+        await asyncio.sleep(0.05)
     body = await resp.json()
     assert resp.status == 200, body
     assert body["results"]["colors"]["results"][0]["predictions"][0]["label"] == "red"

@@ -11,7 +11,7 @@ from accounts.errors import AccountsError
 from heads.errors import HeadsError
 from service.codecs.common import parse_top_k
 from service.codecs.native import parse_bot_ids, parse_multipart
-from service.codecs.oip import parse_infer_request
+from service.codecs.oip_tensors import parse_infer_request
 from service.codecs.tfserving import parse_predict_request
 from service.core.errors import ServiceError, error_status
 from store.errors import StoreError

@@ -24,10 +24,10 @@ import aiohttp
 import numpy as np
 import pytest
 
+from bench import prometheus
 from bench.pgserver import free_port
 from store import HeadStore
 from tests.support.heads import random_head, save_checkpoint, write_labels
-from tests.support.prometheus import Samples, parse_metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -192,19 +192,19 @@ async def classify(session: aiohttp.ClientSession, base: str, bot: str, image: b
         return r.status, r.headers.get("X-Multihead-Replica"), await r.read()
 
 
-async def scrape(session: aiohttp.ClientSession, base: str) -> Samples:
+async def scrape(session: aiohttp.ClientSession, base: str) -> prometheus.Samples:
     async with session.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(total=30)) as r:
         text = await r.text()
         assert r.status == 200, text
         assert r.headers["Content-Type"].startswith("text/plain"), r.headers
-        return parse_metrics(text)
+        return prometheus.samples(text)
 
 
 def series(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return name, tuple(sorted(labels.items()))
 
 
-def value(samples: Samples, name: str, **labels: str) -> float:
+def value(samples: prometheus.Samples, name: str, **labels: str) -> float:
     return samples.get(series(name, **labels), 0.0)
 
 
@@ -308,6 +308,58 @@ def test_a_request_no_endpoint_matches_is_answered_and_counted_by_a_replica(depl
     for status in ("404", "405"):
         unmatched = dict(name="multihead_requests_total", route="unmatched", status=status)
         assert value(after, **unmatched) - value(before, **unmatched) == 1, status
+
+
+# What a WebSocket client sends to upgrade (RFC 6455), for reading a refused upgrade's answer.
+UPGRADE = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+           "Sec-WebSocket-Key": "bXVsdGloZWFkLXJheS0xMg=="}
+
+
+def test_the_websocket_is_served_behind_rays_proxy(deployment):
+    """The WebSocket, a streaming endpoint of the table, under Ray: refused before the upgrade
+    with the JSON error (401 without a key, 404 for an unknown bot); else 101 with the socket's
+    X-Request-Id, then one answer per message in order, each image answered as POST
+    /classify answers it, a text message a 400 on a socket that stays open; counted 101."""
+    images = [png_bytes(1), png_bytes(2), png_bytes(3)]  # the first is cached (first test)
+    url = f"{deployment.base}/ws/classify/alpha"
+
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url, headers=UPGRADE) as resp:
+                assert resp.status == 401 and (await resp.json())["code"] == "unauthorized"
+                assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+            async with session.get(f"{deployment.base}/ws/classify/nobody",
+                                   headers={**OPERATOR, **UPGRADE}) as resp:
+                assert resp.status == 404 and (await resp.json())["code"] == "unknown_bot"
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await session.ws_connect(url)
+            assert refused.value.status == 401
+        async with aiohttp.ClientSession(headers=OPERATOR) as session:
+            reference = []
+            for image in images:
+                status, _, body = await classify(session, deployment.base, "alpha", image)
+                assert status == 200, body
+                reference.append(predictions(body))
+            before = await scrape(session, deployment.base)
+            async with session.ws_connect(url, headers={"X-Request-Id": "ray-socket"}) as ws:
+                assert ws._response.headers["X-Request-Id"] == "ray-socket"
+                for image in images:  # sent at once: the answers keep their order
+                    await ws.send_bytes(image)
+                await ws.send_str("not an image")
+                answers = [await ws.receive_json(timeout=60) for _ in range(4)]
+                await ws.send_bytes(images[0])  # still open
+                again = await ws.receive_json(timeout=60)
+            return reference, answers, again, before, await scrape(session, deployment.base)
+
+    reference, answers, again, before, after = asyncio.run(run())
+    for want, got in zip(reference, answers):
+        assert got["bot_id"] == "alpha", got
+        assert same_answer(want, predictions(json.dumps(got).encode())), (want, got)
+    assert answers[3] == {"error": "send each image as one binary message",
+                          "code": "bad_request", "status": 400}
+    assert same_answer(reference[0], predictions(json.dumps(again).encode()))
+    opened = dict(name="multihead_requests_total", route="classify_ws", status="101")
+    assert value(after, **opened) - value(before, **opened) == 1
 
 
 def test_a_client_that_leaves_behind_rays_proxy_has_its_queued_rows_withdrawn(deployment):
@@ -485,7 +537,7 @@ def test_a_killed_replica_is_restarted_and_no_request_gets_a_wrong_answer(deploy
     image = png_bytes(5)
     pids = asyncio.run(replicas_ready(deployment.base, 2, 30))
     victim, pid = sorted(pids.items())[0]
-    scrapes: list[Samples] = []
+    scrapes: list[prometheus.Samples] = []
 
     async def run():
         async with aiohttp.ClientSession(headers=OPERATOR) as session:

@@ -8,7 +8,8 @@ import pytest
 from service.core import admission
 from service.core.admission import ByteBudget, Reservation
 from service.core.errors import BadRequest, Overloaded, PayloadTooLarge
-from service.core.settings import Deployment, InvalidSettings, Settings
+from service.core.setting_fields import InvalidSettings
+from service.core.settings import Deployment, Settings
 
 
 def test_fixed_replicas_and_per_replica_resources():

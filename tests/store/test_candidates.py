@@ -99,7 +99,7 @@ def test_a_new_candidate_replaces_the_old_one_whose_version_goes(any_store, loca
     assert (candidate.head.version, candidate.mode) == (3, CandidateMode("canary", 30.0))
     assert stored_entries(location, "acme") == ["v1", "v3"]
     with pytest.raises(HeadLoadError):
-        s._backend.load("acme", 2)
+        s._backend.blobs.load("acme", 2)
     assert "acme#candidate" in s._cache.resident_bot_ids()
     assert [(r.action, r.version, r.detail) for r in s.audit()][-2:] == [
         ("candidate_discard", 2, "shadow, replaced by v3"),

@@ -1,6 +1,7 @@
 """Another process's change reaches a running store (a server) within 1 s: a directory store
-by polling `PRAGMA data_version` (every change_poll_s, 0.25 s), PostgreSQL by LISTEN/NOTIFY, with
-a fallback poll of its change counter for a change nobody announced."""
+by its refresher polling `PRAGMA data_version` (every change_poll_s, 0.25 s), PostgreSQL by
+LISTEN/NOTIFY waking its refresher, with a fallback poll of its change counter for a change
+nobody announced."""
 from __future__ import annotations
 
 import subprocess
@@ -103,7 +104,8 @@ WRITER = textwrap.dedent("""
 
 def test_another_process_change_is_seen_within_one_second(pg_url):
     """A writer process (an admin CLI on another machine) and a reader (a server) that learns
-    of each change by LISTEN/NOTIFY only: its fallback poll is switched off."""
+    of each change by LISTEN/NOTIFY only: the listener's fallback poll and the refresher's own
+    polls are switched off, so each notification wakes the refresher."""
     writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url], cwd=REPO,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
@@ -118,6 +120,7 @@ def test_another_process_change_is_seen_within_one_second(pg_url):
     try:
         with open_store(pg_url) as reader:
             reader._backend.poll_s = 3600.0  # NOTIFY or nothing
+            reader.change_poll_s = 3600.0
             listening(reader)
             for command, expected in [("register 1", 1), ("register 2", 2), ("rollback", 1),
                                       ("remove", None)]:

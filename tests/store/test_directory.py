@@ -19,6 +19,7 @@ from store import HeadStore
 from store.directory.backend import DirectoryBackend
 from store.directory.registry import Registry
 from tests.support.heads import random_head
+from tests.support.polling import wait_until
 
 # -- the files of a version -------------------------------------------------------------------
 
@@ -90,21 +91,21 @@ def test_history_rows_of_register_rollback_and_remove(store):
     assert [r["action"] for r in store.history("beta")] == ["register"]
 
 
-def test_the_registry_snapshot_lists_every_stored_version(store):
+def test_the_registry_rows_list_every_stored_version(store):
     store.register("b-bot", *random_head(2, seed=1))
     store.register("a-bot", *random_head(3, seed=2))
     store.register("a-bot", *random_head(3, seed=3))
     store.rollback("a-bot")
     registry = Registry(store.root / "registry.sqlite", store.root / "registry.lock")
     try:
-        everything = registry.snapshot()
-        assert [(active, row.bot_id, row.version, row.n_classes, versions)
-                for active, row, versions, _ in everything] == [
-            (1, "a-bot", 1, 3, [1, 2]), (1, "b-bot", 1, 2, [1])]
-        assert isinstance(everything[0][1].version, int)
-        one = registry.snapshot("b-bot")
-        assert [(row.bot_id, versions) for _, row, versions, _ in one] == [("b-bot", [1])]
-        assert registry.snapshot("nobody") == [] and registry.history("nobody") == []
+        everything = registry.rows()
+        assert [(row.active.bot_id, row.active.version, row.active.n_classes, row.versions,
+                 row.tenant) for row in everything] == [
+            ("a-bot", 1, 3, [1, 2], "default"), ("b-bot", 1, 2, [1], "default")]
+        assert isinstance(everything[0].active.version, int)
+        one = registry.rows("b-bot")
+        assert [(row.active.bot_id, row.versions) for row in one] == [("b-bot", [1])]
+        assert registry.rows("nobody") == [] and registry.history("nobody") == []
     finally:
         registry.close()
 
@@ -116,7 +117,7 @@ def test_a_registry_file_without_its_schema_reads_as_empty(tmp_path):
     sqlite3.connect(db).close()  # the file exists, with no tables
     registry = Registry(db, tmp_path / "registry.lock")
     try:
-        assert registry.snapshot() == [] and registry.snapshot("acme") == []
+        assert registry.rows() == [] and registry.rows("acme") == []
         assert registry.history("acme") == [] and registry.active_map() == {}
     finally:
         registry.close()
@@ -126,7 +127,7 @@ def test_a_registry_file_without_its_schema_reads_as_empty(tmp_path):
         conn.execute("CREATE TABLE history (z)")
     registry = Registry(db, tmp_path / "registry.lock")
     try:
-        for read in (registry.snapshot, lambda: registry.history("acme")):
+        for read in (registry.rows, lambda: registry.history("acme")):
             with pytest.raises(sqlite3.OperationalError, match="no such column"):
                 read()
     finally:
@@ -137,7 +138,8 @@ def test_the_directory_backend_names_the_unknown_bot_and_its_root(tmp_path):
     backend = DirectoryBackend(tmp_path / "store")
     try:
         assert backend.describe() == str(tmp_path / "store")
-        for act in (lambda: backend.remove("ghost"), lambda: backend.rollback("ghost", max)):
+        for act in (lambda: backend.bots.remove("ghost"),
+                    lambda: backend.bots.rollback("ghost", max)):
             with pytest.raises(UnknownBot) as exc:
                 act()
             assert "'ghost'" in str(exc.value)
@@ -159,10 +161,10 @@ def test_remove_succeeds_when_the_bot_folder_is_already_gone(store):
 def test_a_closed_registry_refuses_reads_and_writes(store):
     store.register("acme", *random_head(3, seed=1))
     registry = Registry(store.root / "registry.sqlite", store.root / "registry.lock")
-    assert registry.snapshot("acme")
+    assert registry.rows("acme")
     registry.close()
     registry.close()  # idempotent
-    for act in (registry.snapshot, lambda: registry.history("acme"), registry.active_map):
+    for act in (registry.rows, lambda: registry.history("acme"), registry.active_map):
         with pytest.raises(RuntimeError) as exc:
             act()
         assert str(exc.value) == "the head store is closed"
@@ -198,33 +200,40 @@ class FailingReader:
         self._conn = conn
         self.message = message
         self.fail = True
+        self.failed = 0
 
     def __getattr__(self, name):
         return getattr(self._conn, name)
 
     def execute(self, sql, *args):
         if self.fail and "active_version FROM bots" in sql:
+            self.failed += 1
             raise sqlite3.OperationalError(self.message)
         return self._conn.execute(sql, *args)
 
 
 @pytest.mark.parametrize("message", ["database is locked", "disk I/O error"])
 def test_an_unreadable_registry_keeps_the_last_known_bots(store_dir, message, caplog):
+    """The refresher cannot read the rows of a change: the last snapshot is served, the
+    failure is logged once (not at every poll), and the next good poll publishes the change."""
     with HeadStore(store_dir) as writer, HeadStore(store_dir) as reader:
         writer.register("acme", *random_head(3, seed=1))
-        assert reader.get("acme").version == 1
-        registry = reader._backend._registry
-        registry._reader = FailingReader(registry._reader, message)
-        writer.register("beta", *random_head(2, seed=2))  # a change the reader must poll for
-        reader._next_check_s = 0.0
+        reader.change_poll_s = 0.01
+        assert reader.get("acme").version == 1  # watched from here on
+        registry = reader._backend.registry
+        registry._reader = failing = FailingReader(registry._reader, message)
         with caplog.at_level(logging.WARNING, logger="store.front"):
+            writer.register("beta", *random_head(2, seed=2))  # a change the reader polls for
+            wait_until(lambda: failing.failed >= 3, 10, what="three failed polls")
             assert reader.get("acme").version == 1  # still served, not "unknown bot"
-        assert message in caplog.text
-        with pytest.raises(UnknownBot):
-            reader.get("beta")  # not seen yet: the registry could not be read
-        registry._reader.fail = False
-        reader._next_check_s = 0.0
-        assert reader.get("beta").version == 1  # seen at the next good poll
+            with pytest.raises(UnknownBot):
+                reader.get("beta")  # not seen yet: the registry could not be read
+        warned = [r for r in caplog.records if message in r.getMessage()]
+        assert len(warned) == 1 and warned[0].levelno == logging.WARNING, warned
+        assert warned[0].name == "store.front"
+        failing.fail = False
+        wait_until(lambda: reader.exists("beta"), 10)  # seen at the next good poll
+        assert reader.get("beta").version == 1
 
 
 def test_a_registry_file_without_tables_yet_is_an_empty_store(store_dir):

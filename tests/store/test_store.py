@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ from tests.support.heads import (
     stored_entries,
     write_labels,
 )
+from tests.support.polling import wait_until
+from tests.support.stores import BackendReads
 
 # -- round trip -------------------------------------------------------------------------------
 
@@ -359,31 +362,22 @@ def test_register_from_slim_compares_trunks_unless_forced(store, tmp_path, monke
 # -- lookups and the resident cache -----------------------------------------------------------
 
 
-def test_lookups_do_not_reload_heads_or_poll_the_registry_per_request(any_store, monkeypatch):
+def test_lookups_do_not_reload_heads_or_read_the_registry(any_store, monkeypatch):
+    """A lookup reads the snapshot: one cold load of the head's blobs, then nothing at all
+    from the backend, however often the refresher polls (here: always)."""
     store = any_store
     store.register("acme", *random_head(3))
-    loads, polls = [], []
-    real_load = store._backend.load
-    real_poll = store._backend.data_version
-    monkeypatch.setattr(store._backend, "load",
-                        lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    monkeypatch.setattr(store._backend, "data_version",
-                        lambda: polls.append(1) or real_poll())
-    store.change_poll_s = 3600.0  # no wall clock in the assertion: a poll is due only hourly
-    store._refresh(force=True)
-    polls.clear()
+    store.change_poll_s = 0.0  # the refresher polls without pause: it is not the lookups'
+    store.watch()
+    reads = BackendReads(store, monkeypatch)
     for _ in range(2000):
         store.get("acme")
-    assert len(loads) == 1  # one cold load, then resident
-    assert len(polls) == 0  # no check before change_poll_s, not one per get
+    assert reads.by() == ["blobs.load"]  # one cold load, then resident; never the registry
     stats = store.cache_stats()
     assert stats["misses"] == 1 and stats["hits"] == 1999
-    store.change_poll_s = 0.0  # a check is always due: each get polls (and only polls)
-    store._refresh(force=True)
-    polls.clear()
-    for _ in range(5):
-        store.get("acme")
-    assert len(polls) == 5 and len(loads) == 1
+    me = threading.get_ident()
+    wait_until(lambda: any(label == "data_version" for ident, label in reads.calls
+                           if ident != me), 10, what="the refresher polling")
 
 
 def test_store_lru_respects_budget_and_pins(location):

@@ -4,7 +4,8 @@
   `GatedTrunk`).
 - `builders`: test data (`random_head`).
 - `servers`: real servers on loopback for end-to-end tests (the `store`, `jpegs`,
-  `make_client` fixtures) and reading their /metrics.
+  `make_client` fixtures).
+- `prometheus`: reading their /metrics (`metric`), through `bench.prometheus`.
 - `int8`: ONE real INT8 calibration of the session's trunk and the INT8 trunk loaded from it
   (`int8_calibrated`, `int8_trunk`).
 - `polling`: waiting until a condition holds (`wait_until`, and `until` on the event loop).

@@ -28,12 +28,12 @@ def version_of(store, bot_id: str) -> int | None:
 
 
 def listening(store) -> None:
-    """PostgreSQL: start the store's listener (any lookup does), wait until it has connected,
-    and let the store catch up with it: from here on, only a new change makes it re-read."""
-    store.exists("anything")
+    """PostgreSQL: watch the store (which starts its listener), wait until the listener has
+    connected and the snapshot has caught up with it: from here on, only a new change makes the
+    store read its rows again."""
+    store.watch()
     wait_until(lambda: store._backend._changes.generation >= 1, 10)
-    store._refresh(force=True)
-    assert store._data_version == store._backend.data_version()
+    wait_until(lambda: store.snapshot.data_version == store._backend.data_version(), 10)
 
 
 def tree_digest(root: str | os.PathLike) -> dict[str, str]:

@@ -1,20 +1,18 @@
-"""A Prometheus text as data, for tests that compare /metrics samples."""
+"""Reading a /metrics text in tests, through the one parser of Prometheus text
+(`bench.prometheus`, which tests also import directly for whole-text views: `samples`,
+`by_labels`, `histograms`)."""
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+from bench.prometheus import value
 
 
-def parse_metrics(text: str) -> Samples:
-    """{(sample name, sorted labels): value} of a Prometheus text, which must be valid: parsed
-    by prometheus_client, each family and each sample given once."""
-    out: Samples = {}
-    families = list(text_string_to_metric_families(text))
-    assert len({f.name for f in families}) == len(families), "a family given twice"
-    for family in families:
-        for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            assert key not in out, f"{key} given twice"
-            out[key] = s.value
-    return out
+def metric(text: str, series: str) -> float:
+    """The value of `series` in a /metrics text, written as the text writes it (`name`, or
+    `name{label="value",...}` in any label order); 0 if absent but named with labels, as a
+    labelled counter appears only once it moved. An unlabelled series must be there."""
+    found = value(text, series)
+    if found is not None:
+        return found
+    if "{" in series:
+        return 0.0
+    raise AssertionError(f"{series} not in metrics")

@@ -68,17 +68,6 @@ def features_of(trunk, jpegs):
     return {j: f for j, f in zip(jpegs, features)}
 
 
-def metric(text: str, name: str) -> float:
-    """The value of series `name` in a /metrics text (with its labels if given; 0 if absent but
-    named with labels, as a labelled counter appears only once it moved)."""
-    for line in text.splitlines():
-        if line.startswith(name + " ") or ("{" not in name and line.startswith(name + "{")):
-            return float(line.rsplit(" ", 1)[1])
-    if "{" in name:
-        return 0.0
-    raise AssertionError(f"{name} not in metrics")
-
-
 class AppServer(TestServer):
     """aiohttp's test server made as `run_app` makes the service's server, with the app's
     `server_options` (its own always cancels the handlers of clients that went away)."""

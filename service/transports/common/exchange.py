@@ -1,46 +1,32 @@
-"""What every transport does around a codec call, written once.
+"""The bytes every transport moves around the request pipeline, read and answered alike.
 
-A transport (aiohttp, Ray's ingress and model replicas, gRPC) only moves bytes. Around the call
-of an endpoint (`service.codecs.base.dispatch`) the same steps are left to it, and they are
-here, so that every transport answers the same request the same way:
+A transport (aiohttp, Ray's ingress and model replicas, gRPC) runs each request through the
+request pipeline (`service.codecs.pipeline`: request scope, caller, admission, handler, error,
+metrics); what it adapts is here, so that every transport reads the same request the same way:
 
 - the codecs' transport-neutral `Request`, from the pieces every transport has (method, path,
   path parameters, query and header pairs, a body reader): `build_request`;
 - the body, read as chunks within the per-request size limit and the byte budget of requests
-  in flight: `content_length`, `chunks` (a transport's stream of chunks; a client that leaves
-  mid-body is BadRequest) and `admit_body` (admission before the first byte is read, then the
-  whole body on demand);
-- the answer to a request no endpoint matches: `no_route` (404, or 405 with `Allow`);
-- request metrics and Server-Timing, keyed by the endpoint's NAME (`Endpoint.name`, e.g.
-  `oip_infer`, as an RPC mapped to that endpoint is), every request that matched none under
-  `UNMATCHED`; 404s and 405s are counted like any answer: `metric_label`, `record`.
+  in flight: `chunks` (a transport's stream of chunks; a client that leaves mid-body is
+  BadRequest) and `IncomingBody` (its `admit` is the pipeline's admission step for a body: the
+  declared length, `content_length`, admitted before the first byte is read; its `read`
+  the whole body, on demand);
+- the answer to a request no endpoint matches: `no_route` (404, or 405 with `Allow`), counted
+  under `UNMATCHED` (`metric_label`).
 
-    with Reservation(service.inflight) as held:
-        read_body = admit_body(chunks(stream, ConnectionError), content_length(headers),
-                               service.settings.max_body_bytes, held)
-        request = build_request(method, path, params, query, headers, read_body)
-        reply = await dispatch(service, endpoint, request)
-    headers["Server-Timing"] = record(service.metrics, metric_label(endpoint), reply.status,
-                                      start_s)
+    body = IncomingBody(chunks(stream, ConnectionError), headers, settings.max_body_bytes)
+    await pipeline.run(service, incoming, step, outcome, access=endpoint.access,
+                       admit=body.admit)  # step: endpoint.handle(caller, request(body.read))
 """
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 
 from service.codecs.base import Endpoint, Reply, Request, json_reply
+from service.codecs.pipeline import UNMATCHED
 from service.core import admission
 from service.core.admission import Reservation
 from service.core.errors import BadRequest
-from service.core.metrics import Metrics
-
-# The metrics label of a request no endpoint matched (404, 405): one fixed label, so that
-# scanners probing random paths cannot grow the label set.
-UNMATCHED = "unmatched"
-SERVER_TIMING = "Server-Timing"
-# The metrics status of a request whose client went away before its answer (nginx's code):
-# an HTTP disconnect, a gRPC cancel, a WebSocket closed, behind Ray's proxy alike.
-CLIENT_CLOSED = 499
 
 BodyReader = Callable[[], Awaitable["bytes | bytearray"]]
 
@@ -58,7 +44,8 @@ def build_request(method: str, path: str, params: Mapping[str, str],
             value of a name is kept (frameworks' multidicts disagree on which one `get` gives).
         headers: header (name, value) pairs; names are lower-cased, the last of a repeated
             name is kept.
-        read_body: reads the whole body (see `admit_body`); None for a request without one.
+        read_body: reads the whole body (`IncomingBody.read`); None for a request without
+            one.
     """
     first: dict[str, str] = {}
     for name, value in query:
@@ -92,18 +79,37 @@ async def chunks(stream: AsyncIterable[bytes],
         raise BadRequest("the request body was cut short") from None
 
 
-def admit_body(body: AsyncIterator[bytes], length: int | None, limit: int,
-               held: Reservation) -> BodyReader:
-    """Admits the body now, before any byte of it is read (`admission.admit`: a declared length
-    over `limit` is 413, one that does not fit the budget 503), and returns the reader of the
-    whole body (`admission.read_body`: in place for a declared length, counted as it streams
-    when chunked). The bytes stay held by `held`."""
-    admission.admit(length, limit, held)
+class IncomingBody:
+    """A request's body, admitted before any byte of it is read, then read on demand.
 
-    async def read_body() -> bytes | bytearray:
-        return await admission.read_body(body, length, limit, held)
+    Args:
+        body: the transport's chunks (`chunks`).
+        headers: the request's headers, read with lower-case names (`content-length`).
+        limit: the per-request size limit (`max_body_bytes`).
+    """
 
-    return read_body
+    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str],
+                 limit: int) -> None:
+        self._body = body
+        self._headers = headers
+        self._limit = limit
+        self._length: int | None = None
+        self._held: Reservation | None = None
+
+    def admit(self, held: Reservation) -> None:
+        """The admission step (`service.codecs.pipeline`): a malformed Content-Length is 400,
+        a declared length over the limit 413, one that does not fit the budget 503
+        (`admission.admit`); the bytes stay held by `held`."""
+        self._length = content_length(self._headers)
+        admission.admit(self._length, self._limit, held)
+        self._held = held
+
+    async def read(self) -> bytes | bytearray:
+        """The whole body (`admission.read_body`: in place for a declared length, counted as
+        it streams when chunked); only after `admit`."""
+        if self._held is None:
+            raise RuntimeError("read before admit")
+        return await admission.read_body(self._body, self._length, self._limit, self._held)
 
 
 def no_route(allowed: Iterable[str] = ()) -> Reply:
@@ -119,16 +125,3 @@ def no_route(allowed: Iterable[str] = ()) -> Reply:
 def metric_label(endpoint: Endpoint | None) -> str:
     """The `route` label of a request's metrics: its endpoint's name, or UNMATCHED."""
     return endpoint.name if endpoint is not None else UNMATCHED
-
-
-def record(metrics: Metrics, label: str, status: int, start_s: float | None) -> str:
-    """Counts one answered request (`requests_total`, and `request_seconds` from `start_s`, a
-    `time.perf_counter()` reading taken when the transport got it) and returns the value of
-    its Server-Timing header. `start_s=None`: counted, not timed (a WebSocket's lifetime is not
-    a request's latency)."""
-    if start_s is None:
-        metrics.observe_request(label, status, None)
-        return ""
-    elapsed_s = time.perf_counter() - start_s
-    metrics.observe_request(label, status, elapsed_s)
-    return f"app;dur={elapsed_s * 1000:.1f}"

@@ -7,7 +7,9 @@ there, once): a request message becomes the codec's typed request (the model as 
 the response message, and a domain error becomes a gRPC status through the one error table
 (`service.core.errors.grpc_status`). No REST body or JSON is built on the way.
 
-Every RPC runs through `Rpcs.run`:
+Every RPC runs through `Rpcs.run`, i.e. through the request pipeline
+(`service.codecs.pipeline`) with `GrpcOutcome` as its seam (a typed message, or a status with
+trailing metadata):
 
 - auth: the `authorization` metadata is checked as HTTP's header is, with the access rule of
   the RPC's REST twin (`Service.caller`); the handler gets the `Service` as that caller sees
@@ -28,8 +30,9 @@ Every RPC runs through `Rpcs.run`:
 - metrics: `requests_total` / `request_seconds` with the name of the REST endpoint the RPC
   corresponds to as the route (`oip_infer` for ModelInfer, ...), and the HTTP status the same
   outcome has on the REST routes (504: the client's deadline passed, 499: the client cancelled);
-- draining: once `drain()` began, new calls fail with UNAVAILABLE (ShuttingDown) while the calls
-  in flight finish; `drain()` returns when none is left;
+- draining: once `drain()` began, new calls fail with UNAVAILABLE (ShuttingDown; the
+  pipeline's admission step, after auth) while the calls in flight finish; `drain()` returns
+  when none is left;
 - logs and traces: the call's request id (`x-request-id` metadata when sane, else a new one;
   sent back in the trailing metadata), its span (child of a `traceparent` in the metadata) and
   its access line (`service.core.logs.request_scope`), under the RPC's full name
@@ -41,33 +44,24 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import logging
-import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
+from service.codecs import pipeline
+from service.codecs.base import error_answer
+from service.codecs.pipeline import Incoming
 from service.codecs.routes import ENDPOINTS
 from service.core.admission import Reservation
-from service.core.candidates import ROUTE_KEY_METADATA
-from service.core.errors import (
-    DeadlineExceeded,
-    ServiceError,
-    ShuttingDown,
-    error_body,
-    error_status,
-    grpc_status,
-)
-from service.core.logs import RequestLog, request_scope
-from service.transports.common.exchange import CLIENT_CLOSED
+from service.core.errors import DeadlineExceeded, ShuttingDown, grpc_status
+from service.core.logs import RequestLog
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.caller import Caller
     from service.core.service import Service
-
-log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 
@@ -138,6 +132,56 @@ def client_budget_s(context: grpc.aio.ServicerContext) -> float | None:
     return remaining
 
 
+@dataclass(frozen=True)
+class Failure:
+    """An error as gRPC sends it: a status code, a message, trailing metadata."""
+
+    status: int  # the HTTP status the same outcome has on the REST routes (metrics, logs)
+    code: grpc.StatusCode
+    message: str
+    domain_code: str  # as in the JSON error body (`unknown_bot`)
+    retry_after: str | None = None  # seconds, when overloaded
+
+
+class GrpcOutcome:
+    """How the pipeline's answers leave on gRPC (`pipeline.Outcome`): the typed message with
+    the request id in the trailing metadata, or an error's status (the one error table) with
+    its domain code, request id and `retry-after` as trailing metadata; a cancelled call is
+    504 when its deadline passed, else 499."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self.context = context
+
+    def error(self, exc: Exception) -> Failure:
+        status, body, headers = error_answer(exc)
+        return Failure(status, status_code(exc), body["error"], body["code"],
+                       headers.get("Retry-After"))
+
+    def status(self, answer: Any) -> int:
+        return answer.status if isinstance(answer, Failure) else 200
+
+    def cancelled(self, req: RequestLog) -> int:
+        budget = client_budget_s(self.context)
+        status = (DEADLINE_PASSED if budget is not None and budget <= DEADLINE_SLACK_S
+                  else pipeline.CLIENT_CLOSED)
+        req.set_attribute("rpc.grpc.status_code", (
+            grpc.StatusCode.DEADLINE_EXCEEDED if status == DEADLINE_PASSED
+            else grpc.StatusCode.CANCELLED).value[0])
+        return status
+
+    async def done(self, answer: Any, req: RequestLog, timing: str | None) -> Any:
+        if isinstance(answer, Failure):
+            req.set_attribute("rpc.grpc.status_code", answer.code.value[0])
+            trailing = [(CODE_KEY, answer.domain_code), (REQUEST_ID_KEY, req.request_id)]
+            if answer.retry_after is not None:
+                trailing.append((RETRY_AFTER_KEY, answer.retry_after))
+            await self.context.abort(answer.code, answer.message, tuple(trailing))
+            raise AssertionError("unreachable: abort raises")
+        req.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
+        self.context.set_trailing_metadata(((REQUEST_ID_KEY, req.request_id),))
+        return answer
+
+
 class Rpcs:
     """Runs the RPCs of one process's gRPC services over its `Service` (see the module doc)."""
 
@@ -161,8 +205,9 @@ class Rpcs:
 
     async def run(self, name: str, message: Message, context: grpc.aio.ServicerContext,
                   handle: Callable[[Caller], Awaitable[M]]) -> M:
-        """`handle(caller)` under auth, admission, the client's deadline, the error table and
-        metrics: `caller` is the `Service` as the call's `authorization` metadata sees it.
+        """`handle(caller)` through the request pipeline: auth, admission (the drain, the
+        message's bytes, the client's deadline), the error table and metrics; `caller` is the
+        `Service` as the call's `authorization` metadata sees it.
 
         Args:
             name: what metrics and logs call the call: the name of the REST endpoint it
@@ -170,63 +215,26 @@ class Rpcs:
                 that endpoint's.
         """
         method = _rpc_method.get() or f"/{name}"
-        service = self.service
-        with request_scope(service.tracing, service.settings.access_log, protocol="grpc",
-                           method="GRPC", route=name, path=method, headers=metadata(context),
-                           remote=context.peer(), span_name=method.lstrip("/"),
-                           attributes=(_span_attributes(method) if service.tracing is not None
-                                       else None)) as req:
-            return await self._run(name, message, context, handle, req)
+        incoming = Incoming("grpc", "GRPC", name, method, metadata(context), method.lstrip("/"),
+                            context.peer(), attributes=lambda: _span_attributes(method))
 
-    async def _run(self, name: str, message: Message, context: grpc.aio.ServicerContext,
-                   handle: Callable[[Caller], Awaitable[M]], req: RequestLog) -> M:
-        start = time.perf_counter()
-        status: int | None = 200  # None once recorded
+        def admit(held: Reservation) -> None:
+            if self.draining:
+                raise ShuttingDown("the server is shutting down and accepts no new calls")
+            held.take(message.ByteSize())
+            budget = client_budget_s(context)
+            if budget is not None and budget <= 0:
+                raise DeadlineExceeded("the call's deadline passed before it started")
+
+        async def step(caller: Caller, held: Reservation) -> M:
+            return await handle(caller)
+
         self.in_flight += 1
         self._idle.clear()
         try:
-            if self.draining:
-                raise ShuttingDown("the server is shutting down and accepts no new calls")
-            caller = self.service.caller(authorization(context), ACCESS[name],
-                                         route_key=metadata(context).get(ROUTE_KEY_METADATA))
-            with Reservation(self.service.inflight) as held:
-                held.take(message.ByteSize())
-                budget = client_budget_s(context)
-                if budget is not None and budget <= 0:
-                    raise DeadlineExceeded("the call's deadline passed before it started")
-                answer = await handle(caller)
-                req.status = 200
-                req.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
-                context.set_trailing_metadata(((REQUEST_ID_KEY, req.request_id),))
-                return answer
-        except asyncio.CancelledError:
-            budget = client_budget_s(context)
-            status = (DEADLINE_PASSED if budget is not None and budget <= DEADLINE_SLACK_S
-                      else CLIENT_CLOSED)
-            req.status = status
-            req.set_attribute("rpc.grpc.status_code", (
-                grpc.StatusCode.DEADLINE_EXCEEDED if status == DEADLINE_PASSED
-                else grpc.StatusCode.CANCELLED).value[0])
-            raise
-        except Exception as exc:  # noqa: BLE001 - every error becomes a gRPC status
-            status, _, headers = error_status(exc)
-            body = error_body(exc)
-            if status >= 500 and not isinstance(exc, ServiceError):
-                log.error("internal error in %s", name, exc_info=exc)
-            trailing = [(CODE_KEY, body["code"]), (REQUEST_ID_KEY, req.request_id)]
-            if "Retry-After" in headers:
-                trailing.append((RETRY_AFTER_KEY, headers["Retry-After"]))
-            req.status = status
-            req.set_attribute("rpc.grpc.status_code", status_code(exc).value[0])
-            # Counted before the status leaves (abort sends it): a client that reads /metrics
-            # right after its error sees the call, as after a success (counted on return).
-            self.service.metrics.observe_request(name, status, time.perf_counter() - start)
-            status = None
-            await context.abort(status_code(exc), body["error"], tuple(trailing))
-            raise AssertionError("unreachable: abort raises") from None
+            return await pipeline.run(self.service, incoming, step, GrpcOutcome(context),
+                                      access=ACCESS[name], admit=admit)
         finally:
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()
-            if status is not None:
-                self.service.metrics.observe_request(name, status, time.perf_counter() - start)

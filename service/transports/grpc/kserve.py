@@ -6,14 +6,14 @@ are served; the other RPCs of the service (streaming, model config and statistic
 shared memory, trace and log settings) answer UNIMPLEMENTED.
 
 Each RPC calls the codec's typed call of its REST twin. ModelInfer's input becomes the codec's
-neutral `oip.Tensor` (raw_input_contents as its raw data; typed contents `bytes_contents` of a
-BYTES input or `fp32_contents` of an FP32 one as its elements or values), read by the codec's
-rules (one input, BYTES [N] / [N, 1] encoded images or FP32 [N, 299, 299, 3] preprocessed,
-element counts) with the codec's messages; each requested output is checked by the codec too
-(the classification extension: an output's `classification` parameter gives BYTES [N, k] of
-"score:index:label"), and the typed result becomes `outputs` + `raw_output_contents`. What only
-gRPC can get wrong (raw_input_contents per input, typed contents, shared memory) is checked
-here.
+neutral `oip_tensors.Tensor` (raw_input_contents as its raw data; typed contents
+`bytes_contents` of a BYTES input or `fp32_contents` of an FP32 one as its elements or values),
+read by the codec's rules (one input, BYTES [N] / [N, 1] encoded images or FP32 [N, 299, 299, 3]
+preprocessed, element counts) with the codec's messages; each requested output is checked by the
+codec too (the classification extension: an output's `classification` parameter gives
+BYTES [N, k] of "score:index:label"), and the typed result becomes `outputs` +
+`raw_output_contents`. What only gRPC can get wrong (raw_input_contents per input, typed
+contents, shared memory) is checked here.
 
 The generated messages and servicer base come from Triton's own client package
 (`tritonclient.grpc.service_pb2` / `service_pb2_grpc`): nothing is copied or generated here.
@@ -27,7 +27,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from service.codecs import oip
+from service.codecs import oip, oip_tensors
 from service.codecs.common import Model, TensorSpec, endpoint_name
 from service.core.errors import BadRequest
 from service.transports.grpc.common import Rpcs
@@ -66,7 +66,7 @@ def _name(rpc: str, model: Model) -> str:
 
 
 def input_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None,
-                 where: str) -> oip.Tensor:
+                 where: str) -> oip_tensors.Tensor:
     """An input as the codec's neutral tensor: its raw contents, or its typed contents."""
     typed = [f.name for f, _ in tensor.contents.ListFields()]
     shape = list(tensor.shape)
@@ -74,46 +74,47 @@ def input_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | Non
         if typed:
             raise BadRequest(f"{where} has typed contents ({', '.join(typed)}) and an entry in "
                              f"raw_input_contents: send its data once")
-        return oip.Tensor(tensor.name, tensor.datatype, shape, raw=raw)
+        return oip_tensors.Tensor(tensor.name, tensor.datatype, shape, raw=raw)
     if not typed:
         raise BadRequest(f"{where} has no data: send it in raw_input_contents or in its typed "
                          f"contents")
     field = TYPED_CONTENTS.get(tensor.datatype)
     if field is None:  # the codec refuses the datatype itself, naming the ones it takes
-        return oip.Tensor(tensor.name, tensor.datatype, shape, raw=b"")
+        return oip_tensors.Tensor(tensor.name, tensor.datatype, shape, raw=b"")
     if typed != [field]:
         raise BadRequest(f"{where}: the data of a {tensor.datatype} input goes in contents."
                          f"{field}, got {', '.join(typed)}")
     values = getattr(tensor.contents, field)
     if tensor.datatype == "BYTES":
-        return oip.Tensor(tensor.name, tensor.datatype, shape, elements=list(values))
-    return oip.Tensor(tensor.name, tensor.datatype, shape,
-                      data=np.asarray(values, dtype=np.float32))
+        return oip_tensors.Tensor(tensor.name, tensor.datatype, shape, elements=list(values))
+    return oip_tensors.Tensor(tensor.name, tensor.datatype, shape,
+                              data=np.asarray(values, dtype=np.float32))
 
 
-def infer_request(request: pb.ModelInferRequest) -> oip.InferRequest:
+def infer_request(request: pb.ModelInferRequest) -> oip_tensors.InferRequest:
     """A ModelInferRequest as the codec's typed request (raises BadRequest). Every output is
     answered as raw data, whatever its `binary_data` parameter says."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise BadRequest(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} "
                          f"inputs: when used, it holds one entry per input")
-    oip.check_one_input(len(request.inputs))
+    oip_tensors.check_one_input(len(request.inputs))
     tensor = request.inputs[0]
-    where = oip.input_where(tensor.name)
-    oip.check_shape(list(tensor.shape), where)
+    where = oip_tensors.input_where(tensor.name)
+    oip_tensors.check_shape(list(tensor.shape), where)
     if any(key in parameters(tensor.parameters) for key in SHARED_MEMORY_PARAMETERS):
         raise BadRequest(f"{where}: shared memory is not supported; send the data in the "
                          f"request")
-    images = oip.tensor_images(input_tensor(tensor, raw[0] if raw else None, where))
-    outputs = tuple(oip.output_request(out.name, {**parameters(out.parameters),
-                                                  "binary_data": True}, True)
-                    for out in request.outputs) or (oip.OutputRequest(True, None),)
-    return oip.InferRequest(request.id or None, images, outputs,
-                            oip.route_key_parameter(parameters(request.parameters)))
+    images = oip_tensors.tensor_images(input_tensor(tensor, raw[0] if raw else None, where))
+    outputs = tuple(oip_tensors.output_request(out.name, {**parameters(out.parameters),
+                                                          "binary_data": True}, True)
+                    for out in request.outputs) or (oip_tensors.OutputRequest(True, None),)
+    return oip_tensors.InferRequest(
+        request.id or None, images, outputs,
+        oip_tensors.route_key_parameter(parameters(request.parameters)))
 
 
-def infer_response(result: oip.InferResult) -> pb.ModelInferResponse:
+def infer_response(result: oip_tensors.InferResult) -> pb.ModelInferResponse:
     """The typed result as a ModelInferResponse: `outputs` without data, their data in
     `raw_output_contents`."""
     response = pb.ModelInferResponse(model_name=result.model_name,

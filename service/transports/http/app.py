@@ -1,52 +1,49 @@
 """The aiohttp transport: moves bytes between HTTP and the protocol codecs.
 
-Every route of `service.codecs.routes.ENDPOINTS` becomes an aiohttp route whose handler builds a
-transport-neutral `Request`, calls `dispatch` (admin check, codec, service, error mapping) and
-writes the `Reply`; the glue every transport shares (the request, the body within its limits,
-the 404/405 answers, request metrics and Server-Timing by endpoint name) is
-`service.transports.common.exchange`. What only aiohttp does stays here: the WebSocket route
-(`service.transports.http.ws`), the web page and static files, JSON bodies for aiohttp's other
-errors and for requests it cannot parse, and the lifecycle (`cleanup_ctx`: the `Service` starts
-its bring-up at start-up and drains on shutdown, SIGTERM included, after aiohttp stopped
-accepting). A client that goes away (its connection closes) cancels its handler
-(`server_options`, which every server of the app must be made with; unless the settings'
-`cancel_on_disconnect` is off): the request's rows still queued for the trunk are withdrawn, its
-in-flight bytes given back, and metrics count it with status 499 (`CLIENT_CLOSED`, as gRPC
-does); a WebSocket whose connection closes while its image waits likewise (a close frame alone
-is read once the image is answered). The listeners given
-to `create_app` (the gRPC server, when the command that serves has a `grpc_port`) run over the
-same `Service` and start and stop with it: they stop accepting when HTTP does, and drain within
-the same timeout.
+Every request runs through the request pipeline (`service.codecs.pipeline`: request scope,
+caller, admission, handler, error, metrics; `run` with `HttpOutcome`, which renders answers as
+aiohttp responses with `X-Request-Id` and Server-Timing). Every route of
+`service.codecs.routes.ENDPOINTS` becomes an aiohttp route whose handler runs it with the
+endpoint's access rule, the body admitted before it is read (`common.exchange.IncomingBody`)
+and the codec's call as the handler step, writing its `Reply`; a streaming endpoint's upgrade
+request opens its stream (`service.transports.http.ws`). What only aiohttp serves (the web page
+and static files) and what aiohttp answers itself (no route: 404/405, JSON bodies for its other
+errors and for requests it cannot parse) run through the pipeline too, without a caller, from
+`transport_middleware`. The lifecycle: `cleanup_ctx` (the `Service` starts its bring-up at
+start-up and drains on shutdown, SIGTERM included, after aiohttp stopped accepting). A client
+that goes away (its connection closes) cancels its handler (`server_options`, which every
+server of the app must be made with; unless the settings' `cancel_on_disconnect` is off): the
+request's rows still queued for the trunk are withdrawn, its in-flight bytes given back, and
+metrics count it with status 499 (`CLIENT_CLOSED`, as gRPC does); a WebSocket whose connection
+closes while its image waits likewise (a close frame alone is read once the image is answered).
+The listeners given to `create_app` (the gRPC server, when the command that serves has a
+`grpc_port`) run over the same `Service` and start and stop with it: they stop accepting when
+HTTP does, and drain within the same timeout.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web, web_protocol
 
-from service.codecs.base import Endpoint, Reply, dispatch, error_reply
+from service.codecs import pipeline
+from service.codecs.base import Endpoint, Reply, error_reply
+from service.codecs.pipeline import UNMATCHED, Incoming
 from service.codecs.routes import ENDPOINTS
 from service.core import admission
 from service.core.admission import Reservation
 from service.core.errors import INTERNAL_MESSAGE
-from service.core.logs import REQUEST_ID_HEADER, request_scope
+from service.core.logs import REQUEST_ID_HEADER, RequestLog
 from service.core.service import Service
 from service.core.settings import Settings
 from service.transports.common.exchange import (
-    CLIENT_CLOSED,
-    SERVER_TIMING,
-    UNMATCHED,
-    admit_body,
+    IncomingBody,
     build_request,
     chunks,
-    content_length,
     no_route,
-    record,
 )
 from service.transports.common.lifecycle import ListenerFactory
 from service.transports.http import ws
@@ -60,7 +57,7 @@ SERVICE = web.AppKey("service", Service)
 # The listeners beside HTTP (the gRPC server when `grpc_port` is set), started and stopped with it.
 LISTENERS = web.AppKey("listeners", list)
 
-WS_ROUTE = "classify_ws"
+ENDPOINT_NAMES = frozenset(endpoint.name for endpoint in ENDPOINTS)
 
 # The codes of aiohttp's own errors other than "no route" (`common.exchange.no_route`).
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 413: "payload_too_large",
@@ -73,20 +70,81 @@ def to_response(reply: Reply) -> web.Response:
     return web.Response(status=reply.status, body=reply.body, headers=headers)
 
 
+class HttpOutcome:
+    """How the pipeline's answers leave on aiohttp (`pipeline.Outcome`): responses, with
+    `X-Request-Id` and Server-Timing; aiohttp's own errors (no route, wrong method, body too
+    large, a static file that is not there) as JSON bodies."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def error(self, exc: Exception) -> web.StreamResponse:
+        if not isinstance(exc, web.HTTPException):
+            return to_response(error_reply(exc))
+        if exc.status < 400:  # a redirect: sent as aiohttp made it
+            return web.Response(status=exc.status, headers=exc.headers, text=exc.text)
+        if isinstance(exc, web.HTTPRequestEntityTooLarge):
+            return to_response(error_reply(admission.too_large(self.settings.max_body_bytes)))
+        # e.g. a static file that is not there, the page when none is installed
+        return web.json_response(
+            {"error": exc.reason, "code": _HTTP_CODES.get(exc.status, "http_error")},
+            status=exc.status)
+
+    def status(self, answer: web.StreamResponse) -> int:
+        return answer.status
+
+    def cancelled(self, req: RequestLog) -> int:
+        return pipeline.CLIENT_CLOSED
+
+    async def done(self, answer: web.StreamResponse, req: RequestLog,
+                   timing: str | None) -> web.StreamResponse:
+        if not answer.prepared:  # a socket has sent its headers
+            answer.headers[REQUEST_ID_HEADER] = req.request_id
+            if timing is not None:
+                answer.headers[pipeline.SERVER_TIMING] = timing
+        return answer
+
+
+def _incoming(request: web.Request, route: str, template: str | None, *,
+              stream: bool = False) -> Incoming:
+    return Incoming(
+        "http", request.method, route, request.rel_url.raw_path, request.headers,
+        f"{request.method} {template}" if template else request.method, request.remote,
+        request.match_info, lambda: _span_attributes(request, template), stream)
+
+
 def _handler(endpoint: Endpoint):
-    async def handle(request: web.Request) -> web.Response:
+    """The aiohttp handler of one endpoint: the request pipeline around its codec call."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
         service = request.app[SERVICE]
-        # NOTE: held until the answer is built: the body's bytes live that long. The body is
-        # read only when a codec asks; aiohttp stops at the declared length, so a longer body
-        # is never read here.
-        with Reservation(service.inflight) as held:
-            read_body = admit_body(chunks(request.content.iter_any(), ConnectionError),
-                                   content_length(request.headers),
-                                   service.settings.max_body_bytes, held)
-            reply = await dispatch(service, endpoint, build_request(
+        incoming = _incoming(request, endpoint.name, request.match_info.route.resource.canonical,
+                             stream=endpoint.stream is not None)
+        if endpoint.stream is not None and ws.is_upgrade(request):
+            async def open_stream(caller, held: Reservation) -> web.StreamResponse:
+                return await ws.serve(service, endpoint, caller, request, build_request(
+                    request.method, request.path, request.match_info, request.query.items(),
+                    request.headers.items()))
+
+            # NOTE: an open socket may be receiving a message of up to its size limit at any
+            # time: it holds that much of the in-flight budget for its whole life.
+            return await pipeline.run(
+                service, incoming, open_stream, HttpOutcome(service.settings),
+                access=endpoint.access,
+                admit=lambda held: held.take(service.settings.max_ws_message_bytes))
+        # NOTE: the body is read only when the codec asks; aiohttp stops at the declared
+        # length, so a longer body is never read here. Its bytes are held until the answer is
+        # built.
+        body = IncomingBody(chunks(request.content.iter_any(), ConnectionError),
+                            request.headers, service.settings.max_body_bytes)
+
+        async def call(caller, held: Reservation) -> web.StreamResponse:
+            return to_response(await endpoint.handle(caller, build_request(
                 request.method, request.path, request.match_info, request.query.items(),
-                request.headers.items(), read_body))
-        return to_response(reply)
+                request.headers.items(), body.read)))
+
+        return await pipeline.run(service, incoming, call, HttpOutcome(service.settings),
+                                  access=endpoint.access, admit=body.admit)
 
     handle.__name__ = endpoint.name
     return handle
@@ -105,67 +163,29 @@ def _span_attributes(request: web.Request, template: str | None) -> dict[str, st
 
 @web.middleware
 async def transport_middleware(request: web.Request, handler):
-    """JSON bodies for aiohttp's own errors (no route, wrong method, body too large) and any
-    error a transport handler lets escape; request metrics and Server-Timing by route name (the
-    endpoint's name, `common.exchange.UNMATCHED` when no route matched); the request's id
-    (`X-Request-Id`, echoed), span and access line (`service.core.logs.request_scope`)."""
-    service = request.app[SERVICE]
+    """What is not an endpoint through the request pipeline too, without a caller: the web
+    page and static files under their route's name, and what aiohttp answers itself (no route:
+    404, or 405 with the allowed methods) under `UNMATCHED`. The endpoints' handlers run it
+    themselves (`_handler`)."""
     route = request.match_info.route
+    if route.name in ENDPOINT_NAMES:
+        return await handler(request)
     matched = route.resource is not None
     template = route.resource.canonical if matched else None
-    with request_scope(
-            service.tracing, service.settings.access_log, protocol="http",
-            method=request.method, route=route.name if matched else UNMATCHED,
-            path=request.rel_url.raw_path, headers=request.headers, remote=request.remote,
-            span_name=f"{request.method} {template}" if template else request.method,
-            attributes=(_span_attributes(request, template) if service.tracing is not None
-                        else None)) as req:
+    service = request.app[SERVICE]
+
+    async def answer(caller, held: Reservation) -> web.StreamResponse:
         try:
-            response = await _answer(request, handler, matched)
-        except web.HTTPException as exc:  # a redirect: aiohttp answers it
-            req.status = exc.status
-            raise
-        req.status = response.status
-        if not isinstance(response, web.WebSocketResponse):  # a socket sent its headers
-            response.headers[REQUEST_ID_HEADER] = req.request_id
-        return response
+            return await handler(request)
+        except web.HTTPException as exc:
+            if matched or exc.status >= 500 or exc.status < 400:
+                raise
+            # aiohttp's router found no route: 404, or 405 with the allowed methods
+            return to_response(no_route(getattr(exc, "allowed_methods", ())))
 
-
-async def _answer(request: web.Request, handler, matched: bool) -> web.StreamResponse:
-    """The handler's answer, or the JSON error body; counted in metrics, with Server-Timing."""
-    start = time.perf_counter()
-    route = request.match_info.route
-    label = route.name if matched else UNMATCHED
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        if not matched:  # aiohttp's router found no route: 404, or 405 with the allowed methods
-            response = to_response(no_route(getattr(exc, "allowed_methods", ())))
-        elif isinstance(exc, web.HTTPRequestEntityTooLarge):
-            response = to_response(error_reply(admission.too_large(
-                request.app[SERVICE].settings.max_body_bytes)))
-        else:
-            # e.g. a static file that is not there, the page when none is installed
-            response = web.json_response(
-                {"error": exc.reason, "code": _HTTP_CODES.get(exc.status, "http_error")},
-                status=exc.status)
-    except asyncio.CancelledError:
-        # The client went away (`server_options`), or shutdown cancelled what was left.
-        # A socket's lifetime is not a request's latency (as below): counted, not timed.
-        record(request.app[SERVICE].metrics, label, CLIENT_CLOSED,
-               None if label == WS_ROUTE else start)
-        raise
-    except Exception as exc:  # noqa: BLE001 - every error becomes a JSON answer
-        response = to_response(error_reply(exc))
-    metrics = request.app[SERVICE].metrics
-    if isinstance(response, web.WebSocketResponse):
-        # A socket's lifetime is not a request's latency: count it, keep it out of the histogram.
-        record(metrics, label, response.status, None)
-        return response
-    response.headers[SERVER_TIMING] = record(metrics, label, response.status, start)
-    return response
+    return await pipeline.run(service, _incoming(request, route.name if matched else UNMATCHED,
+                                                 template),
+                              answer, HttpOutcome(service.settings))
 
 
 def _protocol_error(self, request, status: int = 500, exc: BaseException | None = None,
@@ -237,7 +257,7 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     app.on_shutdown.append(_stop_accepting)
     app.cleanup_ctx.append(_lifecycle)
     # NOTE: aiohttp's own router routes here, not `common.router.Router` (which Ray's ingress
-    # uses): it also routes what is not an endpoint (the page, the static files, the WebSocket)
+    # uses): it also routes what is not an endpoint (the page, the static files)
     # and fills `match_info` the middleware labels metrics with, and a catch-all route over
     # Router would hide the table from aiohttp's tooling. tests/service/transports/
     # test_router.py holds the two routers to the same match on every method and path kind, and
@@ -246,9 +266,6 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     for endpoint in ENDPOINTS:
         app.router.add_route(endpoint.method, endpoint.path, _handler(endpoint),
                              name=endpoint.name)
-    app.router.add_get("/ws/classify/{bot_id}",
-                       lambda request: ws.classify_ws(request.app[SERVICE], request),
-                       name=WS_ROUTE)
     if STATIC_DIR.exists():
         app.router.add_static("/static", STATIC_DIR, name="static")
     return app

@@ -19,7 +19,7 @@ import pytest
 from schemathesis.specs.openapi.definitions import OPENAPI_30
 
 from heads import InvalidBotId, validate_bot_id
-from service.codecs import admin, native, oip, openapi, ops, tfserving
+from service.codecs import admin, native, oip, oip_tensors, openapi, ops, tfserving
 from service.codecs.base import JSON, Answer, Body, Endpoint, Param, Reply, dispatch, json_answer
 from service.codecs.common import is_number
 from service.core.auth import MANAGE, PUBLIC
@@ -154,7 +154,7 @@ def _check_reply(doc, op, reply: Reply) -> None:
     if reply.content_type == JSON:
         check_schema(doc, response["content"][JSON]["schema"], json.loads(reply.body))
     else:
-        header_length = int(reply.headers[oip.HEADER_LENGTH])
+        header_length = int(reply.headers[oip_tensors.HEADER_LENGTH])
         check_schema(doc, response["content"][JSON]["schema"],
                      json.loads(reply.body[:header_length]))
 
@@ -166,7 +166,7 @@ def test_the_binary_request_form_of_infer_is_documented_with_its_header(describe
         assert op["requestBody"]["content"]["application/octet-stream"]["schema"]["format"] \
             == "binary"
         (header,) = [p for p in op["parameters"] if p["in"] == "header"]
-        assert header["name"] == oip.HEADER_LENGTH and header["required"] is False
+        assert header["name"] == oip_tensors.HEADER_LENGTH and header["required"] is False
         check_schema(doc, header["schema"], 123)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from service.codecs import oip
 from service.codecs.base import dispatch
-from service.codecs.oip import (
+from service.codecs.oip_tensors import (
     HEADER_LENGTH,
     InferRequest,
     OutputRequest,

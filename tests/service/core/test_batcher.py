@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from service.core.batcher import Batcher, Row
+from service.core.batcher import Batcher
 from service.core.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
+from service.core.rows import Row
 from tests.support.fakes import FakeClock
 
 pytestmark = pytest.mark.timeout(30)

@@ -26,7 +26,7 @@ from service.transports.http.app import LISTENERS, SERVICE
 from tests.backbone.helpers import encode, pattern
 from tests.support.fakes import GatedTrunk
 from tests.support.polling import until
-from tests.support.servers import metric
+from tests.support.prometheus import metric
 
 pytestmark = pytest.mark.timeout(120)
 

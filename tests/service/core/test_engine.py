@@ -21,7 +21,6 @@ import service.core.engine as engine_module
 from backbone.errors import ImageTooLarge, InvalidImage
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head
-from service.core.batcher import Row
 from service.core.engine import Engine, FeatureCache, Images, Item, score
 from service.core.errors import (
     BadRequest,
@@ -31,6 +30,7 @@ from service.core.errors import (
     ShuttingDown,
 )
 from service.core.metrics import Metrics
+from service.core.rows import Row
 from service.core.settings import Settings
 from tests.backbone.helpers import encode, pattern
 from tests.support.builders import random_head

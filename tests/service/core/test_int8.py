@@ -11,9 +11,9 @@ import logging
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from backbone.gate import percent
+from bench.prometheus import by_labels, samples
 from service.core.metrics import Metrics
 from store import HeadStore
 from tests.backbone.helpers import encode, pattern
@@ -43,15 +43,12 @@ def tie_head(held_out):
 
 def agreements(text: str) -> dict[str, float]:
     """`multihead_bot_int8_agreement` of a /metrics text: bot -> value."""
-    return {sample.labels["bot"]: sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name == "multihead_bot_int8_agreement"}
+    return by_labels(text, "multihead_bot_int8_agreement")
 
 
 def _trunk_info(text: str) -> list[dict[str, str]]:
     """The label sets of `multihead_trunk_info` in a /metrics text."""
-    return [sample.labels for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == "multihead_trunk_info"]
+    return [dict(labels) for name, labels in samples(text) if name == "multihead_trunk_info"]
 
 
 async def test_serve_by_default_runs_the_int8_trunk_and_shows_its_calibration(

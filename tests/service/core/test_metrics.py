@@ -9,19 +9,15 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
+from bench import prometheus
 from service.core.metrics import OTHER, REFUSAL_CODES, Metrics, TopBots
 
 
 def samples(m: Metrics) -> dict[tuple[str, tuple], float]:
     body, content_type = m.render()
     assert content_type.startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+    return prometheus.samples(body.decode())
 
 
 def bot_series(m: Metrics) -> dict[str, float]:

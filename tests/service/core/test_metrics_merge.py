@@ -1,19 +1,20 @@
 """The merge of several replicas' /metrics (what `multihead serve --ray` answers): real `Metrics`
 registries with different traffic, rendered and merged; the answer parsed back with
-prometheus_client's parser. The Ray end to end (two real replicas): tests/scaleout/test_ray.py."""
+the one parser of /metrics text (`bench.prometheus`). The Ray end to end (two real replicas):
+tests/scaleout/test_ray.py."""
 from __future__ import annotations
 
 import pytest
 
+from bench.prometheus import Samples, samples
 from service.core import metrics_merge
 from service.core.metrics import Metrics
 from service.core.metrics_merge import GAUGES, MISSING, PER_REPLICA, REPLICAS, Aggregate
-from tests.support.prometheus import Samples, parse_metrics
 
 
 def parse(body: bytes) -> Samples:
-    """`parse_metrics` of a /metrics body."""
-    return parse_metrics(body.decode())
+    """`samples` of a /metrics body (refused if a family or a sample is given twice)."""
+    return samples(body.decode())
 
 
 def text(m: Metrics) -> str:

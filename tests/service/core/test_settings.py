@@ -16,7 +16,8 @@ import re
 import pytest
 
 from cli.options import store_dir, trunk_kwargs, trunk_prefix
-from service.core.settings import CONSTRAINTS, Deployment, InvalidSettings, Settings
+from service.core.setting_fields import CONSTRAINTS, InvalidSettings
+from service.core.settings import Deployment, Settings
 
 DEPLOYMENT_FIELDS = {f.name for f in dataclasses.fields(Deployment)}
 

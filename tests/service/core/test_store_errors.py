@@ -34,6 +34,12 @@ class _Store:
     def key_table(self):
         return {}
 
+    def watch(self):
+        pass
+
+    def snapshot_age_s(self):
+        return 0.0
+
     def mark_used(self, used):
         pass
 

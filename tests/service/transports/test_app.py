@@ -14,7 +14,8 @@ from tests.backbone.helpers import encode
 from tests.support.builders import random_head
 from tests.support.fakes import GatedTrunk
 from tests.support.polling import until
-from tests.support.servers import BOTS, metric
+from tests.support.prometheus import metric
+from tests.support.servers import BOTS
 
 
 class CountingTrunk:

@@ -34,7 +34,8 @@ from tritonclient.utils import InferenceServerException
 from backbone import preprocess
 from service.core.errors import ServiceError
 from service.core.service import Service
-from service.core.settings import InvalidSettings, Settings
+from service.core.setting_fields import InvalidSettings
+from service.core.settings import Settings
 from service.transports.grpc.server import GrpcServer
 from service.transports.http.app import LISTENERS, SERVICE
 from tests.backbone.helpers import encode, pattern
@@ -568,7 +569,7 @@ def test_rest_and_grpc_refuse_the_same_input_with_the_same_message(inputs, outpu
     """ModelInfer's request is read by the OIP codec's rules: the message REST gives."""
     import json
 
-    from service.codecs import oip
+    from service.codecs import oip_tensors
     from service.core.errors import BadRequest, error_status, grpc_status
     from service.transports.grpc import kserve
 
@@ -582,7 +583,7 @@ def test_rest_and_grpc_refuse_the_same_input_with_the_same_message(inputs, outpu
         if k is not None:
             out.parameters["classification"].int64_param = k
     with pytest.raises(BadRequest) as rest:
-        oip.parse_infer_request(json.dumps(body).encode(), None)
+        oip_tensors.parse_infer_request(json.dumps(body).encode(), None)
     with pytest.raises(BadRequest) as rpc:
         kserve.infer_request(request)
     assert str(rpc.value) == str(rest.value)

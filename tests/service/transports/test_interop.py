@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from backbone import preprocess
-from service.codecs.oip import HEADER_LENGTH
+from service.codecs.oip_tensors import HEADER_LENGTH
 from tests.support.builders import random_head
 from tests.support.fakes import GatedTrunk
 

@@ -1,11 +1,14 @@
 """`service.transports.common.router`: the Ray transport routes every request as aiohttp does."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from service.codecs.base import Endpoint, Reply
+from service.codecs.openapi import openapi_path
 from service.codecs.routes import ENDPOINTS
 from service.core.auth import PUBLIC
 from service.transports.common.router import Router, template_regex
@@ -46,17 +49,34 @@ def test_method_mismatch_lists_the_allowed_methods_and_unknown_paths_none():
     assert router.match("HEAD", "/y").allowed == ("GET",)
 
 
-# Paths of every kind the service serves, and some it does not.
-PATHS = ["/classify/acme", "/classify", "/bots", "/bots/acme", "/bots/acme/rollback",
-         "/healthz", "/readyz", "/metrics", "/v2", "/v2/health/live", "/v2/health/ready",
-         "/v2/models/acme", "/v2/models/acme/ready", "/v2/models/acme/infer",
-         "/v2/models/acme/versions/3", "/v2/models/acme/versions/3/infer",
-         "/v1/models/acme", "/v1/models/acme/metadata", "/v1/models/acme:predict",
-         "/v1/models/acme:classify", "/v1/models/acme/versions/2:predict",
-         "/v2/models/a/b/ready", "/v1/models/a:b:predict", "/nope", "/bots/acme/x"]
+# The table of requests, generated from the route table: each endpoint's template filled with a
+# value of every kind its parameters may or may not take (a plain id, one with ':', one with
+# '/', digits), the same path with a trailing '/' and one segment more, and paths of no route.
+PARAMETER_VALUES = ("acme", "a:b", "a/b", "3")
+NO_ROUTE = ("/", "/nope", "/v2/", "/v1/models", "/bots/acme/x")
 
 
-@pytest.mark.parametrize("method", ["GET", "HEAD", "POST", "PUT", "DELETE"])
+def paths_of(endpoint: Endpoint) -> list[str]:
+    template = openapi_path(endpoint.path)
+    filled = {re.sub(r"\{\w+\}", value, template) for value in PARAMETER_VALUES}
+    return sorted({variant for path in filled for variant in (path, path + "/", path + "/x")})
+
+
+PATHS = sorted({path for endpoint in ENDPOINTS for path in paths_of(endpoint)} | set(NO_ROUTE))
+# Every method of the table (PATCH included), and HEAD, which no endpoint serves (a GET route
+# answers it 405, as aiohttp's `add_route("GET", ...)` does).
+METHODS = sorted({endpoint.method for endpoint in ENDPOINTS} | {"HEAD"})
+
+
+def test_the_table_reaches_every_route_with_its_method():
+    ours = Router(ENDPOINTS)
+    for endpoint in ENDPOINTS:
+        path = re.sub(r"\{\w+\}", PARAMETER_VALUES[0], openapi_path(endpoint.path))
+        assert ours.match(endpoint.method, path).endpoint == endpoint, endpoint.name
+    assert {"PATCH", "PUT", "DELETE", "HEAD"} <= set(METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)
 async def test_the_router_agrees_with_aiohttps_on_every_route(method):
     app = web.Application()
     for endpoint in ENDPOINTS:

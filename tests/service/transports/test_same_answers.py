@@ -47,14 +47,15 @@ import pytest
 from PIL import Image
 from starlette.requests import Request as HttpRequest
 
+from service.codecs.pipeline import UNMATCHED
 from service.core.metrics import Metrics
 from service.core.service import Service
-from service.transports.common.exchange import UNMATCHED
 from service.transports.grpc import kserve as grpc_kserve
 from service.transports.grpc import tfserving as grpc_tfserving
 from service.transports.grpc.common import CODE_KEY
 from service.transports.http.app import LISTENERS, SERVICE
-from service.transports.ray.serve import Call, Ingress, answer
+from service.transports.ray.ingress import Ingress
+from service.transports.ray.replica import Call, answer
 from tests.backbone.helpers import encode
 from tests.docs.reference import error_codes
 from tests.service.transports import grpc_column
@@ -180,6 +181,9 @@ CASES = [
     Case("TF Serving metadata", "GET", "/v1/models/delta/metadata", 200, "tfs_metadata"),
     Case("admin without token", "PUT", "/bots/alpha", 401, "put_bot", body=b"{}",
          headers=JSON_TYPE),
+    # The pipeline checks the caller before admission: no credential, whatever the body.
+    Case("admin without token, body over the size limit", "PUT", "/bots/alpha", 401,
+         "put_bot", "unauthorized", body=b"x" * (MAX_BODY_BYTES + 1), headers=JSON_TYPE),
     Case("admin with a wrong token", "DELETE", "/bots/alpha", 403, "delete_bot",
          headers={"Authorization": "Bearer wrong"}),
     Case("metrics", "GET", "/metrics", 200, "metrics", same_body=False),
@@ -309,7 +313,7 @@ async def through_ray(trunk, store, tmp_path) -> Transport:
 
     async def send(case: Case) -> Answer:
         before = requests_counted(service.metrics)
-        resp = await ingress(starlette_request(case))
+        resp = await ingress.respond(starlette_request(case))
         return Answer(resp.status_code, {k.lower(): v for k, v in resp.headers.items()},
                       bytes(resp.body), moved(before, requests_counted(service.metrics)))
 

@@ -1,0 +1,163 @@
+"""Room in the batcher's queue: the one room check (`QueueRoom.book`) and the `Booking` it gives.
+
+A caller that prepares its rows before queueing them (decoding images) books their room first
+(admission before work) and hands the `Booking` to `Batcher.submit_many`, which queues the booked
+rows without checking again; `Batcher.submit` and a `submit_many` without a booking book and
+queue at once. The room counts the rows queued and the rows booked, against:
+
+- `max_queue_rows` for all (503 `Overloaded` beyond it, with the time the queue needs to drain
+  as Retry-After);
+- a tenant's own `max_queued`, under either scheduler, and under `fair` its weighted share of
+  the queue (`service.core.fair.TenantQueue.share`): 429 `QueueShareExceeded` beyond them, once
+  the tenant has rows waiting;
+- a tenant within its share is never refused for another's flood: when the queue is full, the
+  newest requests of the tenants most over their shares are pushed out instead (`push_out`).
+
+No asyncio here beyond failing the futures of the rows pushed out; the `Batcher` says when a
+booking released may let a waiting batch go (`on_release`).
+"""
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from service.core.errors import BadRequest, Overloaded, QueueShareExceeded
+from service.core.fair import TenantQueue
+from service.core.rows import fail
+
+
+class Booking:
+    """Room for `rows` rows in the queue bound, held from `Batcher.book` until the rows are
+    queued (`Batcher.submit_many(..., booking=)`) or the booking is released (leaving its
+    `with` block, or `release()`). Released twice or after use: nothing happens."""
+
+    __slots__ = ("rows", "tenant", "_room")
+
+    def __init__(self, room: QueueRoom, rows: int, tenant: str = "") -> None:
+        self.rows = rows
+        self.tenant = tenant
+        self._room: QueueRoom | None = room
+
+    @property
+    def held(self) -> bool:
+        return self._room is not None
+
+    def release(self) -> None:
+        """Gives the room back (the rows will not come) and lets a waiting batch re-evaluate."""
+        room, self._room = self._room, None
+        if room is not None:
+            room.unbook(self.rows, self.tenant)
+            room.on_release()
+
+    def use(self, room: QueueRoom, rows: int) -> None:
+        """The booked rows are being queued now: the room passes from the booking to the
+        queue (no await between this and the rows entering the queue). For the batcher only.
+
+        Raises:
+            RuntimeError: the booking was released or used, or is another batcher's; or more
+                rows than booked are queued.
+        """
+        if self._room is not room:
+            raise RuntimeError("this booking was released, used, or is another batcher's")
+        if rows > self.rows:
+            raise RuntimeError(f"{rows} rows queued on a booking of {self.rows}")
+        self._room = None
+        room.unbook(self.rows, self.tenant)
+
+    def __enter__(self) -> Booking:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class QueueRoom:
+    """The room of one batcher's queue: the rows booked, and the check that gives a booking.
+
+    Args:
+        queue: the batcher's queue (its rows, per tenant, and their shares).
+        max_queue_rows: most rows queued and booked together.
+        max_batch_size: the batch size (no tenant's share is below one batch).
+        max_queued: `max_queued(tenant) -> int | None`: a tenant's own cap on queued and
+            booked rows (None: none).
+        retry_after_s: `retry_after_s() -> float`, the Retry-After of a refusal.
+        on_release: called when a booking is released unused (the rows will not come: a
+            batch waiting for them may go).
+    """
+
+    def __init__(self, queue: TenantQueue, *, max_queue_rows: int, max_batch_size: int,
+                 max_queued: Callable[[str], int | None], retry_after_s: Callable[[], float],
+                 on_release: Callable[[], None]) -> None:
+        self.queue = queue
+        self.max_queue_rows = max_queue_rows
+        self.max_batch_size = max_batch_size
+        self.on_release = on_release
+        self.booked = 0  # rows of the bookings held
+        self.tenant_booked: collections.Counter[str] = collections.Counter()
+        self._max_queued = max_queued
+        self._retry_after_s = retry_after_s
+
+    def book(self, n: int, tenant: str = "") -> Booking:
+        """Holds room for `n` rows of `tenant`: the one room check (see the module doc).
+
+        Raises:
+            BadRequest: `n` exceeds `max_queue_rows` (they could never fit).
+            QueueShareExceeded: `tenant` has rows queued and these would pass its share of
+                the queue (fair) or its own max_queued.
+            Overloaded: no room now (with the time the queue needs to drain, as Retry-After).
+        """
+        if n > self.max_queue_rows:
+            raise BadRequest(
+                f"{n} images in one request exceed the queue bound "
+                f"max_queue_rows={self.max_queue_rows}"
+            )
+        q = self.queue
+        mine = q.rows.get(tenant, 0) + self.tenant_booked.get(tenant, 0)
+        cap = self._max_queued(tenant)
+        if mine and cap is not None and mine + n > cap:
+            raise QueueShareExceeded(self._retry_after_s(), (
+                f"tenant '{tenant}' has {mine} images waiting, its max_queued is {cap}; "
+                "retry when they are served"))
+        share = None
+        if q.fair:
+            share = q.share(tenant, self.max_queue_rows, self.max_batch_size,
+                            self.tenant_booked)
+            # A tenant alone has the whole queue as its share: full, the server is (503 below).
+            if mine and mine + n > share and share < self.max_queue_rows:
+                raise QueueShareExceeded(self._retry_after_s(), (
+                    f"tenant '{tenant}' has {mine} images waiting, its share of the queue is "
+                    f"{share} now; retry when they are served"))
+        if len(q) + self.booked + n > self.max_queue_rows and share is not None:
+            self.push_out(tenant, len(q) + self.booked + n - self.max_queue_rows)
+        if len(q) + self.booked + n > self.max_queue_rows:
+            raise Overloaded(retry_after_s=self._retry_after_s())
+        self.booked += n
+        self.tenant_booked[tenant] += n
+        return Booking(self, n, tenant)
+
+    def unbook(self, n: int, tenant: str = "") -> None:
+        """Gives back the room of `n` booked rows of `tenant` (used, or released)."""
+        self.booked -= n
+        self.tenant_booked[tenant] -= n
+        if self.tenant_booked[tenant] <= 0:
+            del self.tenant_booked[tenant]
+
+    def push_out(self, tenant: str, need: int) -> None:
+        """Makes room for `need` rows of `tenant` (within its share) by failing the newest
+        queued requests of the tenants most over their shares, with QueueShareExceeded."""
+        q = self.queue
+        while need > 0:
+            victims = q.victims(tenant, self.max_queue_rows, self.max_batch_size,
+                                self.tenant_booked)
+            newest = next((e for e in map(q.newest_of, victims) if e is not None), None)
+            if newest is None:
+                return
+            request = [e for e in newest.request if e.queued]
+            error = QueueShareExceeded(self._retry_after_s(), (
+                f"tenant '{newest.tenant}' is over its share of the queue: its newest images "
+                "made room for a tenant within its share; retry later"))
+            q.remove_many(request)
+            for e in request:
+                e.queued = False
+            fail(request, error)
+            need -= len(request)
