@@ -90,8 +90,8 @@ test: lint system-deps
 	fi; \
 	test "$$first" -eq 0 && test $$second -eq 0
 
-# First run: demo trunk, generated images, INT8 trunk and demo bots (about 3-7 min); later runs
-# reuse them.
+# First run: demo trunk, generated images, demo bots, then the INT8 trunk whose gate judges
+# them (about 3-7 min); later runs reuse them.
 demo: $(STAMP)
 	$(BIN)/multihead demo --store $(STORE)
 

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,6 +44,12 @@ class TrunkTimings:
     compile_s: float = 0.0  # OpenVINO: freeze + convert + compile, or import from the cache
 
 
+# What `choose` asks about the active heads: their top-1 agreement on an INT8 trunk (an
+# `Int8Artifact`: its held-out features, `backbone.gate.agreement`), head name -> share. The
+# caller knows the heads (a store, a service); the backbone only judges.
+HeadsAgreement = Callable[[object], Mapping[str, float]]
+
+
 @dataclass(frozen=True)
 class TrunkChoice:
     """What a trunk will run as, resolved before anything is loaded (`choose`).
@@ -52,22 +59,35 @@ class TrunkChoice:
       precision: "fp32" | "bf16" | "fp16" | "int8".
       float_precision: the precision of the layers an INT8 trunk keeps in float.
       int8_artifact: precision "int8": the `backbone.quantize.Int8Artifact` to run.
+      judged: the INT8 trunk whose gate is `gate`: the one run, else the newest one passed over
+        (None where none was looked up or found).
+      gate: its `backbone.gate.FidelityReport`, for the active heads when `choose` was given
+        them, else as recorded at calibration.
+      why: the precision and why, for the log ("int8: gate passed for 3 heads (...)",
+        "bf16: the INT8 trunk's gate fails for head 'x' (...)").
     """
 
     runtime: str
     precision: str
     float_precision: str
     int8_artifact: object | None = None
+    judged: object | None = None
+    gate: object | None = None
+    why: str = ""
 
 
 def choose(prefix: str, *, device: Device, precision: str = "auto", runtime: str = "auto",
-           int8_dir: str | os.PathLike | None = None) -> TrunkChoice:
+           int8_dir: str | os.PathLike | None = None,
+           heads: HeadsAgreement | None = None) -> TrunkChoice:
     """Resolves the runtime, then the precision, by the rules of `backbone.precision`.
 
     The INT8 trunks calibrated for the checkpoint are looked up in `int8_dir` only where they
     matter (a runtime that declares the INT8 trunk, precision "int8" or "auto"); reads the
-    checkpoint's fingerprint and no TensorFlow or OpenVINO. "int8" takes the newest passing
-    INT8 trunk, else the newest one forced below a bound; "auto" only a passing one.
+    checkpoint's fingerprint and no TensorFlow or OpenVINO. Each is judged by its gate
+    (`backbone.gate`): for the active heads if `heads` is given (their agreement on its
+    held-out features), else as recorded when it was calibrated. "auto" takes the newest one
+    whose gate passes and passes over the others (a float precision then, `why` says which
+    head failed); "int8" takes the newest passing one, else the newest one.
 
     Raises:
       ValueError, PrecisionUnsupported, Int8ArtifactMissing, RuntimeUnavailable: see
@@ -83,12 +103,44 @@ def choose(prefix: str, *, device: Device, precision: str = "auto", runtime: str
         from backbone.quantize import Int8Artifact
 
         found = Int8Artifact.available(int8_dir, prefix)  # newest first
-    passing = [artifact for artifact in found if artifact.passed]
+    gates: dict[str, object] = {}
+
+    def gate_of(artifact):
+        if artifact.key not in gates:
+            report = artifact.report()
+            gates[artifact.key] = report if heads is None else report.for_heads(heads(artifact))
+        return gates[artifact.key]
+
+    passing = next((artifact for artifact in found if gate_of(artifact).passed), None)
     state = INT8_PASSING if passing else INT8_FAILING if found else INT8_NONE
     precision = resolve_precision(precision, device=device, runtime=runtime, int8=state)
     needs = spec.precisions[precision]
-    artifact = (passing or found)[0] if needs.artifact is registry.INT8_TRUNK else None
-    return TrunkChoice(runtime, precision, float_layers_precision(device), artifact)
+    artifact = (passing or found[0]) if needs.artifact is registry.INT8_TRUNK else None
+    judged = artifact or (found[0] if found else None)
+    gate = gate_of(judged) if judged is not None else None
+    why = _why(precision, wanted, spec, gate, looked_up=registry.INT8_TRUNK in looked_up,
+               kind=device.kind)
+    return TrunkChoice(runtime, precision, float_layers_precision(device), artifact, judged,
+                       gate, why)
+
+
+def _why(precision: str, wanted: str, spec, gate, *, looked_up: bool, kind: str) -> str:
+    """`TrunkChoice.why`: the precision and the reason, in one line."""
+    if wanted != "auto":
+        if precision == "int8" and gate is not None:
+            return (f"int8: asked for; {gate.summary()}" if gate.passed else
+                    f"int8: asked for, although the INT8 trunk's {gate.summary()}")
+        return f"{precision}: asked for"
+    if precision == "int8":
+        return f"int8: {gate.summary()}"
+    if gate is not None:
+        return f"{precision}: the INT8 trunk's {gate.summary()}"
+    if looked_up and kind == "cpu":
+        return (f"{precision}: no INT8 trunk calibrated for this checkpoint "
+                f"(`{registry.INT8_TRUNK.command}`)")
+    if registry.INT8_TRUNK not in spec.artifacts:
+        return f"{precision}: the fastest {spec.title} runs here (it runs no INT8 trunk)"
+    return f"{precision}: the fastest {spec.title} runs here"
 
 
 def warm_up(features, batch_sizes) -> float:
@@ -109,6 +161,9 @@ class Trunk:
     each concurrent caller gets its own infer request.
     """
 
+    # How `from_checkpoint` chose the runtime and precision, and why (None: built otherwise).
+    choice: TrunkChoice | None = None
+
     def __init__(self, runner: Runner, *, checkpoint_prefix: str,
                  timings: TrunkTimings | None = None):
         self.runner = runner
@@ -128,7 +183,8 @@ class Trunk:
                         graph_cache_dir: str | os.PathLike | None = None,
                         precision: str = "fp32",
                         runtime: str = "tf",
-                        int8_dir: str | os.PathLike | None = None) -> Trunk:
+                        int8_dir: str | os.PathLike | None = None,
+                        heads: HeadsAgreement | None = None) -> Trunk:
         """Builds the trunk graph once, restores it from a checkpoint and warms it up.
 
         Args:
@@ -179,13 +235,17 @@ class Trunk:
         # trunk starts without importing it.
         found = detect_device(device)
         choice = choose(prefix, device=found, precision=precision, runtime=runtime,
-                        int8_dir=cache_dir_of(prefix) if int8_dir is None else int8_dir)
+                        int8_dir=cache_dir_of(prefix) if int8_dir is None else int8_dir,
+                        heads=heads)
+        failing = choice.int8_artifact is not None and not choice.gate.passed
+        log.log(logging.WARNING if failing else logging.INFO, "precision %s", choice.why)
         runner = registry.runner_class(choice.runtime).load(LoadRequest(
             prefix, found, choice.precision, with_logits=with_logits,
             intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
             cache_dir=graph_cache_dir, gpu_memory_limit_mb=gpu_memory_limit_mb,
             int8_artifact=choice.int8_artifact, float_precision=choice.float_precision))
         trunk = cls(runner, checkpoint_prefix=prefix)
+        trunk.choice = choice
         trunk.warm_up(warmup_batch_sizes)
         t = trunk.timings
         log.info("trunk ready on %s (%s, %s) from %s: build %.1fs restore %.1fs compile %.1fs "
@@ -305,5 +365,5 @@ class Trunk:
                 f"precision={self.precision!r}, checkpoint={self.checkpoint_prefix!r})")
 
 
-__all__ = ["Trunk", "TrunkChoice", "TrunkTimings", "choose", "warm_up", "FEATURE_DIM",
-           "LOGITS_SCOPE"]
+__all__ = ["HeadsAgreement", "Trunk", "TrunkChoice", "TrunkTimings", "choose", "warm_up",
+           "FEATURE_DIM", "LOGITS_SCOPE"]

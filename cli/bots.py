@@ -195,6 +195,45 @@ def _registered(args: argparse.Namespace, store, bot_id: str, version: int, n: i
     return (f"registered bot '{bot_id}' version {version} ({n} classes) in {where} as its "
             f"candidate ({args.candidate}); version {active} stays active")
 
+def _print_int8_agreement(args: argparse.Namespace, store, bot_id: str) -> None:
+    """After a registration: the new version's agreement with the INT8 trunk of the serving
+    checkpoint (the newest calibrated for it; nothing where there is none), printed and
+    recorded beside it, so that `serve` does not score it again. Never fails the command:
+    the version is registered already."""
+    from backbone.checkpoint import cache_dir_of, resolve_prefix
+    from backbone.errors import BackboneError
+    from backbone.gate import MIN_HEAD_AGREEMENT, agreement, bound_percent, percent
+    from backbone.quantize import Int8Artifact
+    from service.core.bots import agreement_key
+
+    try:
+        prefix = resolve_prefix(trunk_prefix(args))
+        found = Int8Artifact.available(cache_dir_of(prefix), prefix)
+    except (BackboneError, OSError):  # no serving trunk here: no INT8 trunk either
+        return
+    if not found:
+        return
+    artifact, info = found[0], store.info(bot_id)
+    if args.candidate is None:
+        head, version, created, what = store.get(bot_id), info.version, info.created, "version"
+    else:
+        head, version, created = (store.candidate(bot_id).head, info.candidate.version,
+                                  info.candidate.created)
+        what = "candidate version"
+    try:
+        held_out = artifact.held_out()
+    except (OSError, ValueError) as exc:
+        print(f"warning: INT8 trunk agreement not measured: {exc}", file=sys.stderr)
+        return
+    value = agreement(held_out, head.weights, head.biases)
+    artifact.record_agreements({agreement_key(bot_id, version, created): value})
+    line = (f"INT8 trunk agreement: bot '{bot_id}' {what} {version} keeps its top-1 class on "
+            f"{percent(value)} of the INT8 trunk's {held_out.images} held-out images (bound >= "
+            f"{bound_percent(MIN_HEAD_AGREEMENT)})")
+    if not value >= MIN_HEAD_AGREEMENT:
+        line += ("; below it, `serve --precision auto` serves the float trunk from its next "
+                 "start" + (" once it is promoted" if args.candidate is not None else ""))
+    print(line)
 
 
 # -- register ------------------------------------------------------------------------------------
@@ -218,6 +257,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 weights_name=args.weights_name or "weights",
                 biases_name=args.biases_name or "biases", **_tenant(args))
             print(_registered(args, store, bot_id, version, len(labels)))
+            _print_int8_agreement(args, store, bot_id)
     else:
         from backbone.checkpoint import checkpoint_exists
 
@@ -240,6 +280,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                                                serving_trunk_prefix=serving, force=args.force,
                                                **_tenant(args))
             print(_registered(args, store, bot_id, version, len(labels)))
+            _print_int8_agreement(args, store, bot_id)
     return 0
 
 
@@ -267,11 +308,15 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
     if own_trunk:
         from backbone import Trunk
         from backbone.checkpoint import cache_dir_of, resolve_prefix
+        from service.core.bots import Int8Agreement
 
-        # The trunk `serve` runs: its graph, compiled models and INT8 trunk next to it.
+        # The trunk `serve` runs: its graph, compiled models and INT8 trunk next to it, the
+        # INT8 trunk only where its gate passes for the registered bots.
         prefix = resolve_prefix(trunk_prefix(args))
-        trunk = Trunk.from_checkpoint(prefix, graph_cache_dir=cache_dir_of(prefix),
-                                      **trunk_kwargs(args))
+        with open_store(args) as store:
+            trunk = Trunk.from_checkpoint(prefix, graph_cache_dir=cache_dir_of(prefix),
+                                          heads=Int8Agreement(store).judge,
+                                          **trunk_kwargs(args))
     try:
         data = extract_features(folder, trunk, batch_size=args.batch_size,
                                 progress=not args.no_progress)
@@ -289,6 +334,7 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
                                  source=f"train:{os.path.abspath(args.images)}",
                                  **_tenant(args))
         print(_registered(args, store, bot_id, version, len(result.labels)))
+        _print_int8_agreement(args, store, bot_id)
     return 0
 
 

@@ -18,11 +18,11 @@ def add_commands(sub) -> None:
         description=(
             "Create what the demo needs under the store: the seeded demo trunk (unless "
             "trunk/inception_v4.ckpt, the official checkpoint, is there), generated labelled "
-            f"images ({', '.join(KINDS)}) under demo_images/, an INT8 trunk calibrated on them "
-            f"as `multihead quantize` does (where the trunk runs on {int8_runtimes()}; about two "
-            "minutes, once; serve runs it by default if it passes its fidelity bounds, and one "
-            "below them is kept, marked failing, so that it is not calibrated again), and one bot "
-            "per kind trained on them. "
+            f"images ({', '.join(KINDS)}) under demo_images/, one bot per kind trained on them, "
+            "then an INT8 trunk calibrated on them as `multihead quantize` does, its gate judged "
+            f"on those bots' answers (where the trunk runs on {int8_runtimes()}; about two "
+            "minutes, once; serve runs it by default where its gate passes, and one that fails "
+            "is kept, marked failing, so that it is not calibrated again). "
             "Reuses everything already there; a demo bot is retrained when the store's "
             "trunk changed. `make serve` runs this before `multihead serve`."),
     )

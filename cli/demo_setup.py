@@ -2,12 +2,12 @@
 
 First run (about two minutes on 2 cores): the seeded demo trunk (unless the official
 checkpoint is in `<store>/trunk/`), the generated labelled images under `<store>/demo_images/`,
-an INT8 trunk calibrated on those images with `multihead quantize`'s code (where the trunk runs
-on a runtime that declares the INT8 trunk, OpenVINO, and NNCF is installed: `serve` then runs
-int8 by default), and one bot per image kind trained on them with the `train` code path, on
-the trunk `serve` will run. Later runs only check: the INT8 trunk is calibrated again when none
-exists for the store's trunk, and a demo bot is retrained when the trunk it was trained on is
-no longer the store's trunk.
+one bot per image kind trained on them with the `train` code path, on the trunk `serve` runs,
+then an INT8 trunk calibrated on those images with `multihead quantize`'s code (where the trunk
+runs on a runtime that declares the INT8 trunk, OpenVINO, and NNCF is installed), its gate
+judged on the bots just trained: `serve` runs it by default where the gate passes. Later runs
+only check: a demo bot is retrained when the trunk it was trained on is no longer the store's
+trunk, and the INT8 trunk is calibrated again when none exists for the store's trunk.
 """
 from __future__ import annotations
 
@@ -92,11 +92,12 @@ def int8_wanted(trunk_kwargs: dict | None) -> str | None:
 
 def ensure_int8(store_dir: Path, prefix: str, *, per_class: int, kinds=tuple(KINDS)) -> bool:
     """Calibrates an INT8 trunk for `prefix` on the demo's images (written first if missing),
-    unless one exists; returns whether a passing one exists afterwards.
+    its gate judged on the bots registered in the store, unless one exists; returns whether a
+    passing one exists afterwards.
 
-    NOTE: one below a fidelity bound is kept too, marked failing (as `multihead quantize
-    --force` keeps it): `auto` never serves it, and the next `multihead demo` (every
-    `make serve`) does not spend a minute calibrating the same images again.
+    NOTE: one below a bound is kept too, marked failing (as `multihead quantize --force` keeps
+    it): `auto` never serves it, and the next `multihead demo` (every `make serve`) does not
+    spend a minute calibrating the same images again.
     """
     from backbone.checkpoint import cache_dir_of
     from backbone.quantize import DEFAULT_SAMPLES, Int8Artifact
@@ -109,22 +110,26 @@ def ensure_int8(store_dir: Path, prefix: str, *, per_class: int, kinds=tuple(KIN
             write_demo_images(folder, kind, per_class)
         log.info("calibrating an INT8 trunk on the demo images (about a minute)")
         start = time.perf_counter()
+        # NOTE: plain calibration only: accuracy control costs many minutes more on 2 cores
+        # (`multihead quantize` runs it), and the demo's first run must stay about as long.
         calibrate(prefix, folder, image_files(folder), samples=DEFAULT_SAMPLES,
-                  store=str(store_dir), force=True)
+                  store=str(store_dir), force=True, accuracy_control=False)
         log.info("INT8 calibration took %.0fs", time.perf_counter() - start)
         found = Int8Artifact.find(cache_dir_of(prefix), prefix, passing=False)
-    passed = bool(found and found.passed)
-    if found is not None and not passed:
-        report = found.metadata()["fidelity"]
-        lowest = report.get("lowest") or [{}]  # absent in artifacts of earlier builds
-        log.warning("the demo's INT8 trunk is below a fidelity bound (min cosine %.6f < %s%s): "
-                    "kept but not served by default, the demo serves the float trunk",
-                    report["min_cosine"], report["min_cosine_bound"],
-                    f", lowest {lowest[0]['image']}, features {lowest[0]['norm_ratio']:.2f} x "
-                    "the median norm" if lowest[0] else "")
-    elif found is not None:
-        log.info("INT8 trunk: %s", found.xml_path.name)
-    return passed
+    if found is None:
+        return False
+    report = found.report()
+    if not report.passed:
+        lowest = report.lowest[0] if report.lowest else None
+        log.warning("the demo's INT8 trunk %s: kept but not served by default, the demo serves "
+                    "the float trunk%s; `multihead quantize --images %s --store %s` tries NNCF's "
+                    "accuracy control (minutes)", report.summary(),
+                    f" (lowest cosine {lowest['image']} {lowest['cosine']:.6f}, features "
+                    f"{lowest['norm_ratio']:.2f} x the median norm)" if lowest else "",
+                    store_dir / "demo_images", store_dir)
+    else:
+        log.info("INT8 trunk %s: %s", found.xml_path.name, report.summary())
+    return report.passed
 
 
 def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None,
@@ -134,9 +139,11 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
     """Creates the missing demo pieces in `store_dir`; returns the demo bots.
 
     Args:
-      trunk: a built Trunk to use (tests); else one is built from the store's trunk.
-      int8: calibrate an INT8 trunk on the demo images first (`ensure_int8`), where the trunk
-        would run it (`int8_wanted`), so that the bots are trained on the trunk `serve` runs.
+      trunk: a built Trunk to use (tests); else one is built from the store's trunk, as `serve`
+        would run it.
+      int8: calibrate an INT8 trunk on the demo images once the bots are trained
+        (`ensure_int8`), where the trunk would run it (`int8_wanted`), so that its gate judges
+        their answers.
     """
     from backbone.checkpoint import (
         checkpoint_exists,
@@ -155,12 +162,6 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
         write_random_checkpoint(prefix, seed=0)
     else:
         log.info("trunk: %s", prefix)
-    if int8:
-        why_not = int8_wanted(trunk_kwargs)
-        if why_not is None:
-            ensure_int8(store_dir, prefix, per_class=per_class, kinds=kinds)
-        else:
-            log.info("no INT8 trunk: %s", why_not)
     tag = _source_tag(trunk_digest(prefix))
     bots: list[DemoBot] = []
     own_trunk = trunk is None
@@ -182,8 +183,11 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
                 if trunk is None:
                     from backbone import Trunk
                     from backbone.checkpoint import cache_dir_of
+                    from service.core.bots import Int8Agreement
 
+                    # As `serve` chooses: an INT8 trunk only where its gate passes for the bots.
                     trunk = Trunk.from_checkpoint(prefix, graph_cache_dir=cache_dir_of(prefix),
+                                                  heads=Int8Agreement(store).judge,
                                                   **(trunk_kwargs or {}))
                 start = time.perf_counter()
                 folder = write_demo_images(store_dir / "demo_images", kind, per_class)
@@ -198,4 +202,10 @@ def ensure_demo(store_dir: str | Path, *, per_class: int = PER_CLASS, trunk=None
         finally:
             if own_trunk and trunk is not None:
                 trunk.close()
+    if int8:  # NOTE: after the bots: its gate judges their answers
+        why_not = int8_wanted(trunk_kwargs)
+        if why_not is None:
+            ensure_int8(store_dir, prefix, per_class=per_class, kinds=kinds)
+        else:
+            log.info("no INT8 trunk: %s", why_not)
     return bots

@@ -326,9 +326,9 @@ class OpenVinoRunner(Runner):
         report = LoadReport(compile_s=time.perf_counter() - t0, graph_from_cache=True,
                             compiled_from_cache=loaded is not None)
         if not calibration.passed:
-            log.warning("the INT8 trunk %s is below a fidelity bound (min cosine %.6f; kept "
-                        "with --force or by the demo): served because int8 was asked for",
-                        artifact.xml_path.name, calibration.min_cosine)
+            log.warning("the INT8 trunk %s failed its gate when it was calibrated (kept with "
+                        "--force or by the demo): served because int8 was asked for",
+                        artifact.xml_path.name)
         info = RunnerInfo(SPEC.name, "int8", request.device, float_precision=float_precision,
                           calibration=calibration)
         return cls(compiled, info=info, layout=layout, report=report)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from accounts import CandidateMode
 from accounts.errors import AccountsError
+from backbone.gate import MIN_HEAD_AGREEMENT
 from heads import HeadsError
 from service.codecs.base import Body, Endpoint, Param, Reply, Request, json_answer, json_reply
 from service.codecs.common import BOT_ID_SCHEMA, is_number
@@ -110,12 +111,14 @@ def register_upload(registry, bot_id: str, upload: HeadUpload, tenant: str | Non
             raise
 
 
-def render_info(service: Caller, info) -> dict:
-    """A bot's public description: the registry's view (no training source: a server path) and
-    whether it is pinned (its head always resident); for a caller that may manage the bot, its
-    candidate (null if none) with this process's stats of it."""
+async def render_info(service: Caller, info) -> dict:
+    """A bot's public description: the registry's view (no training source: a server path),
+    whether it is pinned (its head always resident) and its agreement with the INT8 trunk
+    (null without one); for a caller that may manage the bot, its candidate (null if none)
+    with this process's stats of it."""
     out = {**info.to_dict(with_source=False, with_candidate=False),
-           "pinned": service.is_pinned(info.bot_id)}
+           "pinned": service.is_pinned(info.bot_id),
+           "int8_agreement": await service.int8_agreement(info)}
     if service.may(MANAGE):
         out["candidate"] = service.candidate_report(info)
     return out
@@ -130,7 +133,7 @@ async def list_bots(service: Caller, request: Request) -> Reply:
 
 async def show_bot(service: Caller, request: Request) -> Reply:
     info = await service.info(request.params["bot_id"])
-    return json_reply(render_info(service, info))
+    return json_reply(await render_info(service, info))
 
 
 async def put_bot(service: Caller, request: Request) -> Reply:
@@ -144,13 +147,13 @@ async def put_bot(service: Caller, request: Request) -> Reply:
     version = await service.run_blocking(register_upload, service, bot_id, upload,
                                          request.query.get("tenant"))
     info = await service.info(bot_id)
-    return json_reply(render_info(service, info), status=201 if version == 1 else 200)
+    return json_reply(await render_info(service, info), status=201 if version == 1 else 200)
 
 
 async def promote_candidate(service: Caller, request: Request) -> Reply:
     bot_id = request.params["bot_id"]
     await service.promote(bot_id)
-    return json_reply(render_info(service, await service.info(bot_id)))
+    return json_reply(await render_info(service, await service.info(bot_id)))
 
 
 async def discard_candidate(service: Caller, request: Request) -> Reply:
@@ -172,7 +175,7 @@ async def rollback_bot(service: Caller, request: Request) -> Reply:
         raise BadRequest(f"to must be a version number, got '{to[:32]}'")
     await service.rollback(bot_id, int(to) if to else None)
     info = await service.info(bot_id)
-    return json_reply(render_info(service, info))
+    return json_reply(await render_info(service, info))
 
 
 # -- API description ---------------------------------------------------------------------------
@@ -233,7 +236,7 @@ BOT_SUMMARY_SCHEMA = {
 BOT_INFO_SCHEMA = {
     "title": "BotInfo", "type": "object", "additionalProperties": False,
     "required": ["bot_id", "version", "n_classes", "labels", "created", "versions", "tenant",
-                 "pinned"],
+                 "pinned", "int8_agreement"],
     "properties": {
         "bot_id": {"type": "string"},
         "tenant": {"type": "string", "description": "the tenant that owns it"},
@@ -247,6 +250,15 @@ BOT_INFO_SCHEMA = {
                      "description": "every version still on disk that can be made active, "
                                     "ascending (the candidate's is not one)"},
         "pinned": _PINNED,
+        "int8_agreement": {
+            "type": "number", "minimum": 0, "maximum": 1, "nullable": True,
+            "description": "the share of the INT8 trunk's held-out images (`multihead "
+                           "quantize`) on which the active version's top-1 class is the same "
+                           "with the INT8 trunk's features as with the float trunk's; null "
+                           "without an INT8 trunk for the serving checkpoint (or for about a "
+                           "second after a registration elsewhere). Below "
+                           f"{MIN_HEAD_AGREEMENT}, `--precision auto` serves the float trunk "
+                           "from the next start"},
         "candidate": CANDIDATE_SCHEMA}}
 _BINARY = {"type": "string", "format": "binary"}
 HEAD_UPLOAD_BODY = Body(

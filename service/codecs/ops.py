@@ -43,6 +43,30 @@ CALIBRATION_SCHEMA = {
                    "min_cosine": {"type": "number"},
                    "passed": {"type": "boolean"}}}
 
+_SHARE = {"type": "number", "minimum": 0, "maximum": 1, "nullable": True}
+GATE_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["passed", "images", "heads", "lowest_head", "min_agreement",
+                 "overall_agreement", "mean_cosine", "min_cosine", "bounds", "failures"],
+    "description": "the gate of the INT8 trunk the choice judged (the one run, else the newest "
+                   "passed over): on its held-out images, every head's top-1 agreement with "
+                   "the float trunk, all heads' answers together, and the mean cosine of the "
+                   "features, against their bounds (the min cosine is reported, not gated); "
+                   "each bot's agreement is in GET /bots/{bot_id}",
+    "properties": {"passed": {"type": "boolean"},
+                   "images": {"type": "integer", "minimum": 1},
+                   "heads": {"type": "integer", "minimum": 0,
+                             "description": "the active bots judged (0: the mean cosine alone "
+                                            "decides)"},
+                   "lowest_head": {"type": "string", "nullable": True},
+                   "min_agreement": {**_SHARE, "description": "the lowest head's agreement"},
+                   "overall_agreement": {**_SHARE, "description": "all heads' answers"},
+                   "mean_cosine": {"type": "number"},
+                   "min_cosine": {"type": "number"},
+                   "bounds": {"type": "object", "additionalProperties": {"type": "number"}},
+                   "failures": {"type": "integer", "minimum": 0,
+                                "description": "bounds not met (one per failing head)"}}}
+
 READINESS_SCHEMA = {
     "title": "Readiness", "type": "object", "additionalProperties": False,
     "required": ["status"],
@@ -52,16 +76,22 @@ READINESS_SCHEMA = {
         "status": {"type": "string", "enum": ["loading", "ready", "failed"]},
         "trunk": {"type": "object", "required": ["weights"],
                   "description": "the trunk's weights (official, demo or custom) and, once "
-                                 "built, its checkpoint, device, runtime and precision; an "
-                                 "int8 trunk also the precision of its float layers and its "
-                                 "calibration set",
+                                 "built, its checkpoint, device, runtime and precision and why; "
+                                 "an int8 trunk also the precision of its float layers and its "
+                                 "calibration set; the gate of an INT8 trunk judged",
                   "properties": {"weights": {"type": "string"},
                                  "checkpoint": {"type": "string"},
                                  "device": {"type": "string"},
                                  "runtime": {"type": "string"},
                                  "precision": {"type": "string"},
                                  "float_precision": {"type": "string"},
-                                 "calibration": CALIBRATION_SCHEMA}},
+                                 "calibration": CALIBRATION_SCHEMA,
+                                 "why": {"type": "string",
+                                         "description": "the precision and why it was chosen "
+                                                        "(\"int8: gate passed for 3 heads "
+                                                        "...\", \"bf16: the INT8 trunk's "
+                                                        "gate fails for head 'x' ...\")"},
+                                 "gate": GATE_SCHEMA}},
         "timings": {"type": "object", "additionalProperties": {"type": "number"},
                     "description": "bring-up steps in seconds (import_s, build_s, restore_s, "
                                    "compile_s, warmup_s, preload_s, ready_s)"},

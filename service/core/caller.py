@@ -369,6 +369,12 @@ class Caller:
         it sees it (`Bots.candidate_report`)."""
         return self._core.bots.candidate_report(info)
 
+    @rule(INFER)
+    async def int8_agreement(self, info: BotInfo) -> float | None:
+        """The agreement with the INT8 trunk of a bot this caller reached (`info`), scored
+        once per version (`Bots.int8_agreement`)."""
+        return await self._core.bots.int8_agreement(info)
+
     @rule(MANAGE, owns=TENANT, refusal="an API key registers bots in its own tenant only")
     def register_checkpoint(self, bot_id: str, prefix: Path, labels_path: Path, *,
                             tenant: str | None = None, **options: Any) -> int:

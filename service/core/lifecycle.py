@@ -7,6 +7,10 @@ background task, so health checks answer at once and readiness says "loading" me
 closes the store and the trunk session, in that order. Readiness is decided here, in one
 place, and every protocol reports it (`readiness_report`, with what `/metrics` shows).
 
+The INT8 gate: the trunk's choice judges an INT8 trunk for the active bots (`Int8Agreement`
+scores each on its held-out features), so `--precision auto` serves the float trunk when one
+of them is below the bound; the log and the full readiness report say which precision and why.
+
 Hot bots: `--pin` and `--preload` load heads before readiness says ready (`preload_heads`).
 """
 from __future__ import annotations
@@ -21,10 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from backbone.gate import FidelityReport
 from backbone.spec import FEATURE_DIM
 from backbone.tfimport import import_tensorflow
 from backbone.trunk import warm_up
 from heads import HeadLoadError, UnknownBot
+from service.core.bots import Int8Agreement
 from service.core.engine import Engine
 from service.core.errors import NotReady, ServiceError
 from service.core.metrics import Metrics
@@ -171,6 +177,31 @@ def preload_heads(store: HeadStore, pinned: Sequence[str], n: int) -> Preloaded:
     return Preloaded(tuple(pinned), tuple(reversed(loaded)), tuple(skipped))
 
 
+def newest_int8_trunk(prefix: str):
+    """The newest INT8 trunk calibrated for the checkpoint `prefix` (passing or not: a
+    `backbone.quantize.Int8Artifact`), where `multihead quantize` writes them; None if none."""
+    from backbone.checkpoint import cache_dir_of
+    from backbone.quantize import Int8Artifact
+
+    found = Int8Artifact.available(cache_dir_of(prefix), prefix)
+    return found[0] if found else None
+
+
+def gate_figures(gate: FidelityReport) -> dict[str, Any]:
+    """An INT8 trunk's gate for /readyz: whether it passed, its figures against their bounds
+    and the lowest head (its heads' agreements one by one are in GET /bots/{id})."""
+    lowest = gate.lowest_head
+    return {"passed": gate.passed, "images": gate.images, "heads": len(gate.agreement),
+            "lowest_head": lowest[0] if lowest else None,
+            "min_agreement": lowest[1] if lowest else None,
+            "overall_agreement": gate.overall_agreement,
+            "mean_cosine": gate.mean_cosine, "min_cosine": gate.min_cosine,
+            "bounds": {"head_agreement": gate.min_agreement_bound,
+                       "overall_agreement": gate.overall_agreement_bound,
+                       "mean_cosine": gate.mean_cosine_bound},
+            "failures": len(gate.failures)}
+
+
 @dataclass
 class Readiness:
     """Where the bring-up is: `status` is loading, ready or failed (with `error`)."""
@@ -199,11 +230,14 @@ class Lifecycle:
         trunk: an already-built trunk to use (tests, benchmark); it is then not closed here.
         own_store: whether `close()` closes the store.
         tracing: the tracer (shut down last on close), or None when tracing is off.
+        int8: each bot's agreement with the INT8 trunk (judged at the bring-up; a fresh one by
+            default).
     """
 
     def __init__(self, settings: Settings, store: HeadStore, metrics: Metrics, threads: Threads,
                  *, engine_for: Callable[[Any], Engine], on_ready: Callable[[], None],
-                 trunk=None, own_store: bool = False, tracing: Tracing | None = None) -> None:
+                 trunk=None, own_store: bool = False, tracing: Tracing | None = None,
+                 int8: Int8Agreement | None = None) -> None:
         self._settings = settings
         self._store = store
         self._metrics = metrics
@@ -213,6 +247,7 @@ class Lifecycle:
         self._given_trunk = trunk
         self._own_store = own_store
         self._tracing = tracing
+        self._int8 = int8 if int8 is not None else Int8Agreement(store)
         self.readiness = Readiness()
         self.preloaded = Preloaded()
         self.trunk = None
@@ -290,15 +325,19 @@ class Lifecycle:
             # Next to the trunk checkpoint: <store>/trunk/graph_cache for the store's own trunk.
             # The INT8 trunks `multihead quantize` writes there are found without the cache.
             cache_dir = cache_dir_of(prefix) if settings.graph_cache else None
+            # NOTE: `auto` passes over an INT8 trunk whose gate fails for an active bot.
             trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
                 prefix, device=settings.device, warmup_batch_sizes=(),
                 graph_cache_dir=cache_dir, precision=settings.precision,
-                runtime=settings.runtime, int8_dir=cache_dir_of(prefix)))
+                runtime=settings.runtime, int8_dir=cache_dir_of(prefix),
+                heads=self._int8.judge))
             readiness.timings.update(build_s=trunk.timings.build_s,
                                      restore_s=trunk.timings.restore_s,
                                      compile_s=trunk.timings.compile_s)
         self.trunk = trunk
         self.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
+        await loop.run_in_executor(None, self._judge_bots, trunk)
+        self._metrics.bind_int8_agreement(self._int8.current)
         calibration = getattr(trunk, "calibration", None)
         self._metrics.set_trunk(device=trunk.device,
                                 runtime=getattr(trunk, "runtime", "tf"),
@@ -310,12 +349,30 @@ class Lifecycle:
         self.engine = self._engine_for(trunk)
         await self.engine.batcher.start()
 
+    def _judge_bots(self, trunk) -> None:
+        """Scores the active bots on the INT8 trunk the choice judged, else on the newest one
+        calibrated for the trunk's checkpoint (a trunk given, or a float precision asked for),
+        if any. Blocking."""
+        choice = getattr(trunk, "choice", None)
+        artifact = choice.judged if choice is not None else None
+        try:
+            if artifact is None:
+                artifact = newest_int8_trunk(trunk.checkpoint_prefix)
+            if artifact is None:
+                return
+            if self._int8.artifact is None or self._int8.artifact.key != artifact.key:
+                self._int8.attach(artifact)
+            self._int8.refresh()
+        except (OSError, ValueError) as exc:  # unreadable: serve, without agreements
+            log.warning("INT8 agreement of the bots not scored: %s", exc)
+
     # -- drain -------------------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Waits for a running bring-up, drains the engine, closes the store and the trunk."""
         if self._bring_up_task is not None and not self._bring_up_task.done():
             await self._bring_up_task
+        self._int8.close()
         if self.engine is not None:
             await self.engine.close()
         await self._threads.close()
@@ -335,7 +392,8 @@ class Lifecycle:
 
     def trunk_info(self) -> dict[str, Any]:
         """The trunk for /readyz and the page: weights, checkpoint, device, runtime,
-        precision; an INT8 trunk also its float layers' precision and calibration set."""
+        precision and why it was chosen; an INT8 trunk also its float layers' precision and
+        calibration set; where one was judged, its gate's figures."""
         info: dict[str, Any] = {"weights": self.trunk_kind}
         if self.trunk is not None:
             info.update(checkpoint=self.trunk.checkpoint_prefix, device=self.trunk.device,
@@ -345,6 +403,11 @@ class Lifecycle:
             if calibration is not None:
                 info.update(float_precision=self.trunk.float_precision,
                             calibration=calibration.to_json())
+            choice = getattr(self.trunk, "choice", None)
+            if choice is not None:
+                info["why"] = choice.why
+                if choice.gate is not None:
+                    info["gate"] = gate_figures(choice.gate)
         return info
 
     def readiness_report(self) -> dict[str, Any]:
@@ -368,7 +431,9 @@ class Lifecycle:
         return body
 
     def render_metrics(self) -> tuple[bytes, str]:
-        """The Prometheus text (and its content type), the heads cache gauges read now."""
+        """The Prometheus text (and its content type), the heads cache gauges read now; the
+        bots' INT8 agreements as last scored (and a refresh started for the next scrape)."""
+        self._int8.refresh_soon()
         stats = self._store.cache_stats()
         self._metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
         return self._metrics.render()

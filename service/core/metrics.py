@@ -135,6 +135,7 @@ class Metrics:
         decode_seconds,
         queue_wait_seconds, trunk_seconds, heads_seconds, batch_size, batch_bots, queue_depth,
         resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
+        bot_int8_agreement{bot} (set from `bind_int8_agreement` at each `render`),
         feature_cache_hits_total,
         feature_cache_misses_total, bot_requests_total{bot},
         tenant_images_total{tenant}, tenant_refusals_total{tenant,code} (code: one of
@@ -280,6 +281,14 @@ class Metrics:
             "could not be loaded); the live version answered them", ["bot", "version"],
             namespace=ns, registry=r,
         )
+        self.bot_int8_agreement = Gauge(
+            "bot_int8_agreement", "share of the INT8 trunk's held-out images on which a bot's "
+            "active version answers as on the float trunk (top-1), per bot: the busiest "
+            f"{top_bots} bots, then those of lowest agreement up to {top_bots}; '{OTHER}': the "
+            "lowest of the rest. No series without an INT8 trunk for the serving checkpoint",
+            ["bot"], namespace=ns, registry=r,
+        )
+        self._int8_agreement: Callable[[], Mapping[str, float]] | None = None
         self._candidate_counters = (
             self.candidate_images_total, self.candidate_agreed_total,
             self.candidate_top1_abs_diff_total, self.candidate_answers_total,
@@ -472,6 +481,13 @@ class Metrics:
         """
         self._tenant_state = read
 
+    def bind_int8_agreement(self, read: Callable[[], Mapping[str, float]]) -> None:
+        """Read `{bot: its agreement with the INT8 trunk}` at each `render`, into
+        `bot_int8_agreement`: a series per bot with a label of its own (`bot_requests_total`'s
+        busiest bots), then per bot of lowest agreement while fewer than `top_bots` have one,
+        and `bot="other"` for the lowest of the rest; no series for a bot `read` leaves out."""
+        self._int8_agreement = read
+
     @property
     def labelled_bots(self) -> frozenset[str]:
         """Bots that have their own label right now."""
@@ -491,6 +507,8 @@ class Metrics:
         with self._render_lock:
             if self._tenant_state is not None:
                 self._set_tenant_gauges(self._tenant_state())
+            if self._int8_agreement is not None:
+                self._set_int8_agreement(self._int8_agreement())
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def _set_tenant_gauges(self, state: Mapping[str, tuple[int, float]]) -> None:
@@ -510,3 +528,21 @@ class Metrics:
         for label in rows:
             self.tenant_queued_rows.labels(tenant=label).set(rows[label])
             self.tenant_counter.labels(tenant=label).set(counters[label])
+
+    def _set_int8_agreement(self, values: Mapping[str, float]) -> None:
+        """The agreement gauge from scratch (see `bind_int8_agreement`)."""
+        busiest = self.labelled_bots
+        own = sorted(bot for bot in values if bot in busiest and bot != OTHER)
+        rest = sorted((bot for bot in values if bot not in busiest or bot == OTHER),
+                      key=lambda bot: (values[bot], bot))
+        room = max(0, self._top.n - len(own))
+        # A bot named "other" never gets a label of its own (it would merge with the rest's).
+        lowest = [bot for bot in rest if bot != OTHER][:room]
+        own += lowest
+        taken = set(lowest)
+        rest = [bot for bot in rest if bot not in taken]
+        self.bot_int8_agreement.clear()
+        for bot in own:
+            self.bot_int8_agreement.labels(bot=bot).set(values[bot])
+        if rest:
+            self.bot_int8_agreement.labels(bot=OTHER).set(min(values[bot] for bot in rest))

@@ -48,6 +48,9 @@ GAUGES = {
     "multihead_preloaded_heads": PER_REPLICA,
     "multihead_store_snapshot_age_seconds": PER_REPLICA,
     "multihead_tenant_counter": PER_REPLICA,
+    # NOTE: per replica, although a bot's agreement is the same in each: which bots have a
+    # label of their own, and so what "other" holds, is each replica's traffic.
+    "multihead_bot_int8_agreement": PER_REPLICA,
 }
 SUMMED_TYPES = ("counter", "histogram")
 # prometheus_client's text format gives a counter's or histogram's creation time as a gauge

@@ -91,9 +91,11 @@ class Service:
                           weight=self.tenancy.weight, max_queued=self.tenancy.max_queued,
                           tracing=self.tracing, candidate_stats=candidate_stats)
 
+        # Each bot's agreement with the INT8 trunk: judged at the bring-up, shown per bot.
         self.lifecycle = Lifecycle(settings, self.store, self.metrics, threads,
                                    engine_for=engine_for, on_ready=self._ready, trunk=trunk,
-                                   own_store=own_store, tracing=self.tracing)
+                                   own_store=own_store, tracing=self.tracing,
+                                   int8=self.bots.int8)
         self.inference = Inference(settings, self.store, self.lifecycle, self.metrics, threads,
                                    candidate_stats)
         self._core = Core(settings, self.auth, self.store, threads, self.lifecycle, self.bots,

@@ -127,6 +127,8 @@ async function showTrunk() {
       ? `${where}\ncalibration: ${cal.description} (sha256 ${cal.digest.slice(0, 16)}…) at ${cal.date}; ` +
         `float layers ${body.trunk.float_precision}; min cosine vs fp32 ${cal.min_cosine.toFixed(4)}`
       : where;
+    // Which precision, and why: "int8: gate passed for 3 heads (...)", "bf16: the INT8 trunk's gate fails ...".
+    if (body.trunk.why) node.title += `${node.title ? "\n" : ""}precision ${body.trunk.why}`;
   } else if (body.status === "failed") {
     node.textContent = `Trunk failed: ${body.error || "unknown error"}`;
   } else {
@@ -350,6 +352,20 @@ async function mapLimited(items, limit, fn) {
 const CHIPS_SHOWN = 40;
 
 const percent = (share) => share == null ? "–" : `${(100 * share).toFixed(1)} %`;
+// A bot's answers under the INT8 trunk must agree with the float trunk's on this share of the
+// held-out images (MIN_HEAD_AGREEMENT, backbone/gate.py), or `auto` serves the float trunk.
+const INT8_BOUND = 0.99;
+
+function int8Cell(share) {
+  if (share == null) return el("td", { class: "int8 muted", text: "–" });
+  const below = share < INT8_BOUND;
+  return el("td", { class: below ? "int8 num below" : "int8 num",
+                    "data-agreement": String(share),
+                    title: "top-1 answers the same under the INT8 trunk as under the float trunk, " +
+                           "on its held-out images" + (below ? ` (below ${100 * INT8_BOUND} %: ` +
+                           "the next start serves the float trunk)" : ""),
+                    text: `${(100 * share).toFixed(2)} %` });
+}
 
 function candidateCell(candidate) {
   // Shown to a manage key or the operator only (GET /bots/{id} has no `candidate` otherwise).
@@ -381,7 +397,7 @@ function candidateCell(candidate) {
   return cell;
 }
 
-function botRow(info, withCandidates) {
+function botRow(info, withCandidates, withInt8) {
   // A bot can have a thousand classes: show the first ones, fold the rest away.
   const chipList = (labels) => el("ul", { class: "chips" },
     ...labels.map((label) => el("li", { text: label })));
@@ -406,6 +422,7 @@ function botRow(info, withCandidates) {
                title: versions ? `versions: ${versions}` : "" }),
     el("td", { class: "n-classes num", text: String(info.n_classes) }),
     el("td", {}, chips),
+    withInt8 ? int8Cell(info.int8_agreement) : null,
     withCandidates ? candidateCell(info.candidate) : null,
     el("td", { class: "muted created", text: created && !isNaN(created) ?
       created.toISOString().slice(0, 16).replace("T", " ") : "" }));
@@ -427,12 +444,15 @@ async function initBots() {
     } else {
       // A caller that may manage the bots sees their candidates (shadow or canary).
       const withCandidates = infos.some((info) => "candidate" in info);
+      // Where an INT8 trunk was calibrated for the serving checkpoint: each bot's agreement.
+      const withInt8 = infos.some((info) => info.int8_agreement != null);
       const columns = ["Bot", "Version", "Classes", "Labels",
+                       ...(withInt8 ? ["INT8 agreement"] : []),
                        ...(withCandidates ? ["Candidate"] : []), "Created (UTC)"];
       const head = el("thead", {}, el("tr", {},
         ...columns.map((name) => el("th", { scope: "col", text: name }))));
       table.replaceChildren(el("table", { class: "bots" }, head,
-        el("tbody", {}, ...infos.map((info) => botRow(info, withCandidates)))));
+        el("tbody", {}, ...infos.map((info) => botRow(info, withCandidates, withInt8)))));
     }
     table.dataset.state = "ready";
     $("bots-count").textContent = `${infos.length} bot${infos.length === 1 ? "" : "s"}`;

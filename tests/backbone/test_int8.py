@@ -1,15 +1,16 @@
 """The INT8 trunk as the service loads it: `Trunk.from_checkpoint(..., precision="int8")` on the
 OpenVINO runner, from the session's one real calibration (tests/support/int8.py).
 
-Bounds, never timings: on demo images the calibration never saw, the int8 features stay within
-the fidelity bounds of `backbone.quantize` against the TF fp32 trunk (min cosine >= 0.999, the
-registered bot's top-1 kept on >= 99 %); the convolutions really run in 8 bits; a restart
-imports the compiled INT8 trunk (same features, no TensorFlow); `auto` takes a passing INT8
-trunk and only that; every refusal is one line.
+Bounds, never timings: on demo images the calibration never saw, the int8 features pass the
+gate of `backbone.gate` against the TF fp32 trunk (mean cosine >= 0.999, the registered bot's
+top-1 kept on >= 99 %); the convolutions really run in 8 bits; a restart imports the compiled
+INT8 trunk (same features, no TensorFlow); `auto` takes an INT8 trunk whose gate passes for the
+active heads and only that, saying why; every refusal is one line.
 """
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backbone import Device, Int8ArtifactMissing, PrecisionUnsupported, Trunk, preprocess
+from backbone import Device, Int8ArtifactMissing, PrecisionUnsupported, Trunk, gate, preprocess
 from backbone import quantize as q
 from backbone.checkpoint import cache_dir_of
 from backbone.device import cpu_flags
@@ -26,7 +27,7 @@ from backbone.inception_v4 import LOGITS_SCOPE
 from backbone.precision import float_layers_precision
 from backbone.trunk import choose
 from cli.demo_images import KINDS, demo_image
-from tests.support.int8 import SAMPLES
+from tests.support.int8 import SAMPLES, save_artifact
 
 pytest.importorskip("nncf")
 
@@ -65,8 +66,9 @@ def test_int8_features_are_within_the_fidelity_bounds_of_fp32(trunk, int8_calibr
         report = q.fidelity(fp32, int8_features, {"colors": store.get("colors")})
     print("\n".join(report.lines()))
     assert int8_features.dtype == np.float32 and int8_features.shape == (8, 1536)
-    assert report.min_cosine >= q.MIN_COSINE, report.lines()
-    assert report.agreement["colors"] >= q.MIN_TOP1_AGREEMENT, report.lines()
+    assert report.mean_cosine >= gate.MIN_MEAN_COSINE, report.lines()
+    assert report.agreement["colors"] >= gate.MIN_HEAD_AGREEMENT, report.lines()
+    assert report.passed, report.lines()
     assert not np.array_equal(int8_features, fp32)  # it is another model, not fp32 again
 
 
@@ -200,8 +202,7 @@ def test_auto_without_an_int8_trunk_is_the_float_choice(int8_calibrated, tmp_pat
 def test_a_forced_int8_trunk_serves_only_when_int8_is_asked_for(int8_calibrated, tmp_path):
     prefix, model = int8_calibrated.prefix, int8_calibrated.made["int8"]
     forced = q.Int8Artifact(tmp_path, prefix=prefix, calibration="a forced set")
-    forced.save(model, report=q.FidelityReport(images=8, min_cosine=0.9), images=8,
-                description="forced")
+    save_artifact(forced, model, mean_cosine=0.9, description="forced")
     device = _cpu(ZEN3)
     assert choose(prefix, device=device, precision="auto", runtime="openvino",
                   int8_dir=tmp_path).precision == "fp32"
@@ -210,11 +211,134 @@ def test_a_forced_int8_trunk_serves_only_when_int8_is_asked_for(int8_calibrated,
     assert chosen.key == forced.key and chosen.passed is False
     # Once a passing one exists, "int8" takes it.
     passing = q.Int8Artifact(tmp_path, prefix=prefix, calibration="a passing set")
-    passing.save(model, report=q.FidelityReport(images=8, min_cosine=0.9999), images=8,
-                 description="passing")
+    save_artifact(passing, model, mean_cosine=0.9999, description="passing")
     chosen = choose(prefix, device=device, precision="int8", runtime="openvino",
                     int8_dir=tmp_path).int8_artifact
     assert chosen.key == passing.key and chosen.passed is True
+
+
+# -- the gate for the active heads: auto passes over an INT8 trunk that fails one ---------------
+
+class Heads:
+    """What a service answers `choose` (`HeadsAgreement`): fixed agreements, and the INT8
+    trunks it was asked about."""
+
+    def __init__(self, **agreement: float) -> None:
+        self.agreement, self.asked = agreement, []
+
+    def __call__(self, artifact):
+        self.asked.append(artifact.key)
+        return self.agreement
+
+
+def test_auto_passes_over_an_int8_trunk_whose_gate_fails_for_an_active_head(int8_calibrated):
+    artifact = q.Int8Artifact.find(int8_calibrated.cache_dir, int8_calibrated.prefix)
+    mean = artifact.report().mean_cosine
+    heads = Heads(good=1.0, x=0.975)
+    for flags, floats in ((ZEN3, "fp32"), (SAPPHIRE_RAPIDS, "bf16")):
+        choice = choose(int8_calibrated.prefix, device=_cpu(flags), precision="auto",
+                        runtime="openvino", int8_dir=int8_calibrated.cache_dir, heads=heads)
+        assert (choice.precision, choice.int8_artifact) == (floats, None)
+        assert choice.judged.key == artifact.key and heads.asked[-1] == artifact.key
+        assert choice.gate.agreement == {"good": 1.0, "x": 0.975} and not choice.gate.passed
+        assert choice.why == (f"{floats}: the INT8 trunk's gate fails for head 'x' (agreement "
+                              f"97.50 % < 99 %); all heads' answers (agreement 98.75 % < 99.5 %)")
+    # Every active head within the bounds: int8, and the log line says why.
+    choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision="auto",
+                    runtime="openvino", int8_dir=int8_calibrated.cache_dir,
+                    heads=Heads(a=1.0, b=1.0, c=0.99))
+    assert (choice.precision, choice.int8_artifact.key) == ("int8", artifact.key)
+    assert choice.why == (f"int8: gate passed for 3 heads (min agreement 99.00 %, overall "
+                          f"99.67 %, mean cosine {mean:.4f})")
+    # No active head: the mean cosine alone.
+    choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision="auto",
+                    runtime="openvino", int8_dir=int8_calibrated.cache_dir, heads=Heads())
+    assert choice.precision == "int8"
+    assert choice.why == f"int8: gate passed with no registered head (mean cosine {mean:.4f})"
+    # Without heads to ask, the gate recorded at calibration decides (the session's bot).
+    choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision="auto",
+                    runtime="openvino", int8_dir=int8_calibrated.cache_dir)
+    assert choice.precision == "int8" and choice.gate == artifact.report()
+
+
+def test_int8_asked_for_runs_an_int8_trunk_whose_gate_fails_and_says_so(int8_calibrated):
+    choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision="int8",
+                    runtime="openvino", int8_dir=int8_calibrated.cache_dir,
+                    heads=Heads(x=0.5))
+    assert choice.precision == "int8" and choice.int8_artifact is not None
+    assert choice.why.startswith("int8: asked for, although the INT8 trunk's gate fails for "
+                                 "head 'x' (agreement 50.00 % < 99 %)")
+
+
+def test_auto_takes_the_newest_int8_trunk_whose_gate_passes_for_the_heads(int8_calibrated,
+                                                                         tmp_path):
+    prefix, model = int8_calibrated.prefix, int8_calibrated.made["int8"]
+    older = q.Int8Artifact(tmp_path, prefix=prefix, calibration="older")
+    save_artifact(older, model, mean_cosine=0.9999)
+    newer = q.Int8Artifact(tmp_path, prefix=prefix, calibration="newer")
+    meta = save_artifact(newer, model, mean_cosine=0.9999)
+    meta["calibration"]["date"] = "9999-01-01T00:00:00Z"  # newer by its date
+    newer.meta_path.write_text(json.dumps(meta))
+
+    class FailsOnNewer(Heads):
+        def __call__(self, artifact):
+            super().__call__(artifact)
+            return {"x": 0.5 if artifact.key == newer.key else 1.0}
+
+    heads = FailsOnNewer()
+    choice = choose(prefix, device=_cpu(ZEN3), precision="auto", runtime="openvino",
+                    int8_dir=tmp_path, heads=heads)
+    assert choice.int8_artifact.key == older.key and heads.asked == [newer.key, older.key]
+
+
+@pytest.mark.parametrize("precision, runtime, why", [
+    ("fp32", "openvino", "fp32: asked for"),
+    ("auto", "tf", "fp32: the fastest TensorFlow runs here (it runs no INT8 trunk)"),
+])
+def test_no_int8_trunk_is_judged_where_none_is_looked_up(int8_calibrated, precision, runtime,
+                                                         why):
+    heads = Heads(x=0.5)
+    choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision=precision,
+                    runtime=runtime, int8_dir=int8_calibrated.cache_dir, heads=heads)
+    assert (choice.why, choice.gate, choice.judged, heads.asked) == (why, None, None, [])
+
+
+def test_auto_without_an_int8_trunk_says_how_to_make_one(int8_calibrated, tmp_path):
+    choice = choose(int8_calibrated.prefix, device=_cpu(ZEN3), precision="auto",
+                    runtime="openvino", int8_dir=tmp_path, heads=Heads())
+    assert choice.why == ("fp32: no INT8 trunk calibrated for this checkpoint (`multihead "
+                          "quantize --images DIR`)")
+
+
+def test_the_trunk_logs_its_choice_and_keeps_it(int8_calibrated, caplog):
+    """`Trunk.from_checkpoint` asks the heads, logs the precision and why, and keeps the
+    choice (a pure-numpy runner declaring the INT8 trunk stands in for OpenVINO: the subject
+    is the choice, not the load)."""
+    import logging
+    from dataclasses import replace
+
+    from backbone.runners import registry
+    from backbone.runners.registry import INT8_TRUNK, Needs
+    from tests.backbone.helpers import FAKE, FakeRunner
+
+    runs_int8 = replace(FAKE, precisions={**FAKE.precisions, "int8": Needs(artifact=INT8_TRUNK)})
+    with registry.registered(runs_int8, FakeRunner), caplog.at_level(logging.INFO,
+                                                                     logger="backbone.trunk"):
+        trunk = Trunk.from_checkpoint(int8_calibrated.prefix, device="cpu", runtime="fake",
+                                      precision="auto", warmup_batch_sizes=(),
+                                      heads=Heads(x=0.97))
+        asked = Trunk.from_checkpoint(int8_calibrated.prefix, device="cpu", runtime="fake",
+                                      precision="int8", warmup_batch_sizes=(),
+                                      heads=Heads(x=0.97))
+    assert trunk.precision == "fp32" and trunk.choice.why.startswith(
+        "fp32: the INT8 trunk's gate fails for head 'x' (agreement 97.00 % < 99 %)")
+    assert asked.precision == "int8"
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records
+             if r.getMessage().startswith("precision ")]
+    assert lines == [("INFO", f"precision {trunk.choice.why}"),
+                     ("WARNING", f"precision {asked.choice.why}")]
+    trunk.close()
+    asked.close()
 
 
 def test_int8_without_an_int8_trunk_is_refused_naming_the_command(trunk_checkpoint, tmp_path):

@@ -157,21 +157,47 @@ def test_the_demo_calibrates_once_on_its_own_images(int8_calibrated, trunk_check
     assert args[:2] == (prefix, tmp_path / "demo_images")
     assert sorted(p.parent.name for p in args[2]) == sorted(KINDS["light"])
     assert kwargs["force"] is True and kwargs["store"] == str(tmp_path)
+    assert kwargs["accuracy_control"] is False  # minutes more: not in the demo's first run
 
 
-def test_the_demo_names_the_lowest_image_of_an_int8_trunk_below_the_bound(
-        int8_calibrated, trunk_checkpoint, tmp_path, caplog):
+def test_the_demo_says_why_its_int8_trunk_fails_its_gate(int8_calibrated, trunk_checkpoint,
+                                                         tmp_path, caplog):
     from backbone import quantize as q
     from backbone.checkpoint import cache_dir_of
     from cli.demo_setup import ensure_int8
-    from tests.support.int8 import link_checkpoint
+    from tests.support.int8 import link_checkpoint, save_artifact
 
     prefix = link_checkpoint(trunk_checkpoint, tmp_path / "trunk")
-    report = q.FidelityReport(images=8, min_cosine=0.9985, lowest=[
-        {"image": "light/dim/032.png", "cosine": 0.9985, "norm_ratio": 0.1}])
-    q.Int8Artifact(cache_dir_of(prefix), prefix=prefix, calibration="the demo's").save(
-        int8_calibrated.made["int8"], report=report, images=8, description="forced")
+    save_artifact(q.Int8Artifact(cache_dir_of(prefix), prefix=prefix, calibration="the demo's"),
+                  int8_calibrated.made["int8"], mean_cosine=0.9995,
+                  agreement={"colors": 1.0, "light": 0.97},
+                  lowest=[{"image": "light/dim/032.png", "cosine": 0.9985, "norm_ratio": 0.1}])
     with caplog.at_level(logging.WARNING, logger="cli.demo_setup"):
         assert not ensure_int8(tmp_path, prefix, per_class=1, kinds=("light",))
-    (line,) = [r.getMessage() for r in caplog.records if "below a fidelity bound" in r.getMessage()]
-    assert "min cosine 0.998500 < 0.999, lowest light/dim/032.png, features 0.10 x" in line
+    (line,) = [r.getMessage() for r in caplog.records if "INT8 trunk" in r.getMessage()]
+    assert line.startswith("the demo's INT8 trunk gate fails for head 'light' (agreement "
+                           "97.00 % < 99 %)")
+    assert "the demo serves the float trunk (lowest cosine light/dim/032.png 0.998500, " \
+        "features 0.10 x the median norm)" in line
+
+
+def test_the_demo_trains_its_bots_before_it_calibrates(trunk_checkpoint, tmp_path,
+                                                       monkeypatch):
+    import cli.demo_setup
+    import cli.quantize
+    from tests.support.int8 import ProjectingTrunk
+
+    registered_then = []
+
+    def calibrate(prefix, folder, files, **kwargs):
+        with HeadStore(kwargs["store"]) as store:
+            registered_then.append([info.bot_id for info in store.list()])
+        return 0
+
+    monkeypatch.setattr(cli.quantize, "calibrate", calibrate)
+    monkeypatch.setattr(cli.demo_setup, "int8_wanted", lambda trunk_kwargs: None)
+    store_dir = tmp_path / "store"
+    bots = ensure_demo(store_dir, per_class=5, trunk=ProjectingTrunk(trunk_checkpoint),
+                       kinds=("light",), held_out_per_class=1, progress=False, int8=True)
+    assert [(b.bot_id, b.trained) for b in bots] == [("light", True)]
+    assert registered_then == [["light"]]  # its gate had the bot to judge

@@ -184,6 +184,9 @@ class FakeService:
     def candidate_report(self, info: BotInfo) -> dict | None:
         return None
 
+    async def int8_agreement(self, info: BotInfo) -> float | None:
+        return None  # no INT8 trunk
+
     def register_checkpoint(self, bot_id, prefix, labels_path, **options) -> int:
         return self.store.register_checkpoint(bot_id, prefix, labels_path, **options)
 

@@ -8,6 +8,10 @@ Fixtures (tests/conftest.py imports them by name):
   INT8 trunk next to it), the store of its registered bot, and the real fp32 and int8 models it
   made (later tests reuse them instead of building or quantizing again).
 - `int8_trunk`: the INT8 trunk `Trunk.from_checkpoint(..., precision="int8")` loads from it.
+
+`ProjectingTrunk` stands in for the trunk where its features are not the subject.
+`save_artifact` writes another artifact of a real model with a report and held-out features
+made up for the test (what a `--force` or the demo would have kept).
 """
 from __future__ import annotations
 
@@ -35,6 +39,44 @@ class Calibrated:
     @property
     def cache_dir(self) -> Path:
         return Path(self.prefix).parent / "graph_cache"
+
+
+def held_out_features(n: int = 8, *, seed: int = 0):
+    """Made-up held-out features of `n` images (`backbone.gate.HeldOut`): the INT8 trunk's a
+    little off the float trunk's."""
+    from backbone.gate import HeldOut
+
+    rng = np.random.default_rng(seed)
+    fp32 = rng.uniform(0, 1, (n, 1536)).astype(np.float32)
+    int8 = fp32 + rng.normal(0, 0.001, fp32.shape).astype(np.float32)
+    return HeldOut(tuple(f"held/{i:03d}.png" for i in range(n)), fp32, int8)
+
+
+def save_artifact(artifact, model, *, mean_cosine: float, agreement: dict | None = None,
+                  lowest: list | None = None, description: str = "test") -> dict:
+    """Saves `model` as `artifact` (a `backbone.quantize.Int8Artifact`) with a report of this
+    mean cosine and these heads' agreement, and made-up held-out features; returns the
+    metadata."""
+    from backbone.gate import FidelityReport
+
+    report = FidelityReport(images=8, mean_cosine=mean_cosine, min_cosine=mean_cosine,
+                            agreement=agreement or {}, lowest=lowest or [])
+    return artifact.save(model, report=report, held_out=held_out_features(), images=8,
+                         description=description)
+
+
+class ProjectingTrunk:
+    """A stand-in for the trunk where the subject is what a command does with features, not
+    the features: a fixed random projection of a sample of the pixels (no trunk run)."""
+
+    def __init__(self, checkpoint_prefix: str) -> None:
+        self.checkpoint_prefix = checkpoint_prefix
+        self._projection = np.random.default_rng(0).standard_normal((300, 1536)).astype(
+            np.float32)
+
+    def features(self, images: np.ndarray) -> np.ndarray:
+        sampled = np.asarray(images)[:, ::30, ::30, :].reshape(len(images), -1)[:, :300]
+        return sampled @ self._projection
 
 
 def link_checkpoint(prefix: str, directory: Path) -> str:

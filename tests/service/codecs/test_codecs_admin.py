@@ -209,7 +209,8 @@ def info_dict(head, *, manager: bool = False) -> dict:
     (none here)."""
     out = {"bot_id": head.bot_id, "version": head.version, "n_classes": head.n_classes,
            "labels": list(head.labels), "created": "2024-01-01T00:00:00Z",
-           "versions": [head.version], "tenant": "default", "pinned": False}
+           "versions": [head.version], "tenant": "default", "pinned": False,
+           "int8_agreement": None}
     return {**out, "candidate": None} if manager else out
 
 

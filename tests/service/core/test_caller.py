@@ -201,6 +201,7 @@ CALLS = {
     "info": lambda w, c: c.info(OWN_BOT),
     "is_pinned": lambda w, c: c.is_pinned(OWN_BOT),
     "candidate_report": lambda w, c: c.candidate_report(w.store.info(OWN_BOT)),
+    "int8_agreement": lambda w, c: c.int8_agreement(w.store.info(OWN_BOT)),
     "register_checkpoint": lambda w, c: c.register_checkpoint(
         "acme-new", w.tmp_path / "missing.ckpt", w.tmp_path / "missing.txt"),
     "remove": lambda w, c: c.remove("ghost"),

@@ -196,6 +196,15 @@ def read_bots_page(driver, url):
     return rows, _css(driver, "#trunk")[0].text
 
 
+def read_int8_agreements(driver, url):
+    """The Bots page's INT8 agreement cells once ready: bot -> (text, below the bound)."""
+    driver.get(url)
+    _wait_for(driver, "#bot-table[data-state='ready']", "the bots page")
+    return {row.get_attribute("data-bot"): (cell.text, "below" in cell.get_attribute("class"))
+            for row in _css(driver, "table.bots tbody tr")
+            for cell in row.find_elements("css selector", "td.int8")}
+
+
 def read_trunk_status(driver, url):
     """The page's trunk line once ready: (its text, its tooltip)."""
     driver.get(url)
@@ -309,6 +318,14 @@ async def test_the_page_shows_the_int8_trunks_calibration_set_and_date(browser, 
     assert f"calibrated on {calibration.images} images, {calibration.date[:10]}" in text, text
     assert calibration.description in title and calibration.digest[:16] in title, title
     assert calibration.date in title and f"float layers {int8_trunk.float_precision}" in title
+    assert f"precision {int8_trunk.choice.why}" in title
+    # The Bots page: each bot's agreement with the INT8 trunk, as GET /bots/{id} gives it.
+    cells = await asyncio.to_thread(read_int8_agreements, browser,
+                                    str(client.make_url("/static/bots.html")))
+    assert sorted(cells) == sorted(BOTS)
+    for bot_id, (text, below) in cells.items():
+        share = (await (await client.get(f"/bots/{bot_id}")).json())["int8_agreement"]
+        assert (text, below) == (f"{100 * share:.2f} %", share < 0.99), bot_id
 
 
 def classify_after_giving_the_key(driver, url, token, bot_id, image_path):
