@@ -1,21 +1,25 @@
 """Section `cancellation`: what clients that give up cost the clients that stay (issue 23).
 
-16 closed-loop clients, each on a bot of its own (one store, the default tenant), one image per
-request (the run's JPEGs in turn). Every server runs `serve`'s defaults (runtime and precision
-auto, the 30 s request deadline, the 256-row queue bound) with the feature cache off (every
-image reaches the trunk) and `--max-batch-size 8` (`Plan.cancellation_batch_size`: 16
-one-image clients keep a batch queued behind the one running). The loads, `SCENARIOS`, in
-order:
+Closed-loop clients (one store of 16 bots, the default tenant), one image per request (the
+run's JPEGs in turn). Every server runs `serve`'s defaults (runtime and precision auto, the
+30 s request deadline, the 256-row queue bound) with the feature cache off (every image reaches
+the trunk) and `--max-batch-size 8` (`Plan.cancellation_batch_size`: 16 one-image clients keep
+a batch queued behind the one running). The loads, `SCENARIOS`, in order:
 
 - `one-client`, on a server with cancellation (`--cancel-on-disconnect`, the default): one
   client alone (2 s, then 10 s measured). Its p50 is THE median m: what a request takes when it
   does not queue.
-- `all-patient`, on the same server: the 16 clients all wait for their answers (the 16-client
-  throughput, and what 8 patient clients get beside 8 others that wait too).
-- `cancel`, on the same server: 8 patient clients, and 8 impatient ones whose every request
-  has a client timeout of `PATIENCE` (2) x m. On a timeout aiohttp closes the request's
-  connection (the client goes away: a 499 on the server) and the client at once sends its next
-  request (after a refusal, it sleeps its Retry-After, as every client of the benchmark).
+- `all-patient`, on the same server: 16 clients, a bot each, all wait for their answers (the
+  16-client throughput, and what 8 patient clients get beside 8 others that wait too). The
+  server's trunk time per batch and per image over its window (B, and B over the mean batch)
+  set the impatient clients of the next two loads (`BATCH_SCENARIO`).
+- `cancel`, on the same server: 8 patient clients, and N impatient ones whose every request has
+  a client timeout T (`bench.sections.impatience`: T = B / 4, at least m; N = 8, or more when
+  T is m, so that they abandon 4 x the rows the trunk runs a second, whatever its speed). On a
+  timeout aiohttp closes the request's connection (the client goes away: a 499 on the server)
+  and the client at once sends its next request (after a refusal, it sleeps its Retry-After,
+  as every client of the benchmark). The impatient clients use the 8 bots the patient ones do
+  not, in turn.
 - `no-cancel`: the same load on a second server with `--no-cancel-on-disconnect` (same store,
   images and batch size): a request given up on runs to its end, its answer dropped.
 
@@ -30,20 +34,19 @@ it; over the whole load, the clients' give-ups and the requests still in flight 
 stopped (abandoned too) against the server's classify requests by status
 (`multihead_requests_total`).
 
-Why the median of ONE client: a timeout of 2 x the 16-client median is almost never reached.
-The closed loop holds 16 rows, so a request waits for one batch and runs in the next, whatever
-the machine: its latency spreads little, and the rare request that outlives 2 m is late because
-its batch runs slow, so it is in the running batch when its client leaves, where nothing can be
-withdrawn any more. Run that way (a median of 11.9 s on 2 loaded cores), no request of either
-comparison load took longer than 14.1 s: no give-up, and the two servers could not differ. A
-client whose timeout is 2 x what the service takes unloaded gives up on every request under
-this load: 8 rows every 2 m arrive, 2-5 x what the trunk runs on a CPU (m is about one batch-1
-forward, and a batch of 8 takes 4-9 of them there). With cancellation those rows leave the
-queue; without, they stay until the trunk runs them or the deadline (30 s) drops them, and the
-patient clients' rows wait behind them. Rows already in the running batch are run either way
-(with a timeout shorter than a batch, every impatient row a batch takes), so with cancellation
-the 8 impatient clients cost the patient ones what 8 more patient clients would:
-docs/performance.md#cancellation has the expectation and the numbers.
+Why T comes from B and not from m alone: `bench.sections.impatience` (2 x m abandoned 2-5 x
+the trunk's rows on one CPU and under 1 x on another). Why not from the 16-client median: that
+load holds 16 rows, so a request waits for one batch and runs in the next, whatever the
+machine; its latency spreads little, and the rare request that outlives 2 x that median is
+late because its batch runs slow, so it is in the running batch when its client leaves, where
+nothing can be withdrawn any more. Run that way (a median of 11.9 s on 2 loaded cores), no
+request of either comparison load took longer than 14.1 s: no give-up, and the two servers
+could not differ. With cancellation the abandoned rows leave the queue; without, they stay
+until the trunk runs them or the deadline (30 s) drops them, and the patient clients' rows wait
+behind them. Rows already in the running batch are run either way (T is shorter than a batch:
+every impatient row a batch takes), so with cancellation the impatient clients cost the patient
+ones what as many patient clients would: docs/performance.md#cancellation has the expectation
+and the numbers.
 
 - `shadow`: the 16 patient clients on a third server (`--cancel-on-disconnect`, as
   `all-patient`'s) after `register_shadows` gave EVERY bot of the store a shadow candidate
@@ -88,12 +91,13 @@ from bench.result import Result
 from bench.sections.base import Results, Section, Target, note
 from bench.sections.fairness_load import Call, flood, warm_up_batch
 from bench.sections.fairness_numbers import batch_rates, call_stats
+from bench.sections.impatience import Impatience, impatience
 from bench.stats import num, ratio
 
-CLIENTS = 16
-PATIENCE = 2.0  # the impatient clients' timeout, x the median
+CLIENTS = 16  # the bots of the store, and the clients of the loads without give-ups
 PATIENT, IMPATIENT = "patient", "impatient"
 MEDIAN_SCENARIO = "one-client"  # the scenario whose p50 is the median
+BATCH_SCENARIO = "all-patient"  # the one whose trunk time sets the impatient clients
 
 # Every server of the section: `serve`'s defaults but no feature cache (every image reaches
 # the trunk) and the plan's batch size.
@@ -122,14 +126,15 @@ class Server:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One load: `clients` closed-loop clients of which `impatient` give up after the timeout,
-    on `server` (scenarios of one server run on it one after the other, in order); its warm-up
-    and window in seconds, when not the plan's."""
+    """One load: `patient` closed-loop clients and, when `impatient`, the run's impatient ones
+    (`Impatience`: how many, and after how long they give up), on `server` (scenarios of one
+    server run on it one after the other, in order); `text`, its clients in words ("{patient}"
+    and "{impatient}" filled in); its warm-up and window in seconds, when not the plan's."""
 
     name: str
     server: str
-    clients: int
-    impatient: int
+    patient: int
+    impatient: bool
     text: str
     warmup_s: float | None = None
     window_s: float | None = None
@@ -159,13 +164,14 @@ SERVERS: dict[str, Server] = {
     "shadow": Server({"cancel-on-disconnect": True}, prepare=register_shadows),
 }
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario(MEDIAN_SCENARIO, "cancel", 1, 0, "1 client: the median", 2.0, 10.0),
-    Scenario("all-patient", "cancel", CLIENTS, 0, "16 patient"),
-    Scenario("cancel", "cancel", CLIENTS, CLIENTS // 2,
-             "8 patient + 8 giving up, `--cancel-on-disconnect`"),
-    Scenario("no-cancel", "no-cancel", CLIENTS, CLIENTS // 2,
-             "8 patient + 8 giving up, `--no-cancel-on-disconnect`"),
-    Scenario("shadow", "shadow", CLIENTS, 0, "16 patient, a shadow candidate on every bot"),
+    Scenario(MEDIAN_SCENARIO, "cancel", 1, False, "1 client: the median", 2.0, 10.0),
+    Scenario(BATCH_SCENARIO, "cancel", CLIENTS, False, "{patient} patient"),
+    Scenario("cancel", "cancel", CLIENTS // 2, True,
+             "{patient} patient + {impatient} giving up, `--cancel-on-disconnect`"),
+    Scenario("no-cancel", "no-cancel", CLIENTS // 2, True,
+             "{patient} patient + {impatient} giving up, `--no-cancel-on-disconnect`"),
+    Scenario("shadow", "shadow", CLIENTS, False,
+             "{patient} patient, a shadow candidate on every bot"),
 )
 SHADOW_BASE = "all-patient"  # the scenario the shadow one is compared with
 
@@ -177,9 +183,13 @@ class CancellationResult(Result):
     batch_size: int | None = None
     warmup_s: float | None = None
     duration_s: float | None = None
-    patience: float | None = None  # the timeout, x the median
     median_ms: float | None = None  # the one-client scenario's p50
-    timeout_s: float | None = None  # the impatient clients' timeout
+    # From `BATCH_SCENARIO`'s server: its trunk ms per batch and per image over the window.
+    batch_ms: float | None = None
+    image_ms: float | None = None
+    impatient: int | None = None  # the clients that give up (`impatience`)
+    timeout_s: float | None = None  # after how long
+    overload: float | None = None  # the requests they abandon a second ÷ the trunk's rows
     # scenario -> `load_summary`, plus "server": {runtime, ready_s, pid, cancels}, "warmup_s"
     runs: dict[str, dict] = field(default_factory=dict)
 
@@ -343,21 +353,41 @@ async def _settled(url: str, expected_499: float, timeout_s: float = SETTLE_S) -
         await asyncio.sleep(0.2)
 
 
+def client_bots(bots: Sequence[str], patient: int, impatient: int) -> dict[str, str]:
+    """{client label: bot}: "patient-i" on `bots[i]`, "impatient-j" on the bots after the
+    patient clients', in turn (the scheduler shares the trunk by tenant, so bots shared by
+    impatient clients change nothing but the heads they are scored by)."""
+    out = {f"{PATIENT}-{i}": bots[i] for i in range(patient)}
+    rest = list(bots[patient:]) or list(bots)
+    out.update({f"{IMPATIENT}-{j}": rest[j % len(rest)] for j in range(impatient)})
+    return out
+
+
+def impatience_of(result: CancellationResult) -> Impatience:
+    """The impatient clients of the run so far: from its median and the trunk time of
+    `BATCH_SCENARIO`'s window (`bench.sections.impatience`). ValueError when either is
+    missing."""
+    base = result.runs.get(BATCH_SCENARIO) or {}
+    return impatience(num(result.median_ms), num(base.get("server_trunk_ms")),
+                      per_image_ms(base, "server_trunk_ms"), CLIENTS // 2)
+
+
 def _load(context: Context, url: str, bots: list[str], scenario: Scenario,
-          timeout_s: float | None, cancels: bool) -> dict:
-    """`scenario`'s load on the server at `url`: `load_summary` and its warm-up."""
+          give_up: Impatience | None, cancels: bool) -> dict:
+    """`scenario`'s load on the server at `url` (its impatient clients: `give_up`'s):
+    `load_summary` and its warm-up."""
     plan = context.plan
-    patient = scenario.clients - scenario.impatient
-    labels = [f"{PATIENT}-{i}" for i in range(patient)]
-    labels += [f"{IMPATIENT}-{i}" for i in range(scenario.impatient)]
+    impatient = give_up.clients if scenario.impatient and give_up else 0
+    timeout_s = give_up.timeout_s if impatient else None
+    clients = client_bots(bots, scenario.patient, impatient)
     warmup_s = scenario.warmup_s if scenario.warmup_s is not None else plan.cancellation_warmup_s
     window_s = scenario.window_s if scenario.window_s is not None else plan.cancellation_s
 
     async def go() -> dict:
         before = await _scrape(url)
-        data = await flood(url, context.jpegs, dict(zip(labels, bots)), dict.fromkeys(labels, 1),
+        data = await flood(url, context.jpegs, clients, dict.fromkeys(clients, 1),
                            warmup_s, window_s,
-                           timeouts={t: timeout_s for t in labels if t.startswith(IMPATIENT)})
+                           timeouts={t: timeout_s for t in clients if t.startswith(IMPATIENT)})
         # Every request given up on or abandoned at the end is a 499 on a server that cancels;
         # on one that does not, none is: read its counts as they are.
         base = by_labels(before, "multihead_requests_total").get("classify 499", 0.0)
@@ -366,8 +396,8 @@ def _load(context: Context, url: str, bots: list[str], scenario: Scenario,
         return {**load_summary(data, {"before": before, "after": after}),
                 "warmup_s": warmup_s}
 
-    say(f"cancellation {scenario.name}: {patient} patient + {scenario.impatient} impatient "
-        f"clients{'' if timeout_s is None else f' (timeout {timeout_s:.2f} s)'}, "
+    say(f"cancellation {scenario.name}: {scenario.patient} patient + {impatient} impatient "
+        f"clients{'' if timeout_s is None else f' (timeout {timeout_s:.3f} s)'}, "
         f"{warmup_s:.0f} s warm-up + {window_s:.0f} s ...")
     return asyncio.run(go())
 
@@ -378,14 +408,17 @@ def run(context: Context) -> CancellationResult:
     result = CancellationResult(image=context.image_summary(), clients=CLIENTS,
                                 batch_size=plan.cancellation_batch_size,
                                 warmup_s=plan.cancellation_warmup_s,
-                                duration_s=plan.cancellation_s, patience=PATIENCE)
-    server, server_name, facts = None, None, {}
+                                duration_s=plan.cancellation_s)
+    server, server_name, facts, give_up = None, None, {}, None
     try:
         for scenario in SCENARIOS:
             spec = SERVERS[scenario.server]
-            if scenario.impatient and result.timeout_s is None:
-                raise RuntimeError(f"no median from the {MEDIAN_SCENARIO} scenario: no timeout "
-                                   "for the impatient clients")
+            if scenario.impatient and give_up is None:
+                # Without the trunk's time there is no timeout that means the same anywhere.
+                context.record_error(f"cancellation-{scenario.name}", RuntimeError(
+                    f"no impatient clients: no median from {MEDIAN_SCENARIO} or no trunk "
+                    f"time from {BATCH_SCENARIO}"))
+                continue
             if scenario.server != server_name:
                 if server is not None:
                     server.stop(STOP_S)
@@ -402,8 +435,7 @@ def run(context: Context) -> CancellationResult:
                 asyncio.run(warm_up_batch(server.url, context.jpegs, bots[0],
                                           plan.cancellation_batch_size))
             try:
-                summary = _load(context, server.url, bots, scenario,
-                                result.timeout_s if scenario.impatient else None, spec.cancels)
+                summary = _load(context, server.url, bots, scenario, give_up, spec.cancels)
             except Exception as exc:  # noqa: BLE001 - the other scenarios are still worth it
                 if scenario.name == MEDIAN_SCENARIO:
                     raise
@@ -412,7 +444,19 @@ def run(context: Context) -> CancellationResult:
             result.runs[scenario.name] = {"server": facts, **summary}
             if scenario.name == MEDIAN_SCENARIO:
                 result.median_ms = summary[PATIENT]["p50_ms"]
-                result.timeout_s = PATIENCE * result.median_ms / 1000
+            if scenario.name == BATCH_SCENARIO:
+                try:
+                    give_up = impatience_of(result)
+                except ValueError as exc:
+                    context.record_error("cancellation-impatience", exc)
+                else:
+                    result.batch_ms, result.image_ms = give_up.batch_ms, give_up.image_ms
+                    result.impatient, result.timeout_s = give_up.clients, give_up.timeout_s
+                    result.overload = give_up.overload
+                    say(f"cancellation: {give_up.clients} impatient clients, timeout "
+                        f"{1000 * give_up.timeout_s:.0f} ms (trunk {give_up.batch_ms:.0f} ms "
+                        f"per batch, {give_up.image_ms:.1f} per image; median "
+                        f"{give_up.median_ms:.0f} ms): {give_up.overload:.2f} x the trunk")
             p = summary.get(PATIENT) or {}
             say(f"cancellation {scenario.name}: patient {num(p.get('goodput')):.2f} "
                 f"images/s, p50 {num(p.get('p50_ms')):.0f} ms; {summary['gave_up']} give-ups; "
@@ -440,21 +484,27 @@ def render(result: CancellationResult, results: Results) -> str:
     runtime = next((r["server"].get("runtime") for r in result.runs.values()
                     if r.get("server")), None) or "?"
     out = [f"## Clients that give up ({runtime}, {result.image}, feature cache off)", ""]
-    out += [f"Closed-loop clients, one bot each, one image per request, `--max-batch-size "
+    out += [f"Closed-loop clients, one image per request, `--max-batch-size "
             f"{result.batch_size}`; {fmt(result.warmup_s)} s warm-up, then "
             f"{fmt(result.duration_s)} s measured (the one client: 2 s, then 10 s). The "
-            f"impatient clients give up after {fmt(result.patience)} × the one client's median "
-            f"({fmt(result.median_ms)} ms): {fmt(result.timeout_s)} s, then at once send their "
-            "next request. Images/s: the answered images of the requests sent in the window, "
-            "per second of it (their latency: p50, p95); answered in the window: from the "
-            "first trunk batch's answers to the last one's, everyone's:", ""]
+            f"clients giving up: {fmt(result.impatient)}, each after {fmt(result.timeout_s)} s "
+            f"(a quarter of the server's trunk time per batch under {BATCH_SCENARIO}, "
+            f"{fmt(result.batch_ms)} ms, and no less than the one client's median, "
+            f"{fmt(result.median_ms)} ms), then at once sending their next request: they "
+            f"abandon {fmt(result.overload)} × the rows the trunk runs a second "
+            f"({fmt(result.image_ms)} ms per image). Images/s: the answered images of the "
+            "requests sent in the window, per second of it (their latency: p50, p95); answered "
+            "in the window: from the first trunk batch's answers to the last one's, "
+            "everyone's:", ""]
     rows = []
     for scenario in SCENARIOS:
         run_ = result.runs.get(scenario.name)
         if not run_:
             continue
         p, i = run_.get(PATIENT) or {}, run_.get(IMPATIENT) or {}
-        rows.append([scenario.name, scenario.text, p.get("goodput"), p.get("p50_ms"),
+        text = scenario.text.format(patient=p.get("clients", scenario.patient),
+                                    impatient=i.get("clients", 0))
+        rows.append([scenario.name, text, p.get("goodput"), p.get("p50_ms"),
                      p.get("p95_ms"), _statuses(p.get("statuses")),
                      i.get("gave_up") if i else "—", run_.get("total_images_per_s"),
                      run_.get("trunk_images"), run_.get("answered_images"),
@@ -502,10 +552,12 @@ def targets(result: CancellationResult, results: Results) -> list[Target]:
     base, shadow = result.runs.get(SHADOW_BASE) or {}, result.runs.get("shadow") or {}
     cost = shadow_cost(base, shadow)
     return [
-        Target.of("cancel_patient_goodput", f"patient clients' images/s beside 8 giving up, "
-                  f"without cancellation <= {PATIENT_GOODPUT_WITHOUT} x with it",
+        Target.of("cancel_patient_goodput", "patient clients' images/s beside clients giving "
+                  f"up, without cancellation <= {PATIENT_GOODPUT_WITHOUT} x with it",
                   ("cancellation",), ratio(off, on), PATIENT_GOODPUT_WITHOUT, "<=", "x",
-                  note("{:.2f} without vs {:.2f} images/s with", off, on)),
+                  note("{:.2f} without vs {:.2f} images/s with", off, on)
+                  + note("; {:.0f} giving up after {:.0f} ms: {:.1f} × the trunk's rows",
+                         result.impatient, 1000 * num(result.timeout_s), result.overload)),
         Target.of("cancel_499", "with cancellation, share of the clients' give-ups the "
                   "server did not count as 499", ("cancellation",), uncounted,
                   UNCOUNTED_GIVE_UPS, "<=", "",

@@ -86,17 +86,18 @@ def _patient(clients: int, requests: int, goodput: float, p50: float, p95: float
 
 
 def _cancellation() -> dict:
-    """The cancellation section: a median of 420 ms (timeout 0.84 s); the patient clients'
-    goodput 0.8 images/s with cancellation vs 0.05 without (0.0625); 290 give-ups over the
-    cancelling load and 306 × 499 there (16 requests abandoned at the end); with a shadow
-    candidate on every bot 1.55 vs 1.62 images/s, as the trunk ran 4.3 s per batch of 8 vs
-    4.1 s, the heads 4 ms vs 2 ms; 48 candidate images of 48."""
+    """The cancellation section: a median of 420 ms; the trunk under all-patient 4.1 s per
+    batch of 8 (512.5 ms per image), so 8 clients give up after 1.025 s (4 × its rows); the
+    patient clients' goodput 0.8 images/s with cancellation vs 0.05 without (0.0625); 290
+    give-ups over the cancelling load and 306 × 499 there (16 requests abandoned at the end);
+    with a shadow candidate on every bot 1.55 vs 1.62 images/s, as the trunk ran 4.3 s per
+    batch of 8 vs 4.1 s, the heads 4 ms vs 2 ms; 48 candidate images of 48."""
     impatient = {"clients": 8, "requests": 250, "answered": 0, "images_per_s": 0.0,
                  "goodput": 0.0, "gave_up": 250, "statuses": {"-1 TimeoutError": 250}}
     return {
         "image": "640×480 JPEG (~150 kB, 64 distinct)", "clients": 16, "batch_size": 8,
-        "warmup_s": 10.0, "duration_s": 30.0, "patience": 2.0, "median_ms": 420.0,
-        "timeout_s": 0.84,
+        "warmup_s": 10.0, "duration_s": 30.0, "median_ms": 420.0, "batch_ms": 4100.0,
+        "image_ms": 512.5, "impatient": 8, "timeout_s": 1.025, "overload": 4.0,
         "runs": {
             "one-client": _load(_patient(1, 24, 2.4, 420.0, 450.0, {"200": 24}), None,
                                 {"gave_up": 0, "unfinished": 1,

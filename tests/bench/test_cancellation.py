@@ -1,6 +1,8 @@
 """The cancellation section's bookkeeping on constructed calls and /metrics texts: the window
 of its statistics (goodput charged to when requests were sent), the give-ups against the
-server's 499s, its targets (PASS and FAIL) and its Markdown. An impatient client against a real
+server's 499s, its impatient clients from the trunk's measured time (`bench.sections.
+impatience`'s arithmetic, and the section's order of loads on fake servers), its targets (PASS
+and FAIL) and its Markdown. An impatient client against a real
 server (its timeout closes the connection; a 499 only where the server cancels):
 tests/bench/test_sections.py."""
 from __future__ import annotations
@@ -16,6 +18,7 @@ from bench.report import evaluate_targets, render_markdown
 from bench.sections import cancellation
 from bench.sections.base import FAIL, PASS
 from bench.sections.cancellation import (
+    BATCH_SCENARIO,
     IMPATIENT,
     MEDIAN_SCENARIO,
     PATIENT,
@@ -23,7 +26,10 @@ from bench.sections.cancellation import (
     SERVERS,
     SHADOW_BASE,
     CancellationResult,
+    Server,
+    client_bots,
     gave_up,
+    impatience_of,
     load_summary,
     register_shadows,
     rows_for_nobody,
@@ -32,6 +38,7 @@ from bench.sections.cancellation import (
     uncounted_give_ups,
 )
 from bench.sections.fairness_load import Call
+from bench.sections.impatience import MAX_IMPATIENT, OVERLOAD, Impatience, impatience
 from tests.bench.helpers import passing_results
 
 
@@ -198,23 +205,194 @@ def test_give_ups_the_server_did_not_count_as_499():
 
 def test_the_median_load_comes_first_and_every_scenario_has_a_server():
     names = [s.name for s in SCENARIOS]
-    assert names[0] == MEDIAN_SCENARIO and SCENARIOS[0].impatient == 0
+    assert names[0] == MEDIAN_SCENARIO and not SCENARIOS[0].impatient
     assert {s.server for s in SCENARIOS} <= set(SERVERS)
-    # The two loads compared differ in their server's cancellation only.
+    # The impatient clients come from the median and the trunk time of a load of 16 patient
+    # clients on the same server, both run before any load that has them.
+    first_impatient = next(i for i, s in enumerate(SCENARIOS) if s.impatient)
+    assert BATCH_SCENARIO in names[:first_impatient]
     by_name = {s.name: s for s in SCENARIOS}
+    assert (by_name[BATCH_SCENARIO].patient, by_name[BATCH_SCENARIO].impatient) == (16, False)
+    assert by_name[BATCH_SCENARIO].server == SCENARIOS[first_impatient].server
+    # The two loads compared differ in their server's cancellation only.
     on, off = by_name["cancel"], by_name["no-cancel"]
-    assert (on.clients, on.impatient) == (off.clients, off.impatient)
+    assert (on.patient, on.impatient) == (off.patient, off.impatient) == (8, True)
     assert SERVERS[on.server].cancels and not SERVERS[off.server].cancels
     assert SERVERS[on.server].options == {"cancel-on-disconnect": True}
     assert SERVERS[off.server].options == {"cancel-on-disconnect": False}
     # The shadow load is the 16 patient clients of the one it is compared with, on a server
     # of the same flags whose prepare registers the candidates; last (it changes the store).
     base, shadow = by_name[SHADOW_BASE], by_name["shadow"]
-    assert names[-1] == "shadow" and (shadow.clients, shadow.impatient) == (16, 0)
-    assert (base.clients, base.impatient) == (16, 0)
+    assert names[-1] == "shadow" and (shadow.patient, shadow.impatient) == (16, False)
+    assert (base.patient, base.impatient) == (16, False)
     assert SERVERS[shadow.server].options == SERVERS[base.server].options
     assert SERVERS[shadow.server].prepare is register_shadows
     assert all(SERVERS[s.server].prepare is None for s in SCENARIOS[:-1])
+
+
+# -- the impatient clients, from the trunk ----------------------------------------------------
+
+
+def test_a_slow_trunk_gets_8_clients_giving_up_after_a_quarter_of_a_batch():
+    # A batch of 8 in 4 s (500 ms per image), a request alone in 500 ms: T = 4000 / 4 = 1 s,
+    # and 8 clients giving up every second abandon 8 rows a second, 4 × the trunk's 2.
+    got = impatience(500.0, 4000.0, 500.0, 8)
+    assert got == Impatience(1.0, 8, 4000.0, 500.0, 500.0)
+    assert got.overload == pytest.approx(4.0)
+
+
+def test_a_fast_trunk_keeps_the_rate_with_more_clients_past_the_median():
+    # A batch of 8 in 136 ms (17 ms per image) but 45 ms for a request alone: B / 4 = 34 ms
+    # would give up on requests that never queued, so T = 45 ms, and 4 × 45 / 17 = 10.6
+    # requests must be in flight: 11 clients, 11 / 0.045 s = 244 a second, 4.16 × 58.8.
+    got = impatience(45.0, 136.0, 17.0, 8)
+    assert (got.timeout_s, got.clients) == (pytest.approx(0.045), 11)
+    assert got.overload == pytest.approx(11 / 0.045 * 0.017)
+
+
+def test_the_impatient_clients_mean_the_same_on_any_trunk_speed():
+    """Scale every time by s (a CPU s times slower): the same clients, the timeout s times
+    longer, the same overload; and wherever the request path allows it, each rule holds."""
+    for m, batch, image in ((500.0, 4000.0, 500.0), (45.0, 136.0, 17.0),
+                            (50.0, 320.0, 40.0), (30.0, 73.0, 9.3)):
+        base = impatience(m, batch, image, 8)
+        for s in (0.1, 0.25, 3.0, 10.0):
+            scaled = impatience(m * s, batch * s, image * s, 8)
+            assert scaled.clients == base.clients
+            assert scaled.timeout_s == pytest.approx(base.timeout_s * s)
+            assert scaled.overload == pytest.approx(base.overload)
+        assert base.overload >= OVERLOAD  # abandoned work piles up at 3 s a second or more
+        assert base.timeout_s * 1000 >= m  # only requests that queued are given up on
+        assert base.timeout_s * 1000 < batch  # every request under the load is given up on
+        assert base.clients >= 8
+
+
+def test_8_clients_at_a_quarter_of_a_full_batch_are_not_rounded_up_to_9():
+    # The time per image as the section computes it (ms per batch × batches ÷ rows): here
+    # 4 × (B / 4) ÷ it is 8.000000000000002, not 8.
+    for batch, batches in ((970.2, 19), (1997.1, 3), (2628.6, 26), (136.0, 6)):
+        assert impatience(1.0, batch, batch * batches / (8 * batches), 8).clients == 8
+
+
+def test_half_full_batches_keep_the_batch_size_of_clients_at_a_higher_overload():
+    # Batches of 4 rows in 400 ms: 10 rows a second; 8 clients every 100 ms: 80, 8 ×.
+    got = impatience(50.0, 400.0, 100.0, 8)
+    assert (got.clients, got.timeout_s) == (8, pytest.approx(0.1))
+    assert got.overload == pytest.approx(8.0)
+
+
+def test_a_request_path_slower_than_two_batches_is_capped_and_says_so():
+    # A request alone takes 300 ms, a batch of 8 100 ms: 4 × 300 / 12.5 = 96 clients wanted.
+    got = impatience(300.0, 100.0, 12.5, 8)
+    assert got.clients == MAX_IMPATIENT and got.timeout_s == pytest.approx(0.3)
+    assert got.overload == pytest.approx(MAX_IMPATIENT / 0.3 * 0.0125)
+    assert got.overload < OVERLOAD  # 2.67 ×: the report says it
+
+
+@pytest.mark.parametrize("median_ms, batch_ms, image_ms", [
+    (float("nan"), 4000.0, 500.0), (500.0, float("nan"), 500.0), (500.0, 4000.0, 0.0),
+    (500.0, float("inf"), 500.0), (-1.0, 4000.0, 500.0)])
+def test_impatient_clients_need_every_number(median_ms, batch_ms, image_ms):
+    with pytest.raises(ValueError):
+        impatience(median_ms, batch_ms, image_ms, 8)
+
+
+def test_the_sections_impatient_clients_come_from_its_all_patient_window():
+    # passing_results: median 420 ms; all-patient 6 batches of 48 rows at 4.1 s a batch.
+    result = CancellationResult.from_json(passing_results()["cancellation"])
+    got = impatience_of(result)
+    assert (got.batch_ms, got.image_ms, got.median_ms) == (4100.0, 512.5, 420.0)
+    assert (got.clients, got.timeout_s) == (8, pytest.approx(1.025))
+    del result.runs[BATCH_SCENARIO]["server_trunk_ms"]  # no /metrics: no trunk time
+    with pytest.raises(ValueError):
+        impatience_of(result)
+
+
+def test_impatient_clients_share_the_bots_the_patient_ones_do_not_use():
+    bots = [f"b{i}" for i in range(16)]
+    got = client_bots(bots, 8, 11)
+    assert [got[f"{PATIENT}-{i}"] for i in range(8)] == bots[:8]
+    assert [got[f"{IMPATIENT}-{j}"] for j in range(11)] == bots[8:] + bots[8:11]
+    assert client_bots(bots, 16, 0) == {f"{PATIENT}-{i}": bots[i] for i in range(16)}
+
+
+class _FakeServer:
+    url, ready_s, pid = "http://fake", 1.0, 1
+
+    def __init__(self, name: str, options: dict) -> None:
+        self.name, self.options = name, options
+
+    def runtime(self) -> str:
+        return "fake"
+
+    def stop(self, timeout_s: float) -> None:
+        pass
+
+
+def _fake_context(tmp_path, started: list, errors: dict) -> SimpleNamespace:
+    def server(name, store, **options):
+        started.append(name)
+        return _FakeServer(name, options)
+
+    return SimpleNamespace(
+        plan=Plan(), jpegs=[b"jpeg"], image_summary=lambda: "fake images",
+        bot_store=lambda name, n: (tmp_path, [f"bot-{i}" for i in range(n)]),
+        server=server, start=lambda s: s,
+        record_error=lambda name, exc: errors.__setitem__(name, str(exc)))
+
+
+def _fake_summary(p50_ms: float, trunk_ms: float | None) -> dict:
+    return {PATIENT: {"p50_ms": p50_ms, "goodput": 1.0}, "gave_up": 0, "answered_images": 48,
+            "batches": 6, "trunk_images": 48, "server_trunk_ms": trunk_ms}
+
+
+def test_the_run_sets_the_impatient_loads_from_the_trunk_time_of_all_patient(
+        tmp_path, monkeypatch):
+    """The section on fake servers: the loads with impatient clients get those derived from
+    the one client's median and all-patient's trunk time (a fast trunk: 136 ms a batch)."""
+    loads, started, errors = {}, [], {}
+
+    def fake_load(context, url, bots, scenario, give_up, cancels):
+        loads[scenario.name] = give_up if scenario.impatient else None
+        return _fake_summary(45.0, 136.0)
+
+    async def no_warm_up(*args):
+        pass
+
+    monkeypatch.setattr(cancellation, "_load", fake_load)
+    monkeypatch.setattr(cancellation, "warm_up_batch", no_warm_up)
+    monkeypatch.setitem(SERVERS, "shadow", Server({"cancel-on-disconnect": True}))
+    result = cancellation.run(_fake_context(tmp_path, started, errors))
+    assert errors == {} and list(loads) == [s.name for s in SCENARIOS]
+    expected = impatience(45.0, 136.0, 17.0, 8)
+    assert loads["cancel"] == loads["no-cancel"] == expected and expected.clients == 11
+    assert (result.impatient, result.timeout_s, result.overload) == (
+        11, expected.timeout_s, expected.overload)
+    assert (result.batch_ms, result.image_ms, result.median_ms) == (136.0, 17.0, 45.0)
+    assert started == ["cancellation-cancel", "cancellation-no-cancel", "cancellation-shadow"]
+
+
+def test_without_a_trunk_time_the_impatient_loads_are_errors_not_guesses(tmp_path,
+                                                                        monkeypatch):
+    loads, started, errors = [], [], {}
+
+    def fake_load(context, url, bots, scenario, give_up, cancels):
+        loads.append(scenario.name)
+        return _fake_summary(45.0, None)  # the server's /metrics never answered
+
+    async def no_warm_up(*args):
+        pass
+
+    monkeypatch.setattr(cancellation, "_load", fake_load)
+    monkeypatch.setattr(cancellation, "warm_up_batch", no_warm_up)
+    monkeypatch.setitem(SERVERS, "shadow", Server({"cancel-on-disconnect": True}))
+    result = cancellation.run(_fake_context(tmp_path, started, errors))
+    assert loads == [MEDIAN_SCENARIO, BATCH_SCENARIO, "shadow"]
+    assert set(errors) == {"cancellation-impatience", "cancellation-cancel",
+                           "cancellation-no-cancel"}
+    assert "cancellation-no-cancel" not in started and result.impatient is None
+    t = _targets(result.to_json())
+    assert t["cancel_patient_goodput"].status == FAIL and t["cancel_499"].status == FAIL
 
 
 # -- targets and report -------------------------------------------------------------------------
@@ -226,7 +404,8 @@ def test_the_targets_carry_this_runs_numbers():
                                                    "cancel_499": PASS, "shadow_cost": PASS,
                                                    "shadow_scored": PASS}
     assert t["cancel_patient_goodput"].measured == pytest.approx(0.05 / 0.8)
-    assert t["cancel_patient_goodput"].note == "0.05 without vs 0.80 images/s with"
+    assert t["cancel_patient_goodput"].note == ("0.05 without vs 0.80 images/s with; 8 giving "
+                                                "up after 1025 ms: 4.0 × the trunk's rows")
     assert t["cancel_499"].measured == 0
     assert t["cancel_499"].note == "290 give-ups, 306 × 499"
 
@@ -287,7 +466,10 @@ def test_a_missing_load_fails_its_comparison():
 def test_the_report_has_a_row_per_scenario():
     md = render_markdown(passing_results())
     assert "## Clients that give up (openvino-fp32" in md
-    assert "give up after 2 × the one client's median (420 ms): 0.84 s" in md
+    assert ("The clients giving up: 8, each after 1.02 s (a quarter of the server's trunk "
+            "time per batch under all-patient, 4,100 ms, and no less than the one client's "
+            "median, 420 ms), then at once sending their next request: they abandon 4 × the "
+            "rows the trunk runs a second (512 ms per image)") in md
     assert ("| cancel | 8 patient + 8 giving up, `--cancel-on-disconnect` | 0.8 | 9,100 | "
             "9,800 | 200: 24 | 250 | 0.81 | 48 | 24 | 8 | 4,200 |") in md
     assert "| no-cancel | 290 | 16 | 200: 61, 503: 4, 504: 37 |" in md
