@@ -275,6 +275,12 @@ class Trunk:
         return self.runner.info.device.name
 
     @property
+    def owns_cores(self) -> bool:
+        """Whether the trunk's work runs on the host's CPU cores (not a GPU): then the server
+        keeps image decoding off them while a batch runs (`service.core.cores`)."""
+        return not self.runner.info.device.is_gpu
+
+    @property
     def runtime(self) -> str:
         """Resolved runtime: "tf" | "openvino" | ... (a registered runtime)."""
         return self.runner.info.runtime

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 POLICIES = ("mixed", "per_group")
 
+# gather_booked: a batch waits for rows being prepared while one of them came this recently.
+GATHER_IDLE_S = 0.05
+
 RunBatch = Callable[[list[Row]], Sequence[Any]]
 OnBatch = Callable[[int, int, list[float], float], None]
 OnServed = Callable[[dict[str, int]], None]
@@ -82,6 +85,13 @@ class Batcher:
             some rows are booked (being prepared by their callers: they will come); with none
             booked it runs at once, as waiting would only add latency. When False (default)
             it always waits up to max_wait_ms for more rows.
+        gather_booked: when True (the engine's, when the trunk runs alone on the cores:
+            `service.core.cores`), a batch that is not full waits for the rows booked (being
+            decoded), past max_wait_ms, while they keep coming: until none is booked, the batch
+            is full, or none came for GATHER_IDLE_S (counted from the last batch's end at the
+            earliest). Decoding cannot overlap the trunk's batch
+            there, so a batch that left without them would hold up their decoding for a whole
+            batch and then run them in a small one. The "mixed" policy only.
         clock: the monotonic clock of arrivals, waits, deadlines and batch times (tests pass
             a controlled one; a change of time is noticed on the next submit or `poke()`).
         scheduler: "fair" (rows taken by the tenants' weighted counters, queue shares; see
@@ -108,6 +118,7 @@ class Batcher:
         policy: str = "mixed",
         on_batch: OnBatch | None = None,
         wait_for_booked_only: bool = False,
+        gather_booked: bool = False,
         clock: Callable[[], float] = time.monotonic,
         scheduler: str = "fair",
         weight: Callable[[str], float] = lambda tenant: 1.0,
@@ -133,6 +144,10 @@ class Batcher:
         self._policy = policy
         self._on_batch = on_batch
         self._wait_for_booked_only = wait_for_booked_only
+        self._gather_booked = gather_booked
+        # gather_booked: when rows were last queued or a batch last finished (the decodes it
+        # held up start again then).
+        self._last_progress_s = -math.inf
         self._on_served = on_served
         self._clock = clock
         self._own_executor = executor is None
@@ -339,6 +354,7 @@ class Batcher:
         if n == 0:
             return []
         now = self._clock()
+        self._last_progress_s = now
         if deadline is not None and deadline <= now:
             self.poke()  # the booked rows will not come
             raise DeadlineExceeded("the request's deadline passed before it was queued")
@@ -388,7 +404,14 @@ class Batcher:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
-            ready = self._closing or due_in <= 0 or len(self._queue) >= self._max_batch_size
+            full = len(self._queue) >= self._max_batch_size
+            if self._gather_booked and self._room.booked and not full and not self._closing:
+                # Rows are being decoded and cannot be while the trunk runs: wait for them while
+                # they keep coming.
+                idle_in = self._last_progress_s + GATHER_IDLE_S - now
+                if idle_in > 0:
+                    return False, None, max(due_in, idle_in)
+            ready = self._closing or due_in <= 0 or full
             return ready, None, due_in
         # per_group: the oldest row's group when its time is up (or when closing); otherwise any
         # group that already has a full batch, oldest-first. The earliest timer of all groups is
@@ -468,7 +491,9 @@ class Batcher:
             fail(batch, exc)
         else:
             deliver(batch, results)
-        run_s = self._clock() - start
+        end = self._clock()
+        run_s = end - start
+        self._last_progress_s = max(self._last_progress_s, end)
         self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s
         if self._on_batch is not None:
             try:

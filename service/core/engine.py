@@ -32,6 +32,7 @@ from service.core import tracing as trace
 from service.core.batcher import Batcher
 from service.core.booking import Booking
 from service.core.candidates import CandidateStats, Comparison, Route, compare, route_for, route_key
+from service.core.cores import Cores
 from service.core.errors import (
     BadRequest,
     Overloaded,
@@ -278,12 +279,17 @@ class Engine:
         self.cache = FeatureCache(settings.feature_cache_size)
         self.decode_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.preprocess_threads, thread_name_prefix="multihead-decode")
+        # A CPU trunk runs alone: decodes wait for its batch, and the batcher gathers the rows
+        # being decoded into the next one (`service.core.cores`).
+        self.cores = Cores(settings.own_cores and bool(getattr(trunk, "owns_cores", False)),
+                           on_wait=metrics.decode_wait_seconds.inc)
         self.batcher = Batcher(self.run_batch, max_batch_size=settings.max_batch_size,
                                max_wait_ms=settings.max_wait_ms,
                                max_queue_rows=settings.max_queue_rows,
                                policy=settings.batch_policy, on_batch=metrics.observe_batch,
                                # Rows booked are being decoded: only then is waiting worth it.
                                wait_for_booked_only=True,
+                               gather_booked=self.cores.exclusive,
                                scheduler=settings.scheduler, weight=weight,
                                max_queued=max_queued, on_served=metrics.observe_tenant_images)
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
@@ -310,9 +316,12 @@ class Engine:
             if item.features is not None:
                 features[i] = item.features
         if todo:
-            start = time.perf_counter()
-            computed = self.trunk.features(np.stack([items[i].image for i in todo]))
-            self.metrics.trunk_seconds.observe(time.perf_counter() - start)
+            batch_images = np.stack([items[i].image for i in todo])
+            with self.cores.trunk():
+                start = time.perf_counter()
+                computed = self.trunk.features(batch_images)
+                took = time.perf_counter() - start
+            self.metrics.observe_trunk(len(todo), took)
             features[todo] = computed
             for i, row in zip(todo, computed):
                 self.cache.put(items[i].digest, row)
@@ -345,9 +354,10 @@ class Engine:
 
     def _decode(self, data: bytes) -> np.ndarray:
         """Decode + preprocess of one encoded image (a cache miss). Decode pool thread."""
-        start = time.perf_counter()
-        image = preprocess(data, max_pixels=self.settings.max_image_pixels)
-        self.metrics.decode_seconds.observe(time.perf_counter() - start)
+        with self.cores.decode():
+            start = time.perf_counter()
+            image = preprocess(data, max_pixels=self.settings.max_image_pixels)
+            self.metrics.decode_seconds.observe(time.perf_counter() - start)
         return image
 
     def _look_array(self, image: np.ndarray) -> tuple[bytes, np.ndarray | None]:

@@ -132,8 +132,10 @@ class Metrics:
 
     Attributes (prometheus_client objects, usable directly):
         requests_total{route,status}, request_seconds{route} (route: the endpoint's name),
-        decode_seconds,
-        queue_wait_seconds, trunk_seconds, heads_seconds, batch_size, batch_bots, queue_depth,
+        decode_seconds, decode_wait_seconds_total,
+        queue_wait_seconds, trunk_seconds, trunk_batch_seconds_total{batch_size},
+        trunk_batches_total{batch_size} (both from `observe_trunk`), trunk_alone_seconds{batch_size}
+        (set from `bind_trunk_profile` at each `render`), heads_seconds, batch_size, batch_bots, queue_depth,
         resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
         bot_int8_agreement{bot} (set from `bind_int8_agreement` at each `render`),
         feature_cache_hits_total,
@@ -171,6 +173,10 @@ class Metrics:
             "decode_seconds", "image decode and preprocessing time per image",
             namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
         )
+        self.decode_wait_seconds = Counter(
+            "decode_wait_seconds", "seconds image decodes waited for a trunk batch to finish "
+            "(a CPU trunk runs alone on the cores: --own-cores)", namespace=ns, registry=r,
+        )
         self.queue_wait_seconds = Histogram(
             "queue_wait_seconds", "time a row waited in the batcher queue before its batch ran",
             namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
@@ -179,6 +185,22 @@ class Metrics:
             "trunk_seconds", "trunk (Inception-V4) run time per batch",
             namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
         )
+        self.trunk_batch_seconds_total = Counter(
+            "trunk_batch_seconds", "seconds the trunk ran inside the server, by batch size "
+            "(with trunk_batches: its time per batch under load, next to trunk_alone_seconds)",
+            ["batch_size"], namespace=ns, registry=r,
+        )
+        self.trunk_batches_total = Counter(
+            "trunk_batches", "trunk batches run, by batch size", ["batch_size"],
+            namespace=ns, registry=r,
+        )
+        self.trunk_alone_seconds = Gauge(
+            "trunk_alone_seconds", "the trunk's time per batch alone, by batch size: its "
+            "warm-up profile, measured with nothing else running (set from "
+            "`bind_trunk_profile` at each scrape)", ["batch_size"], namespace=ns, registry=r,
+        )
+        self._trunk_profile: Callable[[], Mapping[int, float] | None] | None = None
+        self._trunk_by_size: dict[int, list[float]] = {}  # size -> [batches, seconds]
         self.heads_seconds = Histogram(
             "heads_seconds", "time applying the heads (all bots) per batch",
             namespace=ns, buckets=LATENCY_BUCKETS_S, registry=r,
@@ -441,6 +463,27 @@ class Metrics:
         for bot_id in bot_ids:
             self.pinned_bot.labels(bot=bot_id).set(1)
 
+    def observe_trunk(self, size: int, seconds: float) -> None:
+        """One trunk batch of `size` images that ran `seconds` inside the server."""
+        self.trunk_seconds.observe(seconds)
+        self.trunk_batch_seconds_total.labels(batch_size=str(size)).inc(seconds)
+        self.trunk_batches_total.labels(batch_size=str(size)).inc()
+        with self._lock:
+            entry = self._trunk_by_size.setdefault(size, [0, 0.0])
+            entry[0] += 1
+            entry[1] += seconds
+
+    def trunk_in_server(self) -> dict[int, tuple[int, float]]:
+        """{batch size: (batches run, mean seconds per batch)} inside the server so far."""
+        with self._lock:
+            return {size: (int(n), total / n) for size, (n, total)
+                    in sorted(self._trunk_by_size.items())}
+
+    def bind_trunk_profile(self, read: Callable[[], Mapping[int, float] | None]) -> None:
+        """Read the trunk's warm-up profile `{batch size: seconds per batch alone}` (None:
+        not measured) at each `render`, into `trunk_alone_seconds`."""
+        self._trunk_profile = read
+
     def bind_pinned_heads(self, read: Callable[[], float]) -> None:
         """Read the number of resident pinned heads at scrape time."""
         self.pinned_heads.set_function(read)
@@ -509,6 +552,10 @@ class Metrics:
                 self._set_tenant_gauges(self._tenant_state())
             if self._int8_agreement is not None:
                 self._set_int8_agreement(self._int8_agreement())
+            if self._trunk_profile is not None:
+                self.trunk_alone_seconds.clear()
+                for size, seconds in sorted((self._trunk_profile() or {}).items()):
+                    self.trunk_alone_seconds.labels(batch_size=str(size)).set(seconds)
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def _set_tenant_gauges(self, state: Mapping[str, tuple[int, float]]) -> None:

@@ -224,6 +224,12 @@ class Settings:
         check=_token, secret=True)
     preprocess_threads: int = setting(
         2, "threads decoding and preprocessing images", at_least=1)
+    own_cores: bool = setting(
+        True,
+        "a CPU trunk runs alone on the cores: images are decoded between trunk batches, "
+        "never during one (a decode thread beside the trunk's threads stalls the whole "
+        "batch), and the batcher gathers the rows being decoded into the next batch; off: "
+        "decoding runs beside the trunk. No effect on a GPU")
     batch_policy: str = setting(
         "mixed",
         "mixed: one trunk batch holds any mix of bots; per_group: one bot per batch "

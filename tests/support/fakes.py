@@ -274,8 +274,9 @@ class GatedTrunk:
     `trunk`'s features. Everything else is `trunk`'s."""
 
     def __init__(self, trunk, *, open: bool = False, clock: FakeClock | None = None,
-                 run_s: float = 0.0, wait_s: float = 60.0) -> None:
+                 run_s: float = 0.0, wait_s: float = 60.0, owns_cores: bool = False) -> None:
         self._trunk = trunk
+        self.owns_cores = owns_cores  # True: the engine keeps decodes off its batches
         self.gate = threading.Event()
         if open:
             self.gate.set()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from service.core.batcher import Batcher
+from service.core.batcher import GATHER_IDLE_S, Batcher
 from service.core.errors import BadRequest, BatchError, DeadlineExceeded, Overloaded, ShuttingDown
 from service.core.rows import Row
 from tests.support.fakes import FakeClock
@@ -937,3 +937,74 @@ async def test_close_after_the_batching_task_was_cancelled_fails_the_rows_left_q
     assert [(type(o).__name__, str(o)) for o in outcomes] == [
         ("ShuttingDown", "the service shut down before this request finished"),
         ("ShuttingDown", "the service shut down before this request ran")]
+
+
+# -- gather_booked: the trunk runs alone, decodes between batches (service.core.cores) -----------
+
+
+@pytest.mark.parametrize("gather", [False, True])
+async def test_gather_booked_waits_past_max_wait_for_rows_being_decoded(make, gather):
+    """With gather_booked a batch waits for the rows booked (being decoded) while they keep
+    coming, past max_wait_ms; without it, it leaves at max_wait_ms and they make a second one."""
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=8, max_wait_ms=0, wait_for_booked_only=True,
+             gather_booked=gather, clock=clock)
+    coming = b.book(2)
+    first = spawn(b.submit("a", group="g"))
+    await settle()
+    clock.advance(GATHER_IDLE_S / 2)  # past max_wait_ms, within the idle bound
+    b.poke()
+    await settle()
+    assert first.done() is not gather
+    rest = spawn(b.submit_many(["b", "c"], group="g", booking=coming))
+    await gather5(first, rest)
+    assert fake.payloads() == ([["a", "b", "c"]] if gather else [["a"], ["b", "c"]])
+
+
+async def test_gather_booked_stops_waiting_when_no_row_came_for_the_idle_bound(make):
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=8, max_wait_ms=0, wait_for_booked_only=True,
+             gather_booked=True, clock=clock)
+    stuck = b.book(1)  # a decode that takes long (a huge image)
+    first = spawn(b.submit("a", group="g"))
+    await settle()
+    assert not first.done()
+    clock.advance(GATHER_IDLE_S * 1.01)
+    b.poke()
+    assert await asyncio.wait_for(first, 5) == ("ok", "a")
+    stuck.release()
+    assert fake.payloads() == [["a"]]
+
+
+async def test_gather_booked_runs_a_full_batch_at_once(make):
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=2, max_wait_ms=LONG_MS, wait_for_booked_only=True,
+             gather_booked=True, clock=clock)
+    b.book(3)  # more are coming, but the batch is full
+    assert await gather5(b.submit("a", group="g"), b.submit("b", group="g")) == [
+        ("ok", "a"), ("ok", "b")]
+
+
+async def test_gather_booked_counts_the_idle_bound_from_the_last_batch_end(make):
+    """Rows booked while a batch runs are decoded only after it (the trunk holds the cores):
+    the next batch waits for them even though the rows queued before it are old."""
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = make(fake, max_batch_size=8, max_wait_ms=0, wait_for_booked_only=True,
+             gather_booked=True, clock=clock)
+    running = spawn(b.submit("running", group="g"))
+    await fake.entered()
+    waiting = spawn(b.submit("queued", group="g"))
+    coming = b.book(1)  # its decode waits for the running batch
+    await settle()
+    clock.advance(1.0)  # a long batch: far more than the idle bound
+    fake.release()
+    await gather5(running)
+    await settle()
+    assert not waiting.done()  # waits for the row being decoded now
+    late = spawn(b.submit_many(["decoded"], group="g", booking=coming))
+    await gather5(waiting, late)
+    assert fake.payloads() == [["running"], ["queued", "decoded"]]

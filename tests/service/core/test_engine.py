@@ -536,6 +536,9 @@ async def test_metrics_count_the_cache_bots_batches_and_time_each_stage(make_eng
     assert (sample(e, "batch_size_count"), sample(e, "batch_size_sum")) == (1, 2)
     assert sample(e, "batch_bots_sum") == 1  # one request: one set of bots
     assert sample(e, "trunk_seconds_sum") == 0.25
+    assert (sample(e, "trunk_batches_total", batch_size="2"),
+            sample(e, "trunk_batch_seconds_total", batch_size="2")) == (1, 0.25)
+    assert e.metrics.trunk_in_server() == {2: (1, 0.25)}
     assert sample(e, "heads_seconds_sum") == 0.125
     assert (sample(e, "decode_seconds_count"), sample(e, "decode_seconds_sum")) == (2, 0.0)
     await e.classify(images[:1], [a], top_k=1)  # cached: no decode, no trunk, no batch
@@ -582,3 +585,33 @@ async def test_close_waits_for_images_still_being_decoded(make_engine, blocking_
     await asyncio.wait_for(closing, WAIT_S)
     with pytest.raises(ShuttingDown):  # decoded after close began: never queued
         await pending
+
+
+# -- owning the cores: no decode while a CPU trunk runs (service.core.cores) -------------------
+
+
+@pytest.mark.parametrize("owns_cores,own_cores,exclusive", [
+    (True, True, True), (True, False, False), (False, True, False)])
+async def test_a_decode_waits_for_the_running_batch_only_when_the_trunk_owns_the_cores(
+        make_engine, owns_cores, own_cores, exclusive):
+    """A CPU trunk (`owns_cores`) with `own_cores` on runs alone: an image that arrives while
+    a batch runs is decoded after it (its wait counted); off, or on a GPU, it is decoded at
+    once, beside the batch."""
+    trunk = GatedTrunk(FakeTrunk(), wait_s=WAIT_S, owns_cores=owns_cores)
+    e = make_engine(trunk, own_cores=own_cores)
+    assert e.cores.exclusive is exclusive
+    a = RecordingHead("a")
+    images = pngs(2)
+    running = spawn(e.classify(images[:1], [a], top_k=1))
+    await until(trunk.entered.is_set)
+    second = spawn(e.classify(images[1:], [a], top_k=1))
+    if exclusive:
+        await until(lambda: e.cores.decodes_waiting == 1)
+        assert sample(e, "decode_seconds_count") == 1  # only the first image was decoded
+    else:
+        await until(lambda: sample(e, "decode_seconds_count") == 2)  # decoded beside the batch
+        assert e.cores.decodes_waiting == 0
+    trunk.gate.set()
+    await asyncio.wait_for(asyncio.gather(running, second), WAIT_S)
+    assert (sample(e, "decode_wait_seconds_total") > 0) is exclusive
+    assert trunk.batches == [1, 1]

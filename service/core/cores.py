@@ -1,0 +1,118 @@
+"""Who runs on the machine's cores: the trunk alone, or the image decoders.
+
+On a CPU the trunk's runtime (OpenVINO, TensorFlow) runs each layer on one thread per core and
+waits for the slowest thread; a core taken by a decode thread stalls the whole batch. Measured
+on 2 cores (issue 31): a batch took 136 ms inside the server against 73 ms alone, and a decode
+9.6 ms against 4.1. So the engine never runs the two at once: decoding is a shared hold (any
+number of decode threads together), the trunk an exclusive one, like a readers-writer lock with
+the writer preferred:
+
+- `trunk()` waits for the decodes already running to finish, then runs alone; decodes that
+  start meanwhile wait for it. A decode is ~5 ms; a hostile one (a 36-megapixel PNG) may take
+  seconds, so the trunk waits at most `max_trunk_wait_s` for running decodes and then runs
+  beside them, as it did before this gate existed (counted in `trunk_waits_given_up`).
+- `decode()` runs at once unless the trunk runs or waits; then it waits for the trunk's batch
+  to finish. The time decodes spend waiting goes to `on_wait(seconds)`.
+
+Decodes therefore run between trunk batches, all decode threads together, and the batcher
+gathers the rows they finish into the next batch (`Batcher(gather_booked=True)`): the trunk's
+cores idle for one batch's decoding, instead of every batch running at the speed of its
+slowest, disturbed thread.
+
+Without `exclusive` (a GPU trunk, whose work is not on these cores; `--no-own-cores`; a fake
+trunk in tests) both holds are free: nothing waits.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+# How long the trunk waits for decodes already running before it runs beside them.
+MAX_TRUNK_WAIT_S = 0.25
+
+
+class Cores:
+    """The gate between the trunk and the decode threads. Thread-safe.
+
+    Args:
+      exclusive: whether the trunk runs alone (see the module's docstring); False: no waiting.
+      on_wait: told how long each decode waited for the trunk (seconds), in the decode's thread.
+      max_trunk_wait_s: the most the trunk waits for decodes already running.
+      clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(self, exclusive: bool, *, on_wait: Callable[[float], None] | None = None,
+                 max_trunk_wait_s: float = MAX_TRUNK_WAIT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not max_trunk_wait_s >= 0:
+            raise ValueError(f"max_trunk_wait_s must be >= 0, got {max_trunk_wait_s!r}")
+        self.exclusive = bool(exclusive)
+        self._on_wait = on_wait
+        self._max_trunk_wait_s = float(max_trunk_wait_s)
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._decoding = 0  # decodes running
+        self._trunk = 0  # trunk holds running or waiting (the batch thread: at most one)
+        self._waiting = 0  # decodes waiting for the trunk
+        self.trunk_waits_given_up = 0
+
+    @property
+    def decodes_waiting(self) -> int:
+        """Decodes waiting for the trunk's batch to finish."""
+        return self._waiting
+
+    @property
+    def decoding(self) -> int:
+        """Decodes running now."""
+        return self._decoding
+
+    @contextlib.contextmanager
+    def decode(self) -> Iterator[None]:
+        """Hold the cores shared, for one image's decode: waits while the trunk runs or waits."""
+        if not self.exclusive:
+            yield
+            return
+        waited = None
+        with self._cond:
+            if self._trunk:
+                start = self._clock()
+                self._waiting += 1
+                try:
+                    self._cond.wait_for(lambda: not self._trunk)
+                finally:
+                    self._waiting -= 1
+                waited = self._clock() - start
+            self._decoding += 1
+        if waited is not None and self._on_wait is not None:
+            self._on_wait(waited)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._decoding -= 1
+                if not self._decoding:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def trunk(self) -> Iterator[None]:
+        """Hold the cores alone, for one trunk batch: new decodes wait; running ones are waited
+        for (at most `max_trunk_wait_s`)."""
+        if not self.exclusive:
+            yield
+            return
+        with self._cond:
+            self._trunk += 1
+            if not self._cond.wait_for(lambda: not self._decoding,
+                                       timeout=self._max_trunk_wait_s):
+                self.trunk_waits_given_up += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._trunk -= 1
+                self._cond.notify_all()
+
+
+__all__ = ["Cores", "MAX_TRUNK_WAIT_S"]

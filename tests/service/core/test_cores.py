@@ -1,0 +1,104 @@
+"""`Cores`, the gate that keeps image decoding off the cores while a CPU trunk runs: the trunk
+alone, decodes together, the trunk preferred, a bounded wait for a decode that runs long."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from service.core.cores import Cores
+from tests.support.fakes import FakeClock
+from tests.support.polling import wait_until as until
+
+pytestmark = pytest.mark.timeout(30)
+
+WAIT_S = 5.0
+
+
+class Holder:
+    """A thread that takes one of the gate's holds and keeps it until `leave` is set."""
+
+    def __init__(self, hold) -> None:
+        self.inside = threading.Event()
+        self.leave = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(hold,), daemon=True)
+        self.thread.start()
+
+    def _run(self, hold) -> None:
+        with hold():
+            self.inside.set()
+            assert self.leave.wait(WAIT_S), "the test never let the holder leave"
+
+    def done(self) -> None:
+        self.leave.set()
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive()
+
+
+def test_decodes_run_together_and_wait_for_the_running_trunk():
+    clock = FakeClock()
+    waits: list[float] = []
+    cores = Cores(True, on_wait=waits.append, clock=clock)
+    first, second = Holder(cores.decode), Holder(cores.decode)  # decodes share the cores
+    assert first.inside.wait(WAIT_S) and second.inside.wait(WAIT_S)
+    first.done(), second.done()
+    trunk = Holder(cores.trunk)
+    assert trunk.inside.wait(WAIT_S)
+    late = Holder(cores.decode)
+    until_waiting(cores, 1)
+    assert not late.inside.is_set()
+    clock.advance(0.25)
+    trunk.done()
+    assert late.inside.wait(WAIT_S)
+    late.done()
+    assert waits == [0.25]  # only the decode that waited is counted, with its wait
+
+
+def test_the_trunk_waits_for_running_decodes_and_new_ones_wait_behind_it():
+    cores = Cores(True)
+    running = Holder(cores.decode)
+    assert running.inside.wait(WAIT_S)
+    trunk = Holder(cores.trunk)
+    until(lambda: cores._trunk == 1)  # the trunk is waiting for the running decode
+    newcomer = Holder(cores.decode)  # preferred: the trunk goes first
+    until_waiting(cores, 1)
+    assert not trunk.inside.is_set()
+    running.done()
+    assert trunk.inside.wait(WAIT_S)
+    assert not newcomer.inside.is_set()
+    trunk.done()
+    assert newcomer.inside.wait(WAIT_S)
+    newcomer.done()
+    assert cores.trunk_waits_given_up == 0
+
+
+def test_the_trunk_runs_beside_a_decode_that_takes_longer_than_its_bound():
+    cores = Cores(True, max_trunk_wait_s=0.05)
+    huge = Holder(cores.decode)  # a 36-megapixel PNG, say
+    assert huge.inside.wait(WAIT_S)
+    trunk = Holder(cores.trunk)
+    assert trunk.inside.wait(WAIT_S)
+    assert cores.trunk_waits_given_up == 1 and cores.decoding == 1
+    trunk.done(), huge.done()
+
+
+def test_without_exclusive_nothing_waits():
+    cores = Cores(False)
+    trunk = Holder(cores.trunk)
+    assert trunk.inside.wait(WAIT_S)
+    decode = Holder(cores.decode)
+    assert decode.inside.wait(WAIT_S)  # beside the running trunk
+    other = Holder(cores.trunk)
+    assert other.inside.wait(WAIT_S)
+    for h in (trunk, decode, other):
+        h.done()
+    assert cores.decodes_waiting == 0
+
+
+def test_a_negative_bound_is_refused():
+    with pytest.raises(ValueError, match="max_trunk_wait_s"):
+        Cores(True, max_trunk_wait_s=-1)
+
+
+def until_waiting(cores: Cores, n: int) -> None:
+    until(lambda: cores.decodes_waiting == n)
