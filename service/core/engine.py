@@ -4,7 +4,9 @@ HTTP handlers (native, WebSocket, interop) parse a request, resolve its heads, a
 `Engine.classify` (encoded images) or `Engine.classify_arrays` (images already preprocessed to
 float32 [N, 299, 299, 3]); the engine decodes in a thread pool, looks features up in the feature
 cache, queues the misses on the cross-bot `Batcher`, and scores every head. It knows nothing of
-aiohttp. `run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch,
+aiohttp. Decoding waits while a CPU trunk's batch runs (`service.core.cores`); digests, cache
+lookups and the heads of fully cached requests run in a light pool of their own, never behind
+it. `run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch,
 then each head applied once to the rows that asked for it, and each bot's candidate (shadow or
 canary, `service.core.candidates`) once to the same rows' features.
 """
@@ -279,6 +281,10 @@ class Engine:
         self.cache = FeatureCache(settings.feature_cache_size)
         self.decode_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.preprocess_threads, thread_name_prefix="multihead-decode")
+        # Digests, cache lookups and the heads of fully cached requests: light work that must
+        # not queue behind decodes waiting for the trunk's batch (`Cores`).
+        self.light_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="multihead-light")
         # A CPU trunk runs alone: decodes wait for its batch, and the batcher gathers the rows
         # being decoded into the next one (`service.core.cores`).
         self.cores = Cores(settings.own_cores and bool(getattr(trunk, "owns_cores", False)),
@@ -346,7 +352,7 @@ class Engine:
     # -- the event loop ---------------------------------------------------------------------
 
     def _look(self, data: bytes) -> tuple[bytes, np.ndarray | None]:
-        """Digest and feature-cache lookup of one encoded image. Decode pool thread."""
+        """Digest and feature-cache lookup of one encoded image. Light pool thread."""
         digest = hashlib.blake2b(data, digest_size=20).digest()
         cached = self.cache.get(digest)
         self.metrics.observe_cache(hit=cached is not None)
@@ -361,7 +367,7 @@ class Engine:
         return image
 
     def _look_array(self, image: np.ndarray) -> tuple[bytes, np.ndarray | None]:
-        """Range check, digest and cache lookup of one preprocessed image. Decode pool thread.
+        """Range check, digest and cache lookup of one preprocessed image. Light pool thread.
 
         Args:
           image: float32 [299, 299, 3], C-contiguous.
@@ -426,14 +432,17 @@ class Engine:
         check_image_count(images.shape[0], self.settings.max_images_per_request)
         images = np.ascontiguousarray(images, dtype=np.float32)
         return await self._run(self._look_array, self._as_is, images, tuple(heads), top_k,
-                               deadline, tenant, candidates, route_key)
+                               deadline, tenant, candidates, route_key,
+                               decode_pool=self.light_pool)
 
     async def _run(self, look, decode, inputs, heads: tuple[Head, ...], top_k: int,
                    deadline: float | None, tenant: str,
                    candidates: Sequence[Candidate | None] = (),
-                   given_key: str | None = None) -> list[list[Prediction]]:
-        """`look` (digest, feature cache) of every input in the decode pool, then `decode` of
-        the misses, then the heads (and the trunk for the misses); raises the first failed
+                   given_key: str | None = None, *,
+                   decode_pool: concurrent.futures.Executor | None = None
+                   ) -> list[list[Prediction]]:
+        """`look` (digest, feature cache) of every input in the light pool, then `decode` of
+        the misses in `decode_pool` (default: the decode pool), then the heads (and the trunk for the misses); raises the first failed
         row's error.
 
         Admission before work, in order, all before any image is decoded:
@@ -451,7 +460,7 @@ class Engine:
         if self.batcher.closing:  # refused before any work, even a digest
             raise ShuttingDown("the service is shutting down and accepts no new requests")
         loop = asyncio.get_running_loop()
-        looked = await asyncio.gather(*(loop.run_in_executor(self.decode_pool, look, x)
+        looked = await asyncio.gather(*(loop.run_in_executor(self.light_pool, look, x)
                                         for x in inputs))
         misses = [i for i, (_, cached) in enumerate(looked) if cached is None]
         group = ",".join(sorted({h.bot_id for h in heads}))
@@ -466,7 +475,7 @@ class Engine:
             # runs off the event loop (a 1001-class head on 32 rows is milliseconds).
             features = np.stack([item.features for item in items])
             with trace.span(self.tracing, trace.HEADS, heads=heads):
-                results = await loop.run_in_executor(self.decode_pool, score, features, items,
+                results = await loop.run_in_executor(self.light_pool, score, features, items,
                                                      self.observe_candidate)
         else:
             with trace.span(self.tracing, trace.ADMISSION,
@@ -477,7 +486,8 @@ class Engine:
                 with booking:
                     with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
                         images = await asyncio.gather(*(
-                            loop.run_in_executor(self.decode_pool, decode, inputs[i])
+                            loop.run_in_executor(decode_pool or self.decode_pool, decode,
+                                                 inputs[i])
                             for i in misses))
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None
@@ -528,5 +538,6 @@ class Engine:
         """Stops accepting, finishes the queued rows, then stops the pools."""
         await self.batcher.close(timeout_s=self.settings.request_timeout_s)
         # NOTE: waiting for the decode threads blocks: off the event loop.
-        await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.decode_pool.shutdown, wait=True))
+        loop = asyncio.get_running_loop()
+        for pool in (self.decode_pool, self.light_pool):
+            await loop.run_in_executor(None, functools.partial(pool.shutdown, wait=True))

@@ -492,7 +492,7 @@ async def test_a_failing_head_fails_the_request_whether_or_not_features_were_cac
     assert e.trunk.batches == [2]
 
 
-async def test_heads_get_float32_features_on_the_batch_thread_or_else_a_decode_thread(
+async def test_heads_get_float32_features_on_the_batch_thread_or_else_the_light_thread(
         make_engine):
     e = make_engine(preprocess_threads=2)
     a = RecordingHead("a")
@@ -501,7 +501,7 @@ async def test_heads_get_float32_features_on_the_batch_thread_or_else_a_decode_t
     await e.classify(images, [a], top_k=1)  # all cached: no trunk, still off the event loop
     assert a.dtypes == [np.float32, np.float32]
     assert not a.threads[0].startswith("multihead-decode")
-    assert a.threads[1] in {"multihead-decode_0", "multihead-decode_1"}
+    assert a.threads[1] == "multihead-light_0"  # never behind decodes waiting for the trunk
 
 
 async def test_per_group_policy_batches_each_set_of_bots_on_its_own(make_engine):
@@ -615,3 +615,24 @@ async def test_a_decode_waits_for_the_running_batch_only_when_the_trunk_owns_the
     await asyncio.wait_for(asyncio.gather(running, second), WAIT_S)
     assert (sample(e, "decode_wait_seconds_total") > 0) is exclusive
     assert trunk.batches == [1, 1]
+
+
+async def test_a_cached_request_is_answered_while_decodes_wait_for_the_trunk(make_engine):
+    """Digests, lookups and a fully cached request's heads run in the light pool: never
+    behind the decode threads held up by the running batch."""
+    trunk = GatedTrunk(FakeTrunk(), wait_s=WAIT_S, owns_cores=True)
+    e = make_engine(trunk, preprocess_threads=1)
+    a = RecordingHead("a")
+    images = pngs(3)
+    trunk.gate.set()
+    await e.classify(images[:1], [a], top_k=1)  # now cached
+    trunk.gate.clear()
+    trunk.entered.clear()
+    running = spawn(e.classify(images[1:2], [a], top_k=1))
+    await until(trunk.entered.is_set)
+    waiting = spawn(e.classify(images[2:], [a], top_k=1))
+    await until(lambda: e.cores.decodes_waiting == 1)  # the only decode thread is held up
+    (cached,) = await asyncio.wait_for(e.classify(images[:1], [a], top_k=1), WAIT_S)
+    assert cached[0].bot_id == "a" and not waiting.done()
+    trunk.gate.set()
+    await asyncio.wait_for(asyncio.gather(running, waiting), WAIT_S)
