@@ -95,6 +95,36 @@ def rss_bytes(pid: int | str = "self") -> int:
     return 0
 
 
+def cpu_seconds(pid: int | str = "self") -> float:
+    """CPU time the process `pid` has used so far, all its threads, user + system (utime +
+    stime of /proc/<pid>/stat), in seconds; NaN where /proc is missing or the process is gone.
+
+    Read at two moments, the difference is the CPU the process spent in between, whatever
+    its threads did (a server's event loop, decode and trunk threads)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return math.nan
+    return stat_cpu_seconds(text, os.sysconf("SC_CLK_TCK"))
+
+
+def stat_cpu_seconds(stat: str, ticks_per_s: int) -> float:
+    """utime + stime of one /proc/<pid>/stat line, in seconds. The process name (field 2) is
+    in parentheses and may hold spaces or parentheses itself, so the fields are counted from
+    after its last ")": state is field 3, utime and stime fields 14 and 15."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    utime, stime = int(fields[14 - 3]), int(fields[15 - 3])
+    return (utime + stime) / ticks_per_s
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

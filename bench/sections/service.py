@@ -7,9 +7,15 @@ third server on TF fp32 (`--runtime tf --precision fp32`, cross-bot batching, th
 only), unless TF fp32 is the serving choice.
 
 Each choice's throughput and latency are compared with the raw trunk of the SAME runtime x
-precision that server runs (as its /readyz reports it), at the server's max batch size and at
-batch 1: taken from the trunk section's table when it measured that runtime, else measured
-here, in this process, once the servers are stopped.
+precision that server runs (as its /readyz reports it), at batch 1, 2, 4, ... up to the
+server's max batch size: taken from the trunk section's table when it measured that runtime
+at those sizes, else measured here, in this process, once the servers are stopped.
+
+Whether the server keeps up with its trunk (issue 31, item 2): over every load point the
+server process's CPU time and the bench process's own (the load client), per image served,
+give the machine's bound (cores / CPU per image); the server's trunk time per batch is set
+against the raw trunk's at the same batch size, and its CPU per image against the raw trunk's
+(`bench.sections.service_cpu` has the arithmetic).
 """
 from __future__ import annotations
 
@@ -24,15 +30,22 @@ from bench.context import Context, say
 from bench.markdown import fmt, load_label, table
 from bench.result import Result
 from bench.sections.base import SKIP, Results, Section, Target, note
-from bench.stats import num, ratio
+from bench.sections.service_cpu import against_raw, load_figures, needed_sizes
+from bench.stats import cpu_seconds, num, ratio, usable_cores
 
 POLICY_NAMES = {"mixed": "mixed (cross-bot)", "per_group": "per-bot"}
 TF_FP32 = "tf-fp32"
 
-# Target: the request path costs at most 15 % of the raw trunk's throughput at full batches.
-THROUGHPUT_SHARE = 0.85
+# Targets of each serving choice at 16 clients (issue 31, item 2):
+# the trunk's time per batch inside the server <= this x its time alone at the same batch size;
+TRUNK_IN_SERVER_MAX = 1.15
+# the server's CPU per served image less the raw trunk's <= this, in ms of one core;
+REQUEST_PATH_CPU_MS = 6.0
+# served images/s >= this x the machine's bound (cores / server and client CPU per image).
+BOUND_SHARE = 0.9
 # Target: at 1 client, the request path adds at most this to one batch-1 forward.
 P50_OVER_FORWARD_MS = 10.0
+TARGET_CLIENTS = 16
 
 
 def closed_point(points: Sequence[Mapping], concurrency: int) -> Mapping:
@@ -53,7 +66,8 @@ class ServiceResult(Result):
     policies: dict[str, dict] = field(default_factory=dict)
     poisson_rate_per_s: float | None = None
     # The raw trunk of the servers' runtime x precision: {name, batch_size, images_per_s,
-    # batch1_forward_ms, source}.
+    # batch1_forward_ms, source, sizes: [{batch_size, ms_per_batch, images_per_s,
+    # cpu_ms_per_image}] at `needed_sizes(batch_size)`}.
     raw_trunk: dict | None = None
     # The same bots on a TF fp32 server (mixed policy, closed loops): {"server", "points",
     # "raw_trunk"} like a policy's entry plus its own raw trunk; {"same_as_serving_choice":
@@ -72,18 +86,23 @@ Measure = Callable[[str, tuple[int, ...]], list[dict]]
 
 
 def raw_trunk(name: str, batch_size: int, trunk, measure: Measure) -> dict:
-    """The raw trunk `name` ("<runtime>-<precision>") at `batch_size` and at batch 1: from the
-    trunk section's result `trunk` when its table has both sizes for that runtime, else
-    `measure(name, (1, batch_size))` -> batch table."""
+    """The raw trunk `name` ("<runtime>-<precision>") at batch 1, 2, 4, ... up to
+    `batch_size` (`needed_sizes`), with its CPU time per image at each: from the trunk
+    section's result `trunk` when its table has every one of them for that runtime, else
+    `measure(name, sizes)` -> batch table."""
+    sizes = needed_sizes(batch_size)
     table_ = ((trunk.runtimes if trunk is not None else {}).get(name) or {}).get("batches", [])
     by_size = {b["batch_size"]: b for b in table_}
     source = "trunk section"
-    if 1 not in by_size or batch_size not in by_size:
-        by_size = {b["batch_size"]: b for b in measure(name, (1, batch_size))}
+    if any(s not in by_size or by_size[s].get("cpu_ms_per_image") is None for s in sizes):
+        by_size = {b["batch_size"]: b for b in measure(name, sizes)}
         source = "measured in the service section"
     return {"name": name, "batch_size": batch_size,
             "images_per_s": by_size[batch_size]["images_per_s"],
-            "batch1_forward_ms": by_size[1]["median_s"] * 1000, "source": source}
+            "batch1_forward_ms": by_size[1]["median_s"] * 1000, "source": source,
+            "sizes": [{"batch_size": s, "ms_per_batch": by_size[s]["median_s"] * 1000,
+                       "images_per_s": by_size[s]["images_per_s"],
+                       "cpu_ms_per_image": by_size[s].get("cpu_ms_per_image")} for s in sizes]}
 
 
 def _measure_in_process(context: Context) -> Measure:
@@ -130,11 +149,13 @@ def _poisson_rate(context: Context, result: ServiceResult, data: dict) -> float:
 
 async def measure_points(context: Context, url: str, bots: Sequence[str], policy: str,
                          data: dict, result: ServiceResult, *, open_loop_too: bool = True,
-                         label: str | None = None) -> None:
+                         label: str | None = None, pid: int | None = None) -> None:
     """The closed-loop points (`plan.concurrency`) and the open loop (unless not
     `open_loop_too`) of one server, appended to `data["points"]` with the server's own batch
-    and timing histograms over each point. `label` names the server in the progress lines
-    (default: the policy)."""
+    and timing histograms over each point, and the CPU time per image served of the server
+    (process `pid`; not measured without) and of this process, the load's client
+    (`service_cpu.load_figures`). `label` names the server in the progress lines (default:
+    the policy)."""
     from bench.load import Workload, closed_loop, open_loop, scrape_metrics
 
     plan = context.plan
@@ -145,6 +166,9 @@ async def measure_points(context: Context, url: str, bots: Sequence[str], policy
     for index, (mode, level) in enumerate(loads):
         workload = Workload(context.jpegs, bots, plan.zipf_s, seed=plan.seed + index)
         before, before_counts = await scrape_metrics(url)
+        # CPU over the load only (not the scrapes): the server's, all threads, and ours.
+        server_cpu = cpu_seconds(pid) if pid is not None else math.nan
+        client_cpu = time.process_time()
         if mode == "closed":
             n = plan.closed_requests(level)
             with context.bar(n + level, f"{label} {level} client(s)") as bar:
@@ -154,6 +178,8 @@ async def measure_points(context: Context, url: str, bots: Sequence[str], policy
             with context.bar(plan.poisson_requests, f"{label} Poisson {rate:.1f}/s") as bar:
                 point = await open_loop(url, workload, rate, plan.poisson_requests,
                                         seed=plan.seed, progress=bar.update)
+        client_cpu = time.process_time() - client_cpu
+        server_cpu = (cpu_seconds(pid) if pid is not None else math.nan) - server_cpu
         after, after_counts = await scrape_metrics(url)
         hits = "multihead_feature_cache_hits_total"
         size = after["multihead_batch_size"].minus(before.get("multihead_batch_size"))
@@ -182,19 +208,29 @@ async def measure_points(context: Context, url: str, bots: Sequence[str], policy
                 "trunk_per_batch": server_mean_ms("multihead_trunk_seconds"),
                 "heads_per_batch": server_mean_ms("multihead_heads_seconds"),
             },
+            # Whether the server keeps up with its trunk (`service_cpu`): the images its
+            # trunk ran (cache off: every one served) and the CPU they cost.
+            mean_batch=size.mean,
+            trunk_ms_per_batch_in_server=server_mean_ms("multihead_trunk_seconds"),
+            **load_figures(server_cpu, client_cpu, size.sum, usable_cores()),
         )
         data["points"].append(point)
         say(f"{label} {load_label(point)}: {point['throughput_images_per_s']:.2f} images/s, "
             f"p50 {point['p50_ms']:.0f} ms, p99 {point['p99_ms']:.0f} ms, mean batch "
             f"{point['mean_batch_size']:.2f} ({point['mean_batch_bots']:.2f} bots), "
-            f"errors {point['errors']}")
+            f"CPU per image: server {point['server_cpu_ms_per_image']:.1f} ms, client "
+            f"{point['client_cpu_ms_per_image']:.1f} ms (bound "
+            f"{point['machine_bound_images_per_s']:.1f} images/s), errors {point['errors']}")
 
 
 def add_ratios(points: Sequence[dict], raw: dict) -> None:
-    """Every load point's throughput as a share of the raw trunk `raw` (`ratio_to_trunk`)."""
+    """Every load point's throughput as a share of the raw trunk `raw` at its largest batch
+    (`ratio_to_trunk`), and its trunk time and CPU against the raw trunk's at the point's
+    mean batch (`service_cpu.against_raw`)."""
     for point in points:
         point["ratio_to_trunk"] = ratio(point.get("throughput_images_per_s"),
                                         raw["images_per_s"])
+        point.update(against_raw(point, raw))
 
 
 def compare_with_raw_trunk(result: ServiceResult, raw: dict) -> None:
@@ -236,7 +272,8 @@ def run(context: Context) -> ServiceResult:
             result.policies[policy] = data
             asyncio.run(warm_up(context, server.url, bots))
             try:
-                asyncio.run(measure_points(context, server.url, bots, policy, data, result))
+                asyncio.run(measure_points(context, server.url, bots, policy, data, result,
+                                           pid=server.pid))
             except Exception as exc:  # noqa: BLE001 - the other policy is still worth measuring
                 context.record_error(f"service-{policy}", exc)
             data["server"]["rss_bytes_end"] = server.rss_bytes()
@@ -355,7 +392,8 @@ def _run_tf_fp32(context: Context, store, bots: Sequence[str], result: ServiceRe
         asyncio.run(warm_up(context, server.url, bots))
         try:
             asyncio.run(measure_points(context, server.url, bots, "mixed", result.tf_fp32,
-                                       result, open_loop_too=False, label=TF_FP32))
+                                       result, open_loop_too=False, label=TF_FP32,
+                                       pid=server.pid))
         except Exception as exc:  # noqa: BLE001 - the serving choice's points stand
             context.record_error("service-tf-fp32", exc)
         result.tf_fp32["server"]["rss_bytes_end"] = server.rss_bytes()
@@ -409,12 +447,12 @@ def render(service: ServiceResult, results: Results) -> str:
                      c16.get("ratio_to_trunk"), choice_raw.get("batch1_forward_ms"),
                      c1.get("p50_ms"), choice_raw.get("source")])
     if service.policies:
-        out += ["", "Each serving choice against its own raw trunk (mixed policy; targets: "
-                f"≥ {THROUGHPUT_SHARE:.2f} × raw at 16 clients, p50 at 1 client ≤ raw batch-1 "
-                f"forward + {P50_OVER_FORWARD_MS:.0f} ms):", ""]
+        out += ["", "Each serving choice against its own raw trunk (mixed policy; target: "
+                f"p50 at 1 client ≤ raw batch-1 forward + {P50_OVER_FORWARD_MS:.0f} ms):", ""]
         out += table(["serving choice", f"raw images/s at batch {raw.get('batch_size', 16)}",
                       "16 clients images/s", "× raw", "raw batch-1 forward ms",
                       "1 client p50 ms", "raw trunk from"], rows)
+        out += keeps_up_text(service)
     if service.tf_fp32.get("same_as_serving_choice"):
         out += ["", "The serving choice is TF fp32: no second server."]
     parts = [("request", "request (server)"), ("decode", "decode per image"),
@@ -452,26 +490,86 @@ def render(service: ServiceResult, results: Results) -> str:
     return "\n".join(out)
 
 
+def keeps_up_text(service: ServiceResult) -> list[str]:
+    """Markdown lines: per serving choice, its closed-loop points against the machine's bound
+    and its raw trunk at the same batch size (`service_cpu`)."""
+    out = ["", "Does the server keep up with its trunk? Per serving choice (mixed policy), "
+           "each closed loop: images/s served against the machine's bound (cores ÷ the "
+           "server's and the client's CPU per image; the client is this process, on the "
+           "same cores), the trunk's ms per batch inside the server (its `/metrics`) against "
+           "the raw trunk's alone at the same mean batch (linear between the measured "
+           "sizes), and the CPU per image split: the raw trunk's, the request path's (the "
+           "server's less the trunk's), the client's. Targets at "
+           f"{TARGET_CLIENTS} clients: served ≥ {BOUND_SHARE:.2f} × bound, trunk in server "
+           f"≤ {TRUNK_IN_SERVER_MAX:.2f} × alone, request path ≤ {REQUEST_PATH_CPU_MS:.0f} ms."]
+    for label, points, raw in _choices(service):
+        rows = []
+        for p in points:
+            if p.get("mode") != "closed":
+                continue
+            fig = against_raw(p, raw)
+            rows.append([load_label(p), p.get("throughput_images_per_s"),
+                         p.get("machine_bound_images_per_s"), fig["bound_ratio"],
+                         p.get("mean_batch", p.get("mean_batch_size")),
+                         p.get("trunk_ms_per_batch_in_server"),
+                         fig["trunk_ms_alone_at_mean_batch"], fig["trunk_in_server_ratio"],
+                         p.get("server_cpu_ms_per_image"), fig["raw_trunk_cpu_ms_per_image"],
+                         fig["request_path_cpu_ms_per_image"],
+                         p.get("client_cpu_ms_per_image")])
+        if rows:
+            out += ["", f"{label}, {(points[0] or {}).get('cores', '?')} cores:", ""]
+            out += table(["load", "served images/s", "bound images/s", "× bound",
+                          "mean batch", "trunk ms/batch in server", "alone", "× alone",
+                          "server CPU ms/image", "trunk CPU", "request path CPU",
+                          "client CPU"], rows)
+    return out
+
+
 def choice_targets(key: str, who: str, points: Sequence[Mapping], raw: Mapping,
                    skip: str = "") -> list[Target]:
-    """The two targets of one serving choice against its own raw trunk `raw`: images/s at 16
-    clients and p50 at 1 client (`key` prefixes their keys; SKIP with `skip` as the note)."""
+    """The targets of one serving choice against its own raw trunk `raw` (`key` prefixes their
+    keys; SKIP with `skip` as the note): at 16 clients, the trunk's time per batch in the
+    server against alone at the same batch, the request path's CPU per image, images/s
+    against the machine's bound; at 1 client, p50 against one batch-1 forward."""
     from dataclasses import replace
 
-    name, batch = raw.get("name", "?"), raw.get("batch_size", 16)
-    raw_rate, forward_ms = num(raw.get("images_per_s")), num(raw.get("batch1_forward_ms"))
-    c16, c1 = closed_point(points, 16), closed_point(points, 1)
+    name = raw.get("name", "?")
+    forward_ms = num(raw.get("batch1_forward_ms"))
+    c16, c1 = closed_point(points, TARGET_CLIENTS), closed_point(points, 1)
+    fig = against_raw(c16, raw) if c16 else {}
+    batch = num(c16.get("mean_batch", c16.get("mean_batch_size")))
+    at = f"{TARGET_CLIENTS} clients"
     out = [
-        Target.of(f"{key}_throughput_c16",
-                  f"{who} images/s at 16 clients >= {THROUGHPUT_SHARE:.2f} x its raw trunk "
-                  f"at batch {batch}", ("service",), c16.get("throughput_images_per_s"),
-                  THROUGHPUT_SHARE * raw_rate, ">=", "images/s",
-                  note(f"raw {name} trunk {{:.2f}} images/s", raw_rate)),
+        Target.of(f"{key}_trunk_in_server_c16",
+                  f"{who} trunk time per batch in the server at {at} <= "
+                  f"{TRUNK_IN_SERVER_MAX:.2f} x the raw {name} trunk's alone at the same "
+                  f"batch size", ("service",), fig.get("trunk_in_server_ratio"),
+                  TRUNK_IN_SERVER_MAX, "<=", "x",
+                  note("{:.0f} vs {:.0f} ms per batch of {:.2f}",
+                       c16.get("trunk_ms_per_batch_in_server"),
+                       fig.get("trunk_ms_alone_at_mean_batch"), batch)),
+        Target.of(f"{key}_request_path_cpu_c16",
+                  f"{who} server CPU per served image at {at} less the raw {name} trunk's "
+                  f"at the same batch size <= {REQUEST_PATH_CPU_MS:.0f} ms",
+                  ("service",), fig.get("request_path_cpu_ms_per_image"),
+                  REQUEST_PATH_CPU_MS, "<=", "ms",
+                  note("server {:.1f} - trunk {:.1f} ms of CPU per image",
+                       c16.get("server_cpu_ms_per_image"),
+                       fig.get("raw_trunk_cpu_ms_per_image"))),
         Target.of(f"{key}_p50_c1",
                   f"{who} p50 at 1 client <= its raw batch-1 forward + "
                   f"{P50_OVER_FORWARD_MS:.0f} ms", ("service",), c1.get("p50_ms"),
                   forward_ms + P50_OVER_FORWARD_MS, "<=", "ms",
                   note(f"raw {name} batch-1 forward {{:.1f}} ms", forward_ms)),
+        Target.of(f"{key}_bound_c16",
+                  f"{who} images/s at {at} >= {BOUND_SHARE:.2f} x the machine's bound "
+                  "(cores / server and client CPU per image)", ("service",),
+                  fig.get("bound_ratio"), BOUND_SHARE, ">=", "x",
+                  note("{:.2f} of {:.2f} images/s ({:.0f} cores / {:.1f} + {:.1f} ms of CPU "
+                       "per image)", c16.get("throughput_images_per_s"),
+                       c16.get("machine_bound_images_per_s"), c16.get("cores"),
+                       c16.get("server_cpu_ms_per_image"),
+                       c16.get("client_cpu_ms_per_image"))),
     ]
     return [replace(t, status=SKIP, note=skip) for t in out] if skip else out
 

@@ -15,7 +15,10 @@ def _latency(p50: float, n: int = 10) -> dict:
 
 
 def _point(policy: str, mode: str, concurrency, throughput: float, p50: float,
-           batch: float) -> dict:
+           batch: float, trunk_ms: float = 800.0, server_cpu: float = 194.0,
+           client_cpu: float = 1.5, cores: int = 2) -> dict:
+    """One load point; its CPU per image (server, client) and the server's trunk ms per batch
+    as `measure_points` records them, the machine's bound from them."""
     return {"policy": policy, "mode": mode, "concurrency": concurrency,
             "rate_per_s": 7.0 if mode == "open" else None, "requests": 96, "errors": 0,
             "error_statuses": [], "throughput_images_per_s": throughput, "window_s": 9.5,
@@ -24,7 +27,27 @@ def _point(policy: str, mode: str, concurrency, throughput: float, p50: float,
             "mean_batch_bots": batch * 0.8,
             "batch_size_distribution": {"<=1": 2, "2": 3, "3-4": 5, "5-8": 6, "9-16": 4,
                                         ">16": 0},
-            "batch_bots_distribution": {"<=1": 4, "2": 3}, "ratio_to_trunk": throughput / 10}
+            "batch_bots_distribution": {"<=1": 4, "2": 3}, "ratio_to_trunk": throughput / 10,
+            "mean_batch": batch, "trunk_ms_per_batch_in_server": trunk_ms,
+            "images_served": 112.0, "cores": cores, "server_cpu_ms_per_image": server_cpu,
+            "client_cpu_ms_per_image": client_cpu,
+            "machine_bound_images_per_s": 1000.0 * cores / (server_cpu + client_cpu)}
+
+
+def _sizes(ms: dict[int, float], cpu_ms_per_image: float) -> list[dict]:
+    """A raw trunk's "sizes" table: ms per batch by batch size, one CPU cost per image."""
+    return [{"batch_size": b, "ms_per_batch": t, "images_per_s": 1000.0 * b / t,
+             "cpu_ms_per_image": cpu_ms_per_image} for b, t in ms.items()]
+
+
+# The raw trunks of the service section. openvino-int8 at the mixed policy's 16-client mean
+# batch of 7.5: 400 + (780 - 400) x 3.5 / 4 = 732.5 ms alone (800 in the server: 1.092 x),
+# 190 ms of CPU per image (the server's 194: 4 ms of request path); bound 2 cores / (194 +
+# 1.5) ms = 10.23 images/s, 9.75 served (0.953). tf-fp32 at the TF server's 7.25: 390 + 390 x
+# 3.25 / 4 = 706.875 ms alone (780 in the server: 1.103 x), 191 ms of CPU per image (the
+# server's 196: 5 ms); bound 2 / (196 + 12) ms = 9.615 images/s, 8.85 served (0.920).
+INT8_SIZES = _sizes({1: 110.0, 2: 200.0, 4: 400.0, 8: 780.0, 16: 16_000 / 10.25}, 190.0)
+TF_FP32_SIZES = _sizes({1: 97.5, 2: 195.0, 4: 390.0, 8: 780.0, 16: 16_000 / 10.25}, 191.0)
 
 
 def _tenant(clients: int, requests: int, rate: float, p50: float) -> dict:
@@ -180,10 +203,10 @@ def passing_results() -> dict:
                     "poisson_rate_per_s": 6.5,
                     "raw_trunk": {"name": "openvino-int8", "batch_size": 16,
                                   "images_per_s": 10.25, "batch1_forward_ms": 110.0,
-                                  "source": "trunk section"},
+                                  "source": "trunk section", "sizes": INT8_SIZES},
                     "policies": {
                         "mixed": {"server": {"ready_s": 11.0}, "points": [
-                            _point("mixed", "closed", 1, 8.1, 118.5, 1.0),
+                            _point("mixed", "closed", 1, 8.1, 118.5, 1.0, 112.0, 205.0, 1.8),
                             _point("mixed", "closed", 16, 9.75, 1500.0, 7.5),
                             _point("mixed", "open", None, 6.4, 300.0, 2.0)]},
                         "per_group": {"server": {"ready_s": 11.5}, "points": [
@@ -191,11 +214,11 @@ def passing_results() -> dict:
                             _point("per_group", "closed", 16, 9.5, 1600.0, 1.5),
                             _point("per_group", "open", None, 6.3, 320.0, 1.1)]}},
                     "tf_fp32": {"server": {"ready_s": 9.5, "runtime": "tf-fp32"}, "points": [
-                        _point("mixed", "closed", 1, 7.9, 104.5, 1.0),
-                        _point("mixed", "closed", 16, 8.85, 1700.0, 7.25)],
+                        _point("mixed", "closed", 1, 7.9, 104.5, 1.0, 100.0, 200.0, 2.0),
+                        _point("mixed", "closed", 16, 8.85, 1700.0, 7.25, 780.0, 196.0, 12.0)],
                         "raw_trunk": {"name": "tf-fp32", "batch_size": 16,
                                       "images_per_s": 10.25, "batch1_forward_ms": 97.5,
-                                      "source": "trunk section"}},
+                                      "source": "trunk section", "sizes": TF_FP32_SIZES}},
                     "auth": {"server": {"ready_s": 10.5},
                              "point": _point("mixed", "closed", 16, 9.7, 1510.0, 7.5),
                              "key_check_s": 40e-6}},

@@ -32,22 +32,33 @@ def _by_key(targets):
 
 def test_every_target_passes_on_good_results():
     targets = evaluate_targets(passing_results())
-    assert len(targets) == 32
+    assert len(targets) == 36
     assert [t.key for t in targets if t.status != PASS] == []
     assert not targets_failed(targets)
 
 
 def test_targets_carry_the_measured_values_and_limits():
     t = _by_key(evaluate_targets(passing_results()))
-    assert t["service_throughput_c16"].measured == pytest.approx(9.75)
-    assert t["service_throughput_c16"].limit == pytest.approx(0.85 * 10.25)  # its raw trunk
-    assert "raw openvino-int8 trunk 10.25 images/s" in t["service_throughput_c16"].note
+    # The serving choice (openvino-int8) against its raw trunk at the mean batch of 7.5.
+    assert t["service_trunk_in_server_c16"].measured == pytest.approx(800.0 / 732.5)
+    assert t["service_trunk_in_server_c16"].limit == pytest.approx(1.15)
+    assert t["service_trunk_in_server_c16"].note == "800 vs 732 ms per batch of 7.50"
+    assert t["service_request_path_cpu_c16"].measured == pytest.approx(194.0 - 190.0)
+    assert t["service_request_path_cpu_c16"].limit == pytest.approx(6.0)
+    assert t["service_request_path_cpu_c16"].note == \
+        "server 194.0 - trunk 190.0 ms of CPU per image"
+    assert t["service_bound_c16"].measured == pytest.approx(9.75 / (2000.0 / 195.5))
+    assert t["service_bound_c16"].limit == pytest.approx(0.9)
+    assert t["service_bound_c16"].note == \
+        "9.75 of 10.23 images/s (2 cores / 194.0 + 1.5 ms of CPU per image)"
     assert t["service_p50_c1"].measured == pytest.approx(118.5)
     assert t["service_p50_c1"].limit == pytest.approx(110.0 + 10)
     # The TF fp32 server against TF fp32's raw trunk, not the serving choice's.
-    assert t["service_tf_fp32_throughput_c16"].measured == pytest.approx(8.85)
-    assert t["service_tf_fp32_throughput_c16"].limit == pytest.approx(0.85 * 10.25)
-    assert "raw tf-fp32 trunk" in t["service_tf_fp32_throughput_c16"].note
+    assert t["service_tf_fp32_trunk_in_server_c16"].measured == \
+        pytest.approx(780.0 / 706.875)
+    assert "raw tf-fp32 trunk" in t["service_tf_fp32_trunk_in_server_c16"].text
+    assert t["service_tf_fp32_request_path_cpu_c16"].measured == pytest.approx(196.0 - 191.0)
+    assert t["service_tf_fp32_bound_c16"].measured == pytest.approx(8.85 / (2000.0 / 208.0))
     assert t["service_tf_fp32_p50_c1"].limit == pytest.approx(97.5 + 10)
     assert t["int8_vs_fp32_b8"].measured == pytest.approx(40.25 / 11.5)
     assert t["int8_vs_bf16_b8"].measured == pytest.approx(40.25 / 19.0)
@@ -74,11 +85,22 @@ def _set(results, path, value):
 
 
 @pytest.mark.parametrize("key, path, value", [
-    ("service_throughput_c16", "service.policies.mixed.points.1.throughput_images_per_s", 8.7),
+    # 850 / 732.5 ms = 1.160
+    ("service_trunk_in_server_c16",
+     "service.policies.mixed.points.1.trunk_ms_per_batch_in_server", 850.0),
+    # 196.5 - 190 = 6.5 ms (its bound, 2 / 198 ms = 10.10 images/s, still passes: 0.965)
+    ("service_request_path_cpu_c16", "service.policies.mixed.points.1.server_cpu_ms_per_image",
+     196.5),
     ("service_p50_c1", "service.policies.mixed.points.0.p50_ms", 120.5),
-    ("service_tf_fp32_throughput_c16", "service.tf_fp32.points.1.throughput_images_per_s",
-     8.7),
+    # 4 cores: a bound of 20.5 images/s, 9.75 served
+    ("service_bound_c16", "service.policies.mixed.points.1.machine_bound_images_per_s", 20.5),
+    ("service_tf_fp32_trunk_in_server_c16",
+     "service.tf_fp32.points.1.trunk_ms_per_batch_in_server", 815.0),  # 1.153
+    ("service_tf_fp32_request_path_cpu_c16",
+     "service.tf_fp32.points.1.server_cpu_ms_per_image", 197.1),  # 6.1 ms; bound 0.923
     ("service_tf_fp32_p50_c1", "service.tf_fp32.points.0.p50_ms", 107.6),
+    ("service_tf_fp32_bound_c16", "service.tf_fp32.points.1.machine_bound_images_per_s",
+     9.84),  # 8.85 / 9.84 = 0.899
     ("rebuild_vs_service", "baselines.rebuild.latency.p50_ms", 2000.0),
     ("rss_per_bot", "scale.rss_growth_per_bot_bytes", 1_000_000),
     ("registration_p50", "scale.registration_p50_ms", 20.5),
@@ -146,12 +168,12 @@ def test_reports_hold_the_numbers(tmp_path):
     data = json.loads(written["json"].read_text())
     assert data["trunk"]["best_images_per_s"] == 10.25
     assert data["service"]["policies"]["per_group"]["points"][1]["mean_batch_size"] == 1.5
-    assert [t["status"] for t in data["targets"]] == [PASS] * 32
+    assert [t["status"] for t in data["targets"]] == [PASS] * 36
     md = written["md"].read_text()
     assert "2026-01-02 03:04 UTC" in md and "Test CPU 9000" in md and "TensorFlow 2.21.0" in md
     for number in ("10.2", "302", "9.75", "1,500", "6,543", "8.4", "4.25", "265.0 MB", "83.5"):
         assert number in md, number
-    assert md.count("| PASS |") == 32
+    assert md.count("| PASS |") == 36
     png = written["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -310,9 +332,10 @@ def test_a_tf_fp32_serving_choice_has_no_second_run_to_check():
     results = passing_results()
     results["service"]["tf_fp32"] = {"same_as_serving_choice": True}
     t = _by_key(evaluate_targets(results))
-    for key in ("service_tf_fp32_throughput_c16", "service_tf_fp32_p50_c1"):
+    for key in ("service_tf_fp32_trunk_in_server_c16", "service_tf_fp32_request_path_cpu_c16",
+                "service_tf_fp32_p50_c1", "service_tf_fp32_bound_c16"):
         assert t[key].status == SKIP and "the serving choice is TF fp32" in t[key].note
     assert "The serving choice is TF fp32: no second server." in render_markdown(results)
     del results["service"]["tf_fp32"]  # not measured (the run stopped before it): a miss
     t = _by_key(evaluate_targets(results))
-    assert t["service_tf_fp32_throughput_c16"].status == FAIL
+    assert t["service_tf_fp32_bound_c16"].status == FAIL

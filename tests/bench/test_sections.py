@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 
 import numpy as np
 import pytest
@@ -107,7 +108,9 @@ async def test_service_points_and_fanout_measure_a_real_server(aiohttp_server, t
         context = _context(tmp_path, jpegs)
         data = {"points": []}
         result = service.ServiceResult(policies={"mixed": data})
-        await service.measure_points(context, url, bots, "mixed", data, result)
+        # The server runs in this process: its CPU is ours, the client's too.
+        await service.measure_points(context, url, bots, "mixed", data, result,
+                                     pid=os.getpid())
         fan = await fanout.measure(context, url, bots)
     finally:
         store.close()
@@ -119,6 +122,15 @@ async def test_service_points_and_fanout_measure_a_real_server(aiohttp_server, t
         assert p["throughput_images_per_s"] > 0 and p["p50_ms"] > 0
         assert set(p["batch_size_distribution"]) >= {"<=1", "2"}
     assert data["points"][0]["requests"] == 3  # measured ones; the warm-up is not counted
+    for p in data["points"]:  # CPU per image of the images its trunk ran (cache on here)
+        if p["batches"]:
+            assert p["images_served"] == pytest.approx(p["mean_batch"] * p["batches"])
+            # One process: both clocks read it (/proc's in ticks of 10 ms).
+            assert p["server_cpu_ms_per_image"] >= 0 and p["client_cpu_ms_per_image"] > 0
+            assert p["machine_bound_images_per_s"] == pytest.approx(
+                1000.0 * p["cores"] / (p["server_cpu_ms_per_image"]
+                                       + p["client_cpu_ms_per_image"]))
+            assert p["trunk_ms_per_batch_in_server"] > 0
     assert data["points"][-1]["mode"] == "open" and data["points"][-1]["requests"] == 3
     # Only the first sight of each image reaches the batcher; the first point pays for both.
     assert data["points"][0]["batches"] >= 1
