@@ -143,6 +143,45 @@ def _why(precision: str, wanted: str, spec, gate, *, looked_up: bool, kind: str)
     return f"{precision}: the fastest {spec.title} runs here"
 
 
+@dataclass(frozen=True)
+class TrunkPlan:
+    """A trunk resolved but not loaded (`Trunk.plan`): the choice and the runner's request.
+
+    `Trunk.load(plan)` loads it; `packages` says what the load will import, so a start can
+    import it beforehand (`import_packages`) and import no TensorFlow where none is needed.
+    """
+
+    choice: TrunkChoice
+    request: LoadRequest
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """The heavy packages the load imports ("tensorflow", "openvino"):
+        `registry.load_imports` (OpenVINO's imports OpenVINO to find its compiled model in the
+        cache)."""
+        return registry.load_imports(self.choice.runtime, self.request)
+
+    @property
+    def needs_tensorflow(self) -> bool:
+        return "tensorflow" in self.packages
+
+
+def import_packages(packages, device: str | Device = "auto") -> float:
+    """Imports `packages` (TensorFlow through `backbone.tfimport`, quiet where no GPU can be);
+    returns the seconds it took. Thread-safe: a second caller waits for the first import."""
+    import importlib
+
+    from backbone.tfimport import import_tensorflow
+
+    start = time.perf_counter()
+    for package in packages:
+        if package == "tensorflow":
+            import_tensorflow(device)
+        else:
+            importlib.import_module(package)
+    return time.perf_counter() - start
+
+
 def warm_up(features, batch_sizes) -> float:
     """The one warm-up: `features` of one zero batch of each size (first-run costs: arenas,
     kernels per shape); returns the seconds it took. `features` is a trunk's (or a stand-in's)
@@ -230,20 +269,42 @@ class Trunk:
           RuntimeUnavailable: a runtime without its package or on a device kind it does not
             run on ("openvino" on a GPU).
         """
+        return cls.load(cls.plan(
+            prefix, device=device, intra_op_threads=intra_op_threads,
+            inter_op_threads=inter_op_threads, with_logits=with_logits,
+            gpu_memory_limit_mb=gpu_memory_limit_mb, graph_cache_dir=graph_cache_dir,
+            precision=precision, runtime=runtime, int8_dir=int8_dir, heads=heads),
+            warmup_batch_sizes=warmup_batch_sizes)
+
+    @classmethod
+    def plan(cls, prefix: str, *, device: str | Device = "auto",
+             intra_op_threads: int | None = None, inter_op_threads: int | None = None,
+             with_logits: bool = False, gpu_memory_limit_mb: int | None = None,
+             graph_cache_dir: str | os.PathLike | None = None, precision: str = "fp32",
+             runtime: str = "tf", int8_dir: str | os.PathLike | None = None,
+             heads: HeadsAgreement | None = None) -> TrunkPlan:
+        """The first half of `from_checkpoint` (same arguments, same refusals): detects the
+        device and resolves the runtime and precision (`choose`); loads nothing. A CPU-only
+        start imports no TensorFlow here."""
         prefix = resolve_prefix(prefix)
-        # NOTE: a CPU-only start detects its device without TensorFlow, so a cached OpenVINO
-        # trunk starts without importing it.
         found = detect_device(device)
         choice = choose(prefix, device=found, precision=precision, runtime=runtime,
                         int8_dir=cache_dir_of(prefix) if int8_dir is None else int8_dir,
                         heads=heads)
-        failing = choice.int8_artifact is not None and not choice.gate.passed
-        log.log(logging.WARNING if failing else logging.INFO, "precision %s", choice.why)
-        runner = registry.runner_class(choice.runtime).load(LoadRequest(
+        return TrunkPlan(choice, LoadRequest(
             prefix, found, choice.precision, with_logits=with_logits,
             intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
             cache_dir=graph_cache_dir, gpu_memory_limit_mb=gpu_memory_limit_mb,
             int8_artifact=choice.int8_artifact, float_precision=choice.float_precision))
+
+    @classmethod
+    def load(cls, plan: TrunkPlan, *, warmup_batch_sizes: tuple[int, ...] = (1,)) -> Trunk:
+        """The second half of `from_checkpoint`: loads the planned runner (importing what it
+        needs, `plan.packages`, unless imported already) and warms it up."""
+        choice, prefix = plan.choice, plan.request.prefix
+        failing = choice.int8_artifact is not None and not choice.gate.passed
+        log.log(logging.WARNING if failing else logging.INFO, "precision %s", choice.why)
+        runner = registry.runner_class(choice.runtime).load(plan.request)
         trunk = cls(runner, checkpoint_prefix=prefix)
         trunk.choice = choice
         trunk.warm_up(warmup_batch_sizes)
@@ -365,5 +426,6 @@ class Trunk:
                 f"precision={self.precision!r}, checkpoint={self.checkpoint_prefix!r})")
 
 
-__all__ = ["HeadsAgreement", "Trunk", "TrunkChoice", "TrunkTimings", "choose", "warm_up",
+__all__ = ["HeadsAgreement", "Trunk", "TrunkChoice", "TrunkPlan", "TrunkTimings", "choose",
+           "import_packages", "warm_up",
            "FEATURE_DIM", "LOGITS_SCOPE"]

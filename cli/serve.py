@@ -5,7 +5,6 @@ import argparse
 import os
 import threading
 
-from backbone.tfimport import import_tensorflow
 from service.core import logs
 from service.core.errors import ServiceError
 from service.core.settings import Settings
@@ -84,18 +83,42 @@ def require_pinned_bots(settings: Settings) -> None:
                           where=f"store '{redact_url(settings.store)}'")
 
 
+def import_trunk_runtime(settings: Settings, prefix: str) -> tuple[str, ...]:
+    """Imports what the trunk's load will need (OpenVINO, TensorFlow: `Trunk.plan`'s packages;
+    no TensorFlow where the compiled trunk is cached or INT8), as `serve` plans it before the
+    store's bots are known (the bring-up plans again with their INT8 agreement and imports
+    what is still missing). Returns the packages; () when the plan fails (the bring-up reports
+    why)."""
+    from backbone import Trunk
+    from backbone.checkpoint import cache_dir_of
+    from backbone.trunk import import_packages
+
+    try:
+        plan = Trunk.plan(prefix, device=settings.device, precision=settings.precision,
+                          runtime=settings.runtime, int8_dir=cache_dir_of(prefix),
+                          graph_cache_dir=cache_dir_of(prefix) if settings.graph_cache else None)
+        packages = plan.packages
+        import_packages(packages, plan.request.device)
+    except Exception:  # noqa: BLE001 - only a head start: the bring-up decides and reports
+        return ()
+    return packages
+
+
 def run_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env_and_args(args)
+    prefix = None
     if not (settings.ray and settings.deployment.ray_address):
         # NOTE: on a Ray cluster the replicas find the trunk on their own machines, and the
         # CPU they run on is theirs: their bring-up reports either failing.
-        check_precision_and_runtime(settings, require_trunk(settings))
+        prefix = require_trunk(settings)
+        check_precision_and_runtime(settings, prefix)
     require_pinned_bots(settings)
-    # Start importing TensorFlow (about 3 s) at once, beside the rest of start-up; the trunk
-    # build waits for it through the import lock.
-    if not settings.ray:  # under Ray the replicas import it, not this process
-        threading.Thread(target=import_tensorflow, args=(settings.device,), daemon=True,
-                         name="multihead-import-tf").start()
+    # Import the trunk's runtime at once, beside the rest of start-up (the HTTP server's
+    # imports): OpenVINO, and TensorFlow (about 3-5 s on 2 cores) only where the trunk's load
+    # needs it. The bring-up waits for these imports through the import lock.
+    if not settings.ray and prefix is not None:  # under Ray the replicas import it
+        threading.Thread(target=import_trunk_runtime, args=(settings, prefix), daemon=True,
+                         name="multihead-import-runtime").start()
     logs.configure(settings.log_format, args.log_level)
     if settings.ray:
         try:

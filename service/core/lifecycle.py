@@ -1,8 +1,10 @@
 """The life of one process's service: bring-up, readiness, drain.
 
-`Lifecycle.start()` opens nothing but launches the bring-up (import TensorFlow, build and
-restore the trunk, warm it up, start the engine; the pinned and preloaded heads beside it) as a
-background task, so health checks answer at once and readiness says "loading" meanwhile;
+`Lifecycle.start()` opens nothing but launches the bring-up (resolve the trunk, import the
+runtime it needs (no TensorFlow where the compiled model is cached or the trunk is INT8), build
+or import and restore the trunk, warm it up, start the engine; the pinned and preloaded heads
+beside it) as a background task, so health checks answer at once and readiness says "loading"
+meanwhile;
 `close()` waits for a bring-up still running, drains the engine (queued rows finish), then
 closes the store and the trunk session, in that order. Readiness is decided here, in one
 place, and every protocol reports it (`readiness_report`, with what `/metrics` shows).
@@ -27,7 +29,6 @@ from typing import Any
 
 from backbone.gate import FidelityReport
 from backbone.spec import FEATURE_DIM
-from backbone.tfimport import import_tensorflow
 from backbone.trunk import warm_up
 from heads import HeadLoadError, UnknownBot
 from service.core.bots import Int8Agreement
@@ -177,6 +178,17 @@ def preload_heads(store: HeadStore, pinned: Sequence[str], n: int) -> Preloaded:
     return Preloaded(tuple(pinned), tuple(reversed(loaded)), tuple(skipped))
 
 
+def import_runtime(plan) -> tuple[str, ...]:
+    """Imports the packages a planned trunk's load needs (`backbone.trunk.TrunkPlan.packages`:
+    no TensorFlow for a compiled model in the cache or an INT8 trunk); returns their names.
+    Blocking."""
+    from backbone.trunk import import_packages
+
+    packages = plan.packages
+    import_packages(packages, plan.request.device)
+    return packages
+
+
 def newest_int8_trunk(prefix: str):
     """The newest INT8 trunk calibrated for the checkpoint `prefix` (passing or not: a
     `backbone.quantize.Int8Artifact`), where `multihead quantize` writes them; None if none."""
@@ -309,16 +321,13 @@ class Lifecycle:
                  readiness.timings["ready_s"])
 
     async def _bring_up_trunk(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Import, build, restore and warm the trunk, then start the engine."""
+        """Resolve the trunk, import its runtime, build or import it and restore it, warm it
+        up, then start the engine."""
         settings, readiness = self._settings, self.readiness
         trunk = self._given_trunk
         if trunk is None:
-            from backbone.checkpoint import cache_dir_of, default_trunk_checkpoint
-
-            start = time.perf_counter()
-            await loop.run_in_executor(None, import_tensorflow, settings.device)
-            readiness.timings["import_s"] = time.perf_counter() - start
             from backbone import Trunk
+            from backbone.checkpoint import cache_dir_of, default_trunk_checkpoint
 
             prefix = settings.trunk_checkpoint or default_trunk_checkpoint(settings.store)
             self.trunk_kind = trunk_kind(prefix)
@@ -326,11 +335,19 @@ class Lifecycle:
             # The INT8 trunks `multihead quantize` writes there are found without the cache.
             cache_dir = cache_dir_of(prefix) if settings.graph_cache else None
             # NOTE: `auto` passes over an INT8 trunk whose gate fails for an active bot.
-            trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
-                prefix, device=settings.device, warmup_batch_sizes=(),
-                graph_cache_dir=cache_dir, precision=settings.precision,
-                runtime=settings.runtime, int8_dir=cache_dir_of(prefix),
-                heads=self._int8.judge))
+            plan = await loop.run_in_executor(None, lambda: Trunk.plan(
+                prefix, device=settings.device, graph_cache_dir=cache_dir,
+                precision=settings.precision, runtime=settings.runtime,
+                int8_dir=cache_dir_of(prefix), heads=self._int8.judge))
+            start = time.perf_counter()
+            packages = await loop.run_in_executor(None, import_runtime, plan)
+            readiness.timings["import_s"] = time.perf_counter() - start
+            log.info("imported %s in %.2fs%s", " and ".join(packages) or "nothing",
+                     readiness.timings["import_s"],
+                     "" if "tensorflow" in packages else
+                     " (no TensorFlow: the trunk loads without it)")
+            trunk = await loop.run_in_executor(None, lambda: Trunk.load(
+                plan, warmup_batch_sizes=()))
             readiness.timings.update(build_s=trunk.timings.build_s,
                                      restore_s=trunk.timings.restore_s,
                                      compile_s=trunk.timings.compile_s)
