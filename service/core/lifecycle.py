@@ -2,9 +2,9 @@
 
 `Lifecycle.start()` opens nothing but launches the bring-up (resolve the trunk, import the
 runtime it needs (no TensorFlow where the compiled model is cached or the trunk is INT8), build
-or import and restore the trunk, warm it up, start the engine; the pinned and preloaded heads
-beside it) as a background task, so health checks answer at once and readiness says "loading"
-meanwhile;
+or import and restore the trunk, warm it up and take its batch profile, start the engine; the
+pinned and preloaded heads beside it) as a background task, so health checks answer at once
+and readiness says "loading" meanwhile;
 `close()` waits for a bring-up still running, drains the engine (queued rows finish), then
 closes the store and the trunk session, in that order. Readiness is decided here, in one
 place, and every protocol reports it (`readiness_report`, with what `/metrics` shows).
@@ -14,6 +14,12 @@ scores each on its held-out features), so `--precision auto` serves the float tr
 of them is below the bound; the log and the full readiness report say which precision and why.
 
 Hot bots: `--pin` and `--preload` load heads before readiness says ready (`preload_heads`).
+
+The batch profile (`backbone.profile`): the trunk's time per batch alone at 1, 2, 4, ... up to
+max_batch_size, measured at warm-up (the measurement's first runs are the warm-up) and kept
+next to the graph cache, so a restart loads it instead (`Lifecycle.batch_profile`, in the full
+readiness report as `trunk.profile`). A trunk given (tests, the benchmark's in-process
+services) is warmed as before and not profiled.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from backbone.gate import FidelityReport
+from backbone.profile import CACHED, BatchProfile, profile_trunk
 from backbone.spec import FEATURE_DIM
 from backbone.trunk import warm_up
 from heads import HeadLoadError, UnknownBot
@@ -64,6 +71,7 @@ def warmup_batch_sizes(max_batch_size: int, device: str) -> tuple[int, ...]:
     first run at a new shape can take seconds. On the CPU: batch 1 only (session start-up, memory
     arenas, oneDNN primitives): measured here, a first run at a new batch size costs 20-100 ms
     more than the next one, while warming every size would add about 3 s to each restart.
+    (A start that measures the batch profile runs every size anyway: its first runs.)
     """
     if "GPU" not in device.upper():
         return (1,)
@@ -264,6 +272,9 @@ class Lifecycle:
         self.preloaded = Preloaded()
         self.trunk = None
         self.trunk_kind = "unknown"
+        # The trunk's time per batch alone (`backbone.profile.BatchProfile`), once warm; None
+        # before, with --no-warmup and no saved profile, or for a trunk given.
+        self.batch_profile: BatchProfile | None = None
         self.engine: Engine | None = None
         # Who answers, for transports with several processes (the Ray replica sets it).
         self.identity: dict[str, Any] = {}
@@ -322,7 +333,7 @@ class Lifecycle:
 
     async def _bring_up_trunk(self, loop: asyncio.AbstractEventLoop) -> None:
         """Resolve the trunk, import its runtime, build or import it and restore it, warm it
-        up, then start the engine."""
+        up (and take its batch profile), then start the engine."""
         settings, readiness = self._settings, self.readiness
         trunk = self._given_trunk
         if trunk is None:
@@ -360,11 +371,28 @@ class Lifecycle:
                                 runtime=getattr(trunk, "runtime", "tf"),
                                 precision=getattr(trunk, "precision", "fp32"),
                                 calibration=calibration)
-        sizes = warmup_batch_sizes(settings.max_batch_size, trunk.device) if settings.warmup else ()
-        readiness.timings["warmup_s"] = await loop.run_in_executor(
-            None, warm_up, trunk.features, sizes)
+        start = time.perf_counter()
+        self.batch_profile = await loop.run_in_executor(None, self._warm_up, trunk)
+        readiness.timings["warmup_s"] = time.perf_counter() - start
         self.engine = self._engine_for(trunk)
         await self.engine.batcher.start()
+
+    def _warm_up(self, trunk) -> BatchProfile | None:
+        """Warms the trunk up and returns its batch profile: the saved one (then the usual
+        warm-up runs), else measured when warm-up is on (its first runs warm every size up),
+        else None (--no-warmup without a saved profile; a trunk given). Blocking."""
+        from backbone.checkpoint import cache_dir_of
+
+        settings = self._settings
+        sizes = warmup_batch_sizes(settings.max_batch_size, trunk.device) if settings.warmup else ()
+        profile = None
+        if self._given_trunk is None:
+            cache_dir = cache_dir_of(trunk.checkpoint_prefix) if settings.graph_cache else None
+            profile = profile_trunk(trunk, max_batch_size=settings.max_batch_size,
+                                    cache_dir=cache_dir, measure_if_missing=settings.warmup)
+        if profile is None or profile.source == CACHED:
+            warm_up(trunk.features, sizes)
+        return profile
 
     def _judge_bots(self, trunk) -> None:
         """Scores the active bots on the INT8 trunk the choice judged, else on the newest one
@@ -425,6 +453,8 @@ class Lifecycle:
                 info["why"] = choice.why
                 if choice.gate is not None:
                     info["gate"] = gate_figures(choice.gate)
+        if self.batch_profile is not None:
+            info["profile"] = self.batch_profile.report()
         return info
 
     def readiness_report(self) -> dict[str, Any]:
