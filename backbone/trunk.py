@@ -220,6 +220,16 @@ def _close_when_done(future: concurrent.futures.Future) -> None:
     future.add_done_callback(close)
 
 
+def discard_prefetched() -> None:
+    """Closes every prefetched trunk (once its load is over) that no `Trunk.load` took: the
+    process will not load one (its bring-up failed before)."""
+    with _prefetch_lock:
+        futures = list(_prefetched.values())
+        _prefetched.clear()
+    for future in futures:
+        _close_when_done(future)
+
+
 def _take_prefetched(plan: TrunkPlan):
     """The trunk prefetched for `plan` (waiting for it), or None (none, or its load failed:
     logged, the caller loads); prefetches of other plans are closed once done."""
@@ -518,5 +528,5 @@ class Trunk:
 
 
 __all__ = ["HeadsAgreement", "Trunk", "TrunkChoice", "TrunkPlan", "TrunkTimings", "choose",
-           "import_packages", "prefetch", "warm_up",
+           "discard_prefetched", "import_packages", "prefetch", "warm_up",
            "FEATURE_DIM", "LOGITS_SCOPE"]

@@ -36,7 +36,7 @@ from typing import Any
 from backbone.gate import FidelityReport
 from backbone.profile import CACHED, BatchProfile, profile_trunk
 from backbone.spec import FEATURE_DIM
-from backbone.trunk import warm_up
+from backbone.trunk import discard_prefetched, warm_up
 from heads import HeadLoadError, UnknownBot
 from service.core.bots import Int8Agreement
 from service.core.engine import Engine
@@ -315,6 +315,7 @@ class Lifecycle:
         except Exception as exc:  # noqa: BLE001 - reported by readiness and the log
             readiness.status, readiness.error = FAILED, f"trunk failed to load: {exc}"
             log.error("%s", readiness.error, exc_info=exc)
+            discard_prefetched()  # `serve`'s early load of it, if any, is not taken now
             await asyncio.wait([preload])
             if not preload.cancelled() and preload.exception() is not None:
                 log.error("head preload failed too: %s", preload.exception())

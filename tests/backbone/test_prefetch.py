@@ -71,6 +71,16 @@ def test_the_load_of_another_plan_closes_the_prefetched_trunk(counting, trunk_ch
     assert early.closed and not trunk.runner.closed
 
 
+def test_a_prefetch_no_load_takes_is_closed_when_discarded(counting, trunk_checkpoint):
+    prefetch(plan(trunk_checkpoint), warmup_batch_sizes=())
+    trunk_module.discard_prefetched()
+    for _ in range(300):
+        if CountingRunner.loads and CountingRunner.loads[0].closed:
+            break
+        threading.Event().wait(0.01)
+    assert CountingRunner.loads[0].closed
+
+
 def test_a_failed_early_load_is_loaded_again(counting, trunk_checkpoint, caplog):
     CountingRunner.fail = True
     prefetch(plan(trunk_checkpoint), warmup_batch_sizes=())
