@@ -36,6 +36,23 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset()
 
 
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name from /proc/cpuinfo (or the given text), else the platform's."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "Model", "cpu model"):  # x86, arm64, others
+            return value.strip()
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def maybe_has_gpu() -> bool:
     """False when no GPU driver device node exists, so TensorFlow cannot see a GPU either.
 

@@ -8,6 +8,7 @@ runtime: the input check, the closed state and the checkpoint's description.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import threading
@@ -143,6 +144,126 @@ def _why(precision: str, wanted: str, spec, gate, *, looked_up: bool, kind: str)
     return f"{precision}: the fastest {spec.title} runs here"
 
 
+@dataclass(frozen=True)
+class TrunkPlan:
+    """A trunk resolved but not loaded (`Trunk.plan`): the choice and the runner's request.
+
+    `Trunk.load(plan)` loads it; `packages` says what the load will import, so a start can
+    import it beforehand (`import_packages`) and import no TensorFlow where none is needed.
+    """
+
+    choice: TrunkChoice
+    request: LoadRequest
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """The heavy packages the load imports ("tensorflow", "openvino"):
+        `registry.load_imports` (OpenVINO's imports OpenVINO to find its compiled model in the
+        cache)."""
+        return registry.load_imports(self.choice.runtime, self.request)
+
+    @property
+    def needs_tensorflow(self) -> bool:
+        return "tensorflow" in self.packages
+
+    @property
+    def key(self) -> tuple:
+        """What makes two plans load the same runner (a prefetched trunk is taken by an equal
+        plan only): runtime, precision, INT8 trunk, checkpoint, device and load options."""
+        request, artifact = self.request, self.choice.int8_artifact
+        return (self.choice.runtime, request.precision, request.float_precision,
+                getattr(artifact, "key", None), request.prefix, request.device,
+                request.with_logits, request.intra_op_threads, request.inter_op_threads,
+                None if request.cache_dir is None else os.fspath(request.cache_dir),
+                request.gpu_memory_limit_mb)
+
+
+# Trunks loading ahead of their `Trunk.load` (`prefetch`), by plan key.
+_prefetch_lock = threading.Lock()
+_prefetched: dict[tuple, concurrent.futures.Future] = {}
+
+
+def prefetch(plan: TrunkPlan, *, warmup_batch_sizes: tuple[int, ...] = (1,)) -> bool:
+    """Starts loading (and warming up) `plan`'s trunk in a background thread, for the first
+    `Trunk.load` of an equal plan (`TrunkPlan.key`) to take: a process that knows its trunk
+    before it is ready to ask for it (`serve`, while it imports its HTTP server: OpenVINO's
+    import of a compiled model releases the GIL). A later `Trunk.load` of another plan closes
+    it. Returns False if one for this plan is under way already."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    with _prefetch_lock:
+        if plan.key in _prefetched:
+            return False
+        _prefetched[plan.key] = future
+
+    def run() -> None:
+        try:
+            future.set_result(Trunk._load(plan, warmup_batch_sizes=warmup_batch_sizes,
+                                          announce=False))
+        except BaseException as exc:  # noqa: BLE001 - handed to the taker (who loads again)
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="multihead-trunk-prefetch").start()
+    return True
+
+
+def _log_choice(choice: TrunkChoice) -> None:
+    """The precision and why (a warning when an INT8 trunk failing its gate is run)."""
+    failing = choice.int8_artifact is not None and not choice.gate.passed
+    log.log(logging.WARNING if failing else logging.INFO, "precision %s", choice.why)
+
+
+def _close_when_done(future: concurrent.futures.Future) -> None:
+    def close(done: concurrent.futures.Future) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().close()
+
+    future.add_done_callback(close)
+
+
+def discard_prefetched() -> None:
+    """Closes every prefetched trunk (once its load is over) that no `Trunk.load` took: the
+    process will not load one (its bring-up failed before)."""
+    with _prefetch_lock:
+        futures = list(_prefetched.values())
+        _prefetched.clear()
+    for future in futures:
+        _close_when_done(future)
+
+
+def _take_prefetched(plan: TrunkPlan):
+    """The trunk prefetched for `plan` (waiting for it), or None (none, or its load failed:
+    logged, the caller loads); prefetches of other plans are closed once done."""
+    with _prefetch_lock:
+        future = _prefetched.pop(plan.key, None)
+        others = list(_prefetched.values())
+        _prefetched.clear()
+    for other in others:
+        _close_when_done(other)
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - loaded again by the caller, which reports
+        log.warning("the trunk's early load failed (%s): loading it again", exc)
+        return None
+
+
+def import_packages(packages, device: str | Device = "auto") -> float:
+    """Imports `packages` (TensorFlow through `backbone.tfimport`, quiet where no GPU can be);
+    returns the seconds it took. Thread-safe: a second caller waits for the first import."""
+    import importlib
+
+    from backbone.tfimport import import_tensorflow
+
+    start = time.perf_counter()
+    for package in packages:
+        if package == "tensorflow":
+            import_tensorflow(device)
+        else:
+            importlib.import_module(package)
+    return time.perf_counter() - start
+
+
 def warm_up(features, batch_sizes) -> float:
     """The one warm-up: `features` of one zero batch of each size (first-run costs: arenas,
     kernels per shape); returns the seconds it took. `features` is a trunk's (or a stand-in's)
@@ -230,23 +351,65 @@ class Trunk:
           RuntimeUnavailable: a runtime without its package or on a device kind it does not
             run on ("openvino" on a GPU).
         """
+        return cls.load(cls.plan(
+            prefix, device=device, intra_op_threads=intra_op_threads,
+            inter_op_threads=inter_op_threads, with_logits=with_logits,
+            gpu_memory_limit_mb=gpu_memory_limit_mb, graph_cache_dir=graph_cache_dir,
+            precision=precision, runtime=runtime, int8_dir=int8_dir, heads=heads),
+            warmup_batch_sizes=warmup_batch_sizes)
+
+    @classmethod
+    def plan(cls, prefix: str, *, device: str | Device = "auto",
+             intra_op_threads: int | None = None, inter_op_threads: int | None = None,
+             with_logits: bool = False, gpu_memory_limit_mb: int | None = None,
+             graph_cache_dir: str | os.PathLike | None = None, precision: str = "fp32",
+             runtime: str = "tf", int8_dir: str | os.PathLike | None = None,
+             heads: HeadsAgreement | None = None) -> TrunkPlan:
+        """The first half of `from_checkpoint` (same arguments, same refusals): detects the
+        device and resolves the runtime and precision (`choose`); loads nothing. A CPU-only
+        start imports no TensorFlow here."""
         prefix = resolve_prefix(prefix)
-        # NOTE: a CPU-only start detects its device without TensorFlow, so a cached OpenVINO
-        # trunk starts without importing it.
         found = detect_device(device)
         choice = choose(prefix, device=found, precision=precision, runtime=runtime,
                         int8_dir=cache_dir_of(prefix) if int8_dir is None else int8_dir,
                         heads=heads)
-        failing = choice.int8_artifact is not None and not choice.gate.passed
-        log.log(logging.WARNING if failing else logging.INFO, "precision %s", choice.why)
-        runner = registry.runner_class(choice.runtime).load(LoadRequest(
+        return TrunkPlan(choice, LoadRequest(
             prefix, found, choice.precision, with_logits=with_logits,
             intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
             cache_dir=graph_cache_dir, gpu_memory_limit_mb=gpu_memory_limit_mb,
             int8_artifact=choice.int8_artifact, float_precision=choice.float_precision))
+
+    @classmethod
+    def load(cls, plan: TrunkPlan, *, warmup_batch_sizes: tuple[int, ...] = (1,)) -> Trunk:
+        """The second half of `from_checkpoint`: loads the planned runner (importing what it
+        needs, `plan.packages`, unless imported already) and warms it up; or takes the trunk
+        `prefetch` loaded for an equal plan (then warms it up at `warmup_batch_sizes` too)."""
+        trunk = _take_prefetched(plan)
+        if trunk is None:
+            return cls._load(plan, warmup_batch_sizes=warmup_batch_sizes)
+        trunk.choice = plan.choice  # equal runner; this plan's reasons (its heads judged)
+        _log_choice(plan.choice)
+        trunk.warm_up(warmup_batch_sizes)
+        trunk._log_ready()
+        return trunk
+
+    @classmethod
+    def _load(cls, plan: TrunkPlan, *, warmup_batch_sizes: tuple[int, ...],
+              announce: bool = True) -> Trunk:
+        choice, prefix = plan.choice, plan.request.prefix
+        if announce:
+            _log_choice(choice)
+        runner = registry.runner_class(choice.runtime).load(plan.request)
         trunk = cls(runner, checkpoint_prefix=prefix)
         trunk.choice = choice
         trunk.warm_up(warmup_batch_sizes)
+        if announce:
+            trunk._log_ready()
+        return trunk
+
+    def _log_ready(self) -> None:
+        """Logs what was loaded and how long each step took."""
+        choice, prefix, trunk = self.choice, self.checkpoint_prefix, self
         t = trunk.timings
         log.info("trunk ready on %s (%s, %s) from %s: build %.1fs restore %.1fs compile %.1fs "
                  "warm-up %.1fs%s%s", trunk.device, choice.runtime, trunk.precision_label,
@@ -254,7 +417,6 @@ class Trunk:
                  " (compiled model from the cache)" if trunk.compiled_from_cache else "",
                  f"; calibrated on {trunk.calibration.description} at "
                  f"{trunk.calibration.date}" if trunk.calibration else "")
-        return trunk
 
     def warm_up(self, batch_sizes) -> None:
         """Runs one zero batch of each size (`warm_up`) and adds the time to
@@ -371,5 +533,6 @@ class Trunk:
                 f"precision={self.precision!r}, checkpoint={self.checkpoint_prefix!r})")
 
 
-__all__ = ["HeadsAgreement", "Trunk", "TrunkChoice", "TrunkTimings", "choose", "warm_up",
+__all__ = ["HeadsAgreement", "Trunk", "TrunkChoice", "TrunkPlan", "TrunkTimings", "choose",
+           "discard_prefetched", "import_packages", "prefetch", "warm_up",
            "FEATURE_DIM", "LOGITS_SCOPE"]

@@ -10,6 +10,8 @@ TensorFlow nor OpenVINO.
 """
 from __future__ import annotations
 
+# What each built-in runner's load imports (declared there, not in the runners' own modules).
+from backbone.runners import imports as _imports  # noqa: F401
 from backbone.runners.base import (
     Calibration,
     Layout,

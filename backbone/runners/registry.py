@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from backbone.device import BF16_CPU_FLAGS
-from backbone.runners.base import Runner
+from backbone.runners.base import LoadRequest, Runner
 
 DEVICE_KINDS = ("cpu", "gpu")  # `backbone.device.Device.kind`
 # A device kind for people: "a CPU", "the GPU only".
@@ -155,6 +155,8 @@ SPECS: Mapping[str, RunnerSpec] = MappingProxyType(_specs)
 RUNNERS: Mapping[str, type[Runner]] = MappingProxyType(_runners)
 
 R = TypeVar("R", bound=type[Runner])
+# name -> the packages a load of that runtime imports, by request (`load_imports`).
+_load_imports: dict[str, Callable[[LoadRequest], tuple[str, ...]]] = {}
 
 
 def register(spec: RunnerSpec) -> Callable[[R], R]:
@@ -183,6 +185,28 @@ def add(spec: RunnerSpec, runner: type[Runner]) -> None:
 def remove(name: str) -> None:
     """Unregisters a runtime (a test's fake runner; see `registered`)."""
     del _specs[name], _runners[name]
+    _load_imports.pop(name, None)
+
+
+def declare_load_imports(name: str,
+                         packages: Callable[[LoadRequest], tuple[str, ...]]) -> None:
+    """Declares what a registered runtime's load imports for a request (`load_imports`).
+
+    NOTE: the built-in declarations are in `backbone.runners.imports`, not in the runners'
+    modules: those modules' source keys the compiled-model cache and the INT8 trunks.
+    """
+    spec(name)
+    _load_imports[name] = packages
+
+
+def load_imports(name: str, request: LoadRequest) -> tuple[str, ...]:
+    """The heavy packages ("tensorflow", "openvino") a load of runtime `name` for `request`
+    will import, decided before loading it: a start imports them beforehand, beside other
+    work, and only them (no TensorFlow for a compiled model in the cache). Default: the
+    runtime's declared packages."""
+    if name in _load_imports:
+        return tuple(_load_imports[name](request))
+    return spec(name).packages
 
 
 @contextlib.contextmanager
@@ -262,4 +286,5 @@ class Names(Sequence[str]):
 
 __all__ = ["ANYWHERE", "Artifact", "DEVICE_KINDS", "GPU_ONLY", "INT8_TRUNK", "KIND_NAMES",
            "NATIVE_BF16", "Names", "Needs", "RUNNERS", "RunnerSpec", "SPECS", "add", "available",
-           "precisions", "ranked", "register", "registered", "remove", "runner_class", "spec"]
+           "declare_load_imports", "load_imports", "precisions", "ranked", "register",
+           "registered", "remove", "runner_class", "spec"]

@@ -67,6 +67,24 @@ GATE_SCHEMA = {
                    "failures": {"type": "integer", "minimum": 0,
                                 "description": "bounds not met (one per failing head)"}}}
 
+PROFILE_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["batch_ms", "source", "measured_at", "repeats", "measure_s"],
+    "description": "the trunk's time per batch alone, by batch size (1, 2, 4, ... and "
+                   "max_batch_size): the median of `repeats` runs of a fixed batch after a "
+                   "discarded first run, measured at warm-up (source measured) or loaded from "
+                   "graph_cache/ next to the trunk checkpoint where this trunk, its libraries, "
+                   "this CPU model and these cores were measured before (source cached); "
+                   "absent with --no-warmup and no saved profile",
+    "properties": {"batch_ms": {"type": "object",
+                                "additionalProperties": {"type": "number", "minimum": 0},
+                                "description": "batch size -> milliseconds per batch"},
+                   "source": {"type": "string", "enum": ["measured", "cached"]},
+                   "measured_at": {"type": "string", "format": "date-time"},
+                   "repeats": {"type": "integer", "minimum": 1},
+                   "measure_s": {"type": "number", "minimum": 0,
+                                 "description": "seconds the measurement took"}}}
+
 READINESS_SCHEMA = {
     "title": "Readiness", "type": "object", "additionalProperties": False,
     "required": ["status"],
@@ -78,7 +96,8 @@ READINESS_SCHEMA = {
                   "description": "the trunk's weights (official, demo or custom) and, once "
                                  "built, its checkpoint, device, runtime and precision and why; "
                                  "an int8 trunk also the precision of its float layers and its "
-                                 "calibration set; the gate of an INT8 trunk judged",
+                                 "calibration set; the gate of an INT8 trunk judged; once "
+                                 "warm, its batch profile",
                   "properties": {"weights": {"type": "string"},
                                  "checkpoint": {"type": "string"},
                                  "device": {"type": "string"},
@@ -91,10 +110,15 @@ READINESS_SCHEMA = {
                                                         "(\"int8: gate passed for 3 heads "
                                                         "...\", \"bf16: the INT8 trunk's "
                                                         "gate fails for head 'x' ...\")"},
-                                 "gate": GATE_SCHEMA}},
+                                 "gate": GATE_SCHEMA,
+                                 "profile": PROFILE_SCHEMA}},
         "timings": {"type": "object", "additionalProperties": {"type": "number"},
-                    "description": "bring-up steps in seconds (import_s, build_s, restore_s, "
-                                   "compile_s, warmup_s, preload_s, ready_s)"},
+                    "description": "bring-up steps in seconds: import_s (the runtime's "
+                                   "packages: no TensorFlow where the compiled trunk is cached "
+                                   "or INT8), build_s, restore_s, compile_s (or the compiled "
+                                   "trunk's import from the cache), warmup_s (measuring the "
+                                   "batch profile included, where it is not saved yet), "
+                                   "preload_s, ready_s (the service's creation to ready)"},
         "heads": {"type": "object", "additionalProperties": False,
                   "required": ["pinned", "preloaded"],
                   "description": "heads loaded before ready: the pinned bots (`--pin`), and "

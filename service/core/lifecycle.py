@@ -1,8 +1,10 @@
 """The life of one process's service: bring-up, readiness, drain.
 
-`Lifecycle.start()` opens nothing but launches the bring-up (import TensorFlow, build and
-restore the trunk, warm it up, start the engine; the pinned and preloaded heads beside it) as a
-background task, so health checks answer at once and readiness says "loading" meanwhile;
+`Lifecycle.start()` opens nothing but launches the bring-up (resolve the trunk, import the
+runtime it needs (no TensorFlow where the compiled model is cached or the trunk is INT8), build
+or import and restore the trunk, warm it up and take its batch profile, start the engine; the
+pinned and preloaded heads beside it) as a background task, so health checks answer at once
+and readiness says "loading" meanwhile;
 `close()` waits for a bring-up still running, drains the engine (queued rows finish), then
 closes the store and the trunk session, in that order. Readiness is decided here, in one
 place, and every protocol reports it (`readiness_report`, with what `/metrics` shows).
@@ -12,6 +14,12 @@ scores each on its held-out features), so `--precision auto` serves the float tr
 of them is below the bound; the log and the full readiness report say which precision and why.
 
 Hot bots: `--pin` and `--preload` load heads before readiness says ready (`preload_heads`).
+
+The batch profile (`backbone.profile`): the trunk's time per batch alone at 1, 2, 4, ... up to
+max_batch_size, measured at warm-up (the measurement's first runs are the warm-up) and kept
+next to the graph cache, so a restart loads it instead (`Lifecycle.batch_profile`, in the full
+readiness report as `trunk.profile`). A trunk given (tests, the benchmark's in-process
+services) is warmed as before and not profiled.
 """
 from __future__ import annotations
 
@@ -26,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from backbone.gate import FidelityReport
+from backbone.profile import CACHED, BatchProfile, profile_trunk
 from backbone.spec import FEATURE_DIM
-from backbone.tfimport import import_tensorflow
-from backbone.trunk import warm_up
+from backbone.trunk import discard_prefetched, warm_up
 from heads import HeadLoadError, UnknownBot
 from service.core.bots import Int8Agreement
 from service.core.engine import Engine
@@ -63,6 +71,7 @@ def warmup_batch_sizes(max_batch_size: int, device: str) -> tuple[int, ...]:
     first run at a new shape can take seconds. On the CPU: batch 1 only (session start-up, memory
     arenas, oneDNN primitives): measured here, a first run at a new batch size costs 20-100 ms
     more than the next one, while warming every size would add about 3 s to each restart.
+    (A start that measures the batch profile runs every size anyway: its first runs.)
     """
     if "GPU" not in device.upper():
         return (1,)
@@ -177,6 +186,17 @@ def preload_heads(store: HeadStore, pinned: Sequence[str], n: int) -> Preloaded:
     return Preloaded(tuple(pinned), tuple(reversed(loaded)), tuple(skipped))
 
 
+def import_runtime(plan) -> tuple[str, ...]:
+    """Imports the packages a planned trunk's load needs (`backbone.trunk.TrunkPlan.packages`:
+    no TensorFlow for a compiled model in the cache or an INT8 trunk); returns their names.
+    Blocking."""
+    from backbone.trunk import import_packages
+
+    packages = plan.packages
+    import_packages(packages, plan.request.device)
+    return packages
+
+
 def newest_int8_trunk(prefix: str):
     """The newest INT8 trunk calibrated for the checkpoint `prefix` (passing or not: a
     `backbone.quantize.Int8Artifact`), where `multihead quantize` writes them; None if none."""
@@ -252,6 +272,9 @@ class Lifecycle:
         self.preloaded = Preloaded()
         self.trunk = None
         self.trunk_kind = "unknown"
+        # The trunk's time per batch alone (`backbone.profile.BatchProfile`), once warm; None
+        # before, with --no-warmup and no saved profile, or for a trunk given.
+        self.batch_profile: BatchProfile | None = None
         self.engine: Engine | None = None
         # Who answers, for transports with several processes (the Ray replica sets it).
         self.identity: dict[str, Any] = {}
@@ -292,6 +315,7 @@ class Lifecycle:
         except Exception as exc:  # noqa: BLE001 - reported by readiness and the log
             readiness.status, readiness.error = FAILED, f"trunk failed to load: {exc}"
             log.error("%s", readiness.error, exc_info=exc)
+            discard_prefetched()  # `serve`'s early load of it, if any, is not taken now
             await asyncio.wait([preload])
             if not preload.cancelled() and preload.exception() is not None:
                 log.error("head preload failed too: %s", preload.exception())
@@ -309,16 +333,13 @@ class Lifecycle:
                  readiness.timings["ready_s"])
 
     async def _bring_up_trunk(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Import, build, restore and warm the trunk, then start the engine."""
+        """Resolve the trunk, import its runtime, build or import it and restore it, warm it
+        up (and take its batch profile), then start the engine."""
         settings, readiness = self._settings, self.readiness
         trunk = self._given_trunk
         if trunk is None:
-            from backbone.checkpoint import cache_dir_of, default_trunk_checkpoint
-
-            start = time.perf_counter()
-            await loop.run_in_executor(None, import_tensorflow, settings.device)
-            readiness.timings["import_s"] = time.perf_counter() - start
             from backbone import Trunk
+            from backbone.checkpoint import cache_dir_of, default_trunk_checkpoint
 
             prefix = settings.trunk_checkpoint or default_trunk_checkpoint(settings.store)
             self.trunk_kind = trunk_kind(prefix)
@@ -326,11 +347,19 @@ class Lifecycle:
             # The INT8 trunks `multihead quantize` writes there are found without the cache.
             cache_dir = cache_dir_of(prefix) if settings.graph_cache else None
             # NOTE: `auto` passes over an INT8 trunk whose gate fails for an active bot.
-            trunk = await loop.run_in_executor(None, lambda: Trunk.from_checkpoint(
-                prefix, device=settings.device, warmup_batch_sizes=(),
-                graph_cache_dir=cache_dir, precision=settings.precision,
-                runtime=settings.runtime, int8_dir=cache_dir_of(prefix),
-                heads=self._int8.judge))
+            plan = await loop.run_in_executor(None, lambda: Trunk.plan(
+                prefix, device=settings.device, graph_cache_dir=cache_dir,
+                precision=settings.precision, runtime=settings.runtime,
+                int8_dir=cache_dir_of(prefix), heads=self._int8.judge))
+            start = time.perf_counter()
+            packages = await loop.run_in_executor(None, import_runtime, plan)
+            readiness.timings["import_s"] = time.perf_counter() - start
+            log.info("imported %s in %.2fs%s", " and ".join(packages) or "nothing",
+                     readiness.timings["import_s"],
+                     "" if "tensorflow" in packages else
+                     " (no TensorFlow: the trunk loads without it)")
+            trunk = await loop.run_in_executor(None, lambda: Trunk.load(
+                plan, warmup_batch_sizes=()))
             readiness.timings.update(build_s=trunk.timings.build_s,
                                      restore_s=trunk.timings.restore_s,
                                      compile_s=trunk.timings.compile_s)
@@ -343,11 +372,28 @@ class Lifecycle:
                                 runtime=getattr(trunk, "runtime", "tf"),
                                 precision=getattr(trunk, "precision", "fp32"),
                                 calibration=calibration)
-        sizes = warmup_batch_sizes(settings.max_batch_size, trunk.device) if settings.warmup else ()
-        readiness.timings["warmup_s"] = await loop.run_in_executor(
-            None, warm_up, trunk.features, sizes)
+        start = time.perf_counter()
+        self.batch_profile = await loop.run_in_executor(None, self._warm_up, trunk)
+        readiness.timings["warmup_s"] = time.perf_counter() - start
         self.engine = self._engine_for(trunk)
         await self.engine.batcher.start()
+
+    def _warm_up(self, trunk) -> BatchProfile | None:
+        """Warms the trunk up and returns its batch profile: the saved one (then the usual
+        warm-up runs), else measured when warm-up is on (its first runs warm every size up),
+        else None (--no-warmup without a saved profile; a trunk given). Blocking."""
+        from backbone.checkpoint import cache_dir_of
+
+        settings = self._settings
+        sizes = warmup_batch_sizes(settings.max_batch_size, trunk.device) if settings.warmup else ()
+        profile = None
+        if self._given_trunk is None:
+            cache_dir = cache_dir_of(trunk.checkpoint_prefix) if settings.graph_cache else None
+            profile = profile_trunk(trunk, max_batch_size=settings.max_batch_size,
+                                    cache_dir=cache_dir, measure_if_missing=settings.warmup)
+        if profile is None or profile.source == CACHED:
+            warm_up(trunk.features, sizes)
+        return profile
 
     def _judge_bots(self, trunk) -> None:
         """Scores the active bots on the INT8 trunk the choice judged, else on the newest one
@@ -408,6 +454,8 @@ class Lifecycle:
                 info["why"] = choice.why
                 if choice.gate is not None:
                     info["gate"] = gate_figures(choice.gate)
+        if self.batch_profile is not None:
+            info["profile"] = self.batch_profile.report()
         return info
 
     def readiness_report(self) -> dict[str, Any]:

@@ -118,6 +118,13 @@ class Service:
         return self.lifecycle.trunk
 
     @property
+    def batch_profile(self):
+        """The trunk's time per batch alone by batch size (a `backbone.profile.BatchProfile`:
+        `seconds_at(n)`, `seconds`, `source`), once the bring-up warmed the trunk; None before,
+        with --no-warmup and no saved profile, or for a trunk given."""
+        return self.lifecycle.batch_profile
+
+    @property
     def identity(self) -> dict[str, Any]:
         """Who answers, for transports with several processes (the Ray replica sets it):
         in the full readiness report."""

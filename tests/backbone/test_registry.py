@@ -264,3 +264,52 @@ def test_the_built_in_runners_declare_what_the_rules_said_by_hand():
     assert list(openvino.precisions) == ["fp32", "bf16", "int8"]
     assert (tf.artifacts, openvino.artifacts) == ((), (INT8_TRUNK,))
     assert openvino.packages == ("openvino",) and openvino.extra == "openvino"
+
+
+# -- what a load imports (a start imports it beforehand, and only it) --------------------------
+
+CPU = Device("cpu", "/CPU:0")
+
+
+def test_a_runtime_loads_with_its_declared_packages_unless_it_says_more(fake, trunk_checkpoint):
+    request = LoadRequest(trunk_checkpoint, CPU)
+    assert registry.load_imports("fake", request) == ()  # FAKE declares no package
+    registry.declare_load_imports("fake", lambda r: ("numpy",))
+    assert registry.load_imports("fake", request) == ("numpy",)
+    plan = Trunk.plan(trunk_checkpoint, device="cpu", runtime="fake", precision="auto")
+    assert plan.packages == ("numpy",) and not plan.needs_tensorflow
+    with pytest.raises(ValueError, match="no runner for runtime"):
+        registry.declare_load_imports("nowhere", lambda r: ())
+
+
+def test_a_declaration_goes_with_its_runner(trunk_checkpoint):
+    with registry.registered(FAKE, FakeRunner):
+        registry.declare_load_imports("fake", lambda r: ("numpy",))
+    with registry.registered(FAKE, FakeRunner):
+        assert registry.load_imports("fake", LoadRequest(trunk_checkpoint, CPU)) == ()
+
+
+def test_tensorflow_loads_with_tensorflow(trunk_checkpoint):
+    assert registry.load_imports("tf", LoadRequest(trunk_checkpoint, CPU)) == ("tensorflow",)
+
+
+def test_openvino_needs_tensorflow_only_to_compile(trunk_checkpoint, tmp_path):
+    """A compiled model in the cache, or an INT8 trunk (an OpenVINO IR), loads without
+    TensorFlow; compiling from the checkpoint restores it with TensorFlow first."""
+    pytest.importorskip("openvino")
+    from backbone.runners.openvino import CompiledCache
+
+    def packages(**kwargs):
+        return registry.load_imports("openvino", LoadRequest(trunk_checkpoint, CPU, **kwargs))
+
+    assert packages() == ("tensorflow", "openvino")  # no cache
+    assert packages(cache_dir=tmp_path) == ("tensorflow", "openvino")  # an empty one
+    assert packages(precision="int8", cache_dir=tmp_path) == ("openvino",)
+    entry = CompiledCache(tmp_path, prefix=trunk_checkpoint, precision="fp32",
+                          with_logits=False)
+    entry.path.write_bytes(b"compiled")
+    assert packages(cache_dir=tmp_path) == ("tensorflow", "openvino")  # no metadata yet
+    entry.meta_path.write_text("{}")
+    assert packages(cache_dir=tmp_path) == ("openvino",)
+    assert packages(cache_dir=tmp_path, precision="bf16") == ("tensorflow", "openvino")
+    assert packages(cache_dir=tmp_path, with_logits=True) == ("tensorflow", "openvino")

@@ -1,0 +1,268 @@
+"""The bring-up's start-up path: what it imports, and the trunk's batch profile.
+
+- The batch profile (`backbone.profile`) is measured at warm-up, kept in graph_cache/ next to the
+  trunk checkpoint, loaded by the next start, shown as `trunk.profile` in the full /readyz and
+  given by `Service.batch_profile`: on the pure-numpy fake runtime (tests.backbone.helpers), then
+  once on the real trunk (TensorFlow, the session's checkpoint).
+- A real `multihead serve` whose compiled OpenVINO trunk is in the cache becomes ready without
+  importing TensorFlow (a stand-in compiled model: the start path is the subject, not the
+  features).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backbone.profile import BatchProfile
+from backbone.runners import registry
+from service.core.settings import Settings
+from service.transports.http.app import SERVICE, create_app
+from store import HeadStore
+from tests.backbone.helpers import FAKE, FakeRunner, copy_graphs
+
+pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def fake_runtime():
+    with registry.registered(FAKE, FakeRunner):
+        yield
+
+
+@pytest.fixture
+def fake_checkpoint(tmp_path) -> str:
+    """A store whose trunk checkpoint the fake runtime 'loads' (only its files are looked at)."""
+    trunk = tmp_path / "store" / "trunk"
+    trunk.mkdir(parents=True)
+    (trunk / "demo_inception_v4.ckpt").write_bytes(b"weights")
+    HeadStore(tmp_path / "store").close()
+    return str(trunk / "demo_inception_v4.ckpt")
+
+
+def settings_for(tmp_path, **overrides) -> Settings:
+    values = dict(store=str(tmp_path / "store"), auth="none", max_wait_ms=5.0, warmup=True,
+                  max_batch_size=4)
+    values.update(overrides)
+    return Settings(**values)
+
+
+async def ready(aiohttp_client, settings: Settings, trunk=None):
+    """A started app, ready: (its client, its service, the full /readyz body)."""
+    client = await aiohttp_client(create_app(settings, trunk=trunk))
+    for _ in range(3000):
+        resp = await client.get("/readyz")
+        body = await resp.json()
+        if resp.status == 200 or body["status"] == "failed":
+            break
+        await asyncio.sleep(0.02)
+    assert body["status"] == "ready", body
+    return client, client.server.app[SERVICE], body
+
+
+async def restart(aiohttp_client, client, settings: Settings, trunk=None):
+    await client.close()
+    return await ready(aiohttp_client, settings, trunk)
+
+
+def profiles(checkpoint: str) -> list[Path]:
+    return sorted((Path(checkpoint).parent / "graph_cache").glob("batch-profile-*.json"))
+
+
+# -- the batch profile, on the fake runtime -------------------------------------------------------
+
+async def test_the_profile_is_measured_once_then_loaded(aiohttp_client, tmp_path, fake_runtime,
+                                                        fake_checkpoint):
+    settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint)
+    client, service, body = await ready(aiohttp_client, settings)
+    first = service.batch_profile
+    assert isinstance(first, BatchProfile) and first.source == "measured"
+    assert first.sizes == (1, 2, 4) and first.seconds_at(3) > 0
+    shown = body["trunk"]["profile"]
+    assert shown["source"] == "measured" and list(shown["batch_ms"]) == ["1", "2", "4"]
+    assert shown["batch_ms"]["4"] == pytest.approx(first.seconds[4] * 1e3, abs=1e-3)
+    assert {"import_s", "warmup_s", "ready_s"} <= set(body["timings"])
+    assert len(profiles(fake_checkpoint)) == 1
+
+    client, service, body = await restart(aiohttp_client, client, settings)
+    assert service.batch_profile.source == "cached"
+    assert service.batch_profile.seconds == first.seconds
+    assert body["trunk"]["profile"]["source"] == "cached"
+    assert body["trunk"]["profile"]["measured_at"] == first.measured_at
+    await client.close()
+
+
+async def test_no_warmup_measures_nothing_but_loads_a_saved_profile(aiohttp_client, tmp_path,
+                                                                    fake_runtime,
+                                                                    fake_checkpoint):
+    off = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint, warmup=False)
+    client, service, body = await ready(aiohttp_client, off)
+    assert service.batch_profile is None and "profile" not in body["trunk"]
+    assert profiles(fake_checkpoint) == []
+    on = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint)
+    client, service, _ = await restart(aiohttp_client, client, on)
+    assert service.batch_profile.source == "measured"
+    client, service, body = await restart(aiohttp_client, client, off)
+    assert service.batch_profile.source == "cached" and body["trunk"]["profile"]
+    await client.close()
+
+
+async def test_without_the_graph_cache_the_profile_is_measured_and_not_kept(
+        aiohttp_client, tmp_path, fake_runtime, fake_checkpoint):
+    settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint,
+                            graph_cache=False)
+    client, service, _ = await ready(aiohttp_client, settings)
+    assert service.batch_profile.source == "measured" and profiles(fake_checkpoint) == []
+    await client.close()
+
+
+async def test_a_larger_max_batch_size_is_measured_again(aiohttp_client, tmp_path, fake_runtime,
+                                                         fake_checkpoint):
+    settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint)
+    client, service, _ = await ready(aiohttp_client, settings)
+    bigger = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint,
+                          max_batch_size=8)
+    client, service, body = await restart(aiohttp_client, client, bigger)
+    assert service.batch_profile.source == "measured"
+    assert list(body["trunk"]["profile"]["batch_ms"]) == ["1", "2", "4", "8"]
+    await client.close()
+
+
+async def test_a_trunk_given_is_warmed_but_not_profiled(aiohttp_client, tmp_path, fake_runtime,
+                                                        fake_checkpoint):
+    from backbone import Trunk
+
+    trunk = Trunk.from_checkpoint(fake_checkpoint, device="cpu", runtime="fake",
+                                  warmup_batch_sizes=())
+    calls = []
+    original = trunk.features
+
+    def features(images):
+        calls.append(len(images))
+        return original(images)
+
+    trunk.features = features
+    client, service, body = await ready(aiohttp_client, settings_for(tmp_path), trunk)
+    assert calls == [1]  # the CPU warm-up: batch 1, as before
+    assert service.batch_profile is None and "profile" not in body["trunk"]
+    await client.close()
+
+
+# -- the batch profile, on the real trunk --------------------------------------------------------
+
+async def test_the_real_trunks_profile_is_measured_saved_and_loaded(
+        aiohttp_client, tmp_path, trunk_checkpoint, serving_graph_cache):
+    """The session's checkpoint (linked) with its saved TF graph (copied): TensorFlow fp32,
+    batch sizes 1 and 2; the second start loads what the first measured."""
+    trunk_dir = tmp_path / "store" / "trunk"
+    trunk_dir.mkdir(parents=True)
+    source = Path(trunk_checkpoint)
+    for path in source.parent.glob(f"{source.name}.*"):
+        (trunk_dir / path.name).symlink_to(path)
+    copy_graphs(serving_graph_cache, trunk_dir / "graph_cache")
+    HeadStore(tmp_path / "store").close()
+    settings = settings_for(tmp_path, runtime="tf", precision="fp32", max_batch_size=2)
+    client, service, body = await ready(aiohttp_client, settings)
+    first = service.batch_profile
+    assert body["trunk"]["runtime"] == "tf" and service.trunk.graph_from_cache
+    assert first.source == "measured" and first.sizes == (1, 2)
+    assert 0 < first.seconds[1] < first.seconds[2] * 2
+    saved = profiles(str(trunk_dir / source.name))
+    assert len(saved) == 1
+    assert json.loads(saved[0].read_text())["identity"]["runtime"] == "tf"
+
+    client, service, body = await restart(aiohttp_client, client, settings)
+    assert service.batch_profile.source == "cached"
+    assert service.batch_profile.seconds == first.seconds
+    assert body["trunk"]["profile"]["batch_ms"] == first.report()["batch_ms"]
+    await client.close()
+
+
+# -- a restart with the compiled trunk in the cache imports no TensorFlow --------------------------
+
+def fake_compiled_trunk(cache_dir: Path, prefix: str) -> None:
+    """Writes a compiled OpenVINO model where `serve` finds the compiled fp32 trunk of `prefix`:
+    the mean colour of the image times a fixed matrix, [N, 299, 299, 3] -> [N, 1536]."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from backbone.runners.base import Layout
+    from backbone.runners.openvino import CompiledCache, compile_config
+
+    images = ops.parameter([-1, 299, 299, 3], np.float32, name="input")
+    mean = ops.reduce_mean(images, np.array([1, 2], np.int64), False)
+    weights = np.random.default_rng(0).standard_normal((3, 1536)).astype(np.float32)
+    model = ov.Model([ops.matmul(mean, ops.constant(weights), False, False)], [images], "fake")
+    compiled = ov.Core().compile_model(model, "CPU", compile_config("fp32"))
+    CompiledCache(cache_dir, prefix=prefix, precision="fp32", with_logits=False).save(
+        compiled, Layout([], {"PreLogitsFlatten": [None, 1536]}, 0).to_json())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_until_ready(store: Path, *flags: str) -> tuple[dict, str]:
+    """Runs `multihead serve` until /readyz says ready, then SIGTERM: (the full /readyz, what
+    the process printed, ending with whether it had imported TensorFlow)."""
+    port = free_port()
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('tensorflow imported:', 'tensorflow' in sys.modules,"
+            " flush=True))\n"
+            "from cli.main import main\n"
+            f"sys.exit(main(['serve', '--store', {str(store)!r}, '--port', '{port}', "
+            f"'--auth', 'none', *{list(flags)!r}]))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    body, deadline = None, time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+                    body = json.load(r)
+                    break
+            except OSError:
+                time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert body is not None, out
+    return body, out
+
+
+@pytest.mark.subprocess
+def test_a_restart_with_the_compiled_trunk_cached_imports_no_tensorflow(tmp_path):
+    pytest.importorskip("openvino")
+    store = tmp_path / "store"
+    trunk = store / "trunk"
+    trunk.mkdir(parents=True)
+    prefix = trunk / "demo_inception_v4.ckpt"
+    Path(f"{prefix}.index").write_bytes(b"the index of a checkpoint")
+    Path(f"{prefix}.data-00000-of-00001").write_bytes(b"its weights")
+    fake_compiled_trunk(trunk / "graph_cache", str(prefix))
+
+    flags = ("--runtime", "openvino", "--precision", "fp32", "--max-batch-size", "4")
+    body, out = serve_until_ready(store, *flags)
+    assert body["status"] == "ready" and body["trunk"]["runtime"] == "openvino"
+    assert body["timings"]["build_s"] == 0 and body["timings"]["restore_s"] == 0
+    assert body["trunk"]["profile"]["source"] == "measured"
+    assert "no TensorFlow: the trunk loads without it" in out
+    assert out.strip().splitlines()[-1] == "tensorflow imported: False", out
+
+    body, out = serve_until_ready(store, *flags)  # the profile now loads too
+    assert body["trunk"]["profile"]["source"] == "cached"
+    assert out.strip().splitlines()[-1] == "tensorflow imported: False", out
