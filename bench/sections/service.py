@@ -24,7 +24,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.context import Context, say
 from bench.markdown import fmt, load_label, table
@@ -531,8 +531,6 @@ def choice_targets(key: str, who: str, points: Sequence[Mapping], raw: Mapping,
     keys; SKIP with `skip` as the note): at 16 clients, the trunk's time per batch in the
     server against alone at the same batch, the request path's CPU per image, images/s
     against the machine's bound; at 1 client, p50 against one batch-1 forward."""
-    from dataclasses import replace
-
     name = raw.get("name", "?")
     forward_ms = num(raw.get("batch1_forward_ms"))
     c16, c1 = closed_point(points, TARGET_CLIENTS), closed_point(points, 1)

@@ -85,6 +85,17 @@ PROFILE_SCHEMA = {
                    "measure_s": {"type": "number", "minimum": 0,
                                  "description": "seconds the measurement took"}}}
 
+IN_SERVER_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["batch_ms", "batches"],
+    "description": "the trunk's time per batch inside this server so far, by batch size (under "
+                   "load: compare with `profile`, its time alone); absent before the first batch",
+    "properties": {"batch_ms": {"type": "object",
+                                "additionalProperties": {"type": "number", "minimum": 0},
+                                "description": "batch size -> mean milliseconds per batch"},
+                   "batches": {"type": "object",
+                               "additionalProperties": {"type": "integer", "minimum": 1},
+                               "description": "batch size -> batches run"}}}
+
 READINESS_SCHEMA = {
     "title": "Readiness", "type": "object", "additionalProperties": False,
     "required": ["status"],
@@ -97,7 +108,8 @@ READINESS_SCHEMA = {
                                  "built, its checkpoint, device, runtime and precision and why; "
                                  "an int8 trunk also the precision of its float layers and its "
                                  "calibration set; the gate of an INT8 trunk judged; once "
-                                 "warm, its batch profile",
+                                 "warm, its batch profile (time alone); once it ran, its "
+                                 "time per batch inside the server",
                   "properties": {"weights": {"type": "string"},
                                  "checkpoint": {"type": "string"},
                                  "device": {"type": "string"},
@@ -111,7 +123,8 @@ READINESS_SCHEMA = {
                                                         "...\", \"bf16: the INT8 trunk's "
                                                         "gate fails for head 'x' ...\")"},
                                  "gate": GATE_SCHEMA,
-                                 "profile": PROFILE_SCHEMA}},
+                                 "profile": PROFILE_SCHEMA,
+                                 "in_server": IN_SERVER_SCHEMA}},
         "timings": {"type": "object", "additionalProperties": {"type": "number"},
                     "description": "bring-up steps in seconds: import_s (the runtime's "
                                    "packages: no TensorFlow where the compiled trunk is cached "

@@ -367,6 +367,8 @@ class Lifecycle:
         self.trunk_kind = trunk_kind(trunk.checkpoint_prefix)
         await loop.run_in_executor(None, self._judge_bots, trunk)
         self._metrics.bind_int8_agreement(self._int8.current)
+        self._metrics.bind_trunk_profile(
+            lambda: self.batch_profile.seconds if self.batch_profile is not None else None)
         calibration = getattr(trunk, "calibration", None)
         self._metrics.set_trunk(device=trunk.device,
                                 runtime=getattr(trunk, "runtime", "tf"),
@@ -456,6 +458,11 @@ class Lifecycle:
                     info["gate"] = gate_figures(choice.gate)
         if self.batch_profile is not None:
             info["profile"] = self.batch_profile.report()
+        in_server = self._metrics.trunk_in_server()
+        if in_server:
+            info["in_server"] = {
+                "batch_ms": {str(n): round(1000 * mean, 3) for n, (_, mean) in in_server.items()},
+                "batches": {str(n): count for n, (count, _) in in_server.items()}}
         return info
 
     def readiness_report(self) -> dict[str, Any]:

@@ -292,7 +292,10 @@ class Settings:
         True,
         "run the trunk before reporting ready: at batch 1 on the CPU (a first run at a new "
         "batch size costs only 20-100 ms more there), at every power-of-two batch size up "
-        "to max_batch_size on a GPU")
+        "to max_batch_size on a GPU; a start without a saved batch profile measures it "
+        "(the trunk's time per batch alone at 1, 2, 4, ... max_batch_size, kept in "
+        "graph_cache/ for the next start); off: nothing is run or measured (a saved "
+        "profile still loads)")
     graph_cache: bool = setting(
         True,
         "keep the built trunk graph in graph_cache/ next to the trunk checkpoint "

@@ -95,6 +95,33 @@ function showError(err) {
 
 // -- trunk status (both pages) --------------------------------------------------------------
 
+// "batch 16: 276 ms here, 240 ms alone (1.15×)", or "" before the first batch.
+function trunkSpeed(trunk) {
+  const here = trunk.in_server;
+  if (!here) return "";
+  const sizes = Object.keys(here.batches).map(Number);
+  const size = sizes.reduce((a, b) => (here.batches[b] > here.batches[a] ? b : a), sizes[0]);
+  const ms = here.batch_ms[size];
+  let text = `batch ${size}: ${ms.toFixed(0)} ms here`;
+  const alone = trunk.profile ? aloneMs(trunk.profile.batch_ms, size) : null;
+  if (alone) text += `, ${alone.toFixed(0)} ms alone (${(ms / alone).toFixed(2)}×)`;
+  return text;
+}
+
+// The profile's time at `size`, linear between the measured sizes (the nearest end beyond).
+function aloneMs(batchMs, size) {
+  const points = Object.keys(batchMs).map(Number).sort((a, b) => a - b);
+  if (!points.length) return null;
+  if (size <= points[0]) return batchMs[points[0]];
+  for (let i = 1; i < points.length; i++) {
+    if (size <= points[i]) {
+      const [x0, x1] = [points[i - 1], points[i]];
+      return batchMs[x0] + (batchMs[x1] - batchMs[x0]) * (size - x0) / (x1 - x0);
+    }
+  }
+  return batchMs[points[points.length - 1]];
+}
+
 async function showTrunk() {
   const node = $("trunk");
   let body = null;
@@ -129,6 +156,11 @@ async function showTrunk() {
       : where;
     // Which precision, and why: "int8: gate passed for 3 heads (...)", "bf16: the INT8 trunk's gate fails ...".
     if (body.trunk.why) node.title += `${node.title ? "\n" : ""}precision ${body.trunk.why}`;
+    // Its time per batch inside the server next to its time alone (the warm-up profile), at the
+    // batch size it ran most; refreshed while the page is open.
+    const speed = trunkSpeed(body.trunk);
+    if (speed) node.textContent += ` · ${speed}`;
+    setTimeout(showTrunk, 10000);
   } else if (body.status === "failed") {
     node.textContent = `Trunk failed: ${body.error || "unknown error"}`;
   } else {

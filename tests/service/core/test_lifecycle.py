@@ -25,11 +25,14 @@ import numpy as np
 import pytest
 
 from backbone.profile import BatchProfile
+from bench import prometheus
+from heads import Head
 from backbone.runners import registry
 from service.core.settings import Settings
 from service.transports.http.app import SERVICE, create_app
 from store import HeadStore
 from tests.backbone.helpers import FAKE, FakeRunner, copy_graphs
+from tests.support.builders import random_head
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[3]
@@ -100,6 +103,29 @@ async def test_the_profile_is_measured_once_then_loaded(aiohttp_client, tmp_path
     assert service.batch_profile.seconds == first.seconds
     assert body["trunk"]["profile"]["source"] == "cached"
     assert body["trunk"]["profile"]["measured_at"] == first.measured_at
+    await client.close()
+
+
+async def test_metrics_and_readyz_give_the_trunks_time_alone_and_in_the_server(
+        aiohttp_client, tmp_path, fake_runtime, fake_checkpoint):
+    """/metrics has the profile as trunk_alone_seconds by batch size, and the batches run as
+    trunk_batch_seconds/trunk_batches; /readyz's trunk.in_server has their mean, by size."""
+    settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint)
+    client, service, body = await ready(aiohttp_client, settings)
+    assert "in_server" not in body["trunk"]  # no batch yet
+    text = await (await client.get("/metrics")).text()
+    assert {int(n): s for n, s in prometheus.by_labels(text, "multihead_trunk_alone_seconds")
+            .items()} == pytest.approx(service.batch_profile.seconds)
+    w, b, labels = random_head(3, seed=1)
+    head = Head("a", 1, tuple(labels), w, b)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 299, 299, 3)).astype(np.float32)
+    await service.engine.classify_arrays(images, [head], top_k=1)
+    text = await (await client.get("/metrics")).text()
+    assert prometheus.by_labels(text, "multihead_trunk_batches_total") == {"2": 1}
+    took = prometheus.value(text, 'multihead_trunk_batch_seconds_total{batch_size="2"}')
+    body = await (await client.get("/readyz")).json()
+    assert body["trunk"]["in_server"] == {"batch_ms": {"2": pytest.approx(took * 1e3, abs=1e-3)},
+                                          "batches": {"2": 1}}
     await client.close()
 
 

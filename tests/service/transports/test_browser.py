@@ -252,6 +252,20 @@ async def test_one_bot_through_the_file_input_matches_the_api(browser, shared_cl
     assert await _weights(client) in trunk_text
 
 
+async def test_the_trunk_line_shows_its_time_per_batch_in_the_server(browser, shared_client):
+    """After a classification, the trunk line gives the trunk's time per batch inside the
+    server at the batch size it ran most, as /readyz reports it."""
+    client = shared_client
+    image = encode(pattern(44, size=(320, 240)), "PNG")
+    resp = await client.post("/classify/charlie", data=image,
+                             headers={"Content-Type": "image/png"})
+    assert resp.status == 200, await resp.text()
+    text, _ = await asyncio.to_thread(read_trunk_status, browser, str(client.make_url("/")))
+    here = (await (await client.get("/readyz")).json())["trunk"]["in_server"]
+    size = max(here["batches"], key=lambda n: (here["batches"][n], -int(n)))
+    assert f"batch {size}: {here['batch_ms'][size]:.0f} ms here" in text, text
+
+
 async def test_several_bots_by_drag_and_drop_match_the_api(browser, shared_client):
     client = shared_client
     image = encode(pattern(43, size=(640, 480)), "JPEG", quality=90)
