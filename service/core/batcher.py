@@ -89,7 +89,9 @@ class Batcher:
             `service.core.cores`), a batch that is not full waits for the rows booked (being
             decoded), past max_wait_ms, while they keep coming: until none is booked, the batch
             is full, or none came for GATHER_IDLE_S (counted from the last batch's end at the
-            earliest). Decoding cannot overlap the trunk's batch
+            earliest); with none booked but fewer rows queued than the last batch had, it waits
+            max_wait_ms after the last row or batch (its callers, just answered, may be coming
+            back: a closed loop's stragglers would otherwise arrive during the trunk's batch). Decoding cannot overlap the trunk's batch
             there, so a batch that left without them would hold up their decoding for a whole
             batch and then run them in a small one. The "mixed" policy only.
         clock: the monotonic clock of arrivals, waits, deadlines and batch times (tests pass
@@ -148,6 +150,7 @@ class Batcher:
         # gather_booked: when rows were last queued or a batch last finished (the decodes it
         # held up start again then).
         self._last_progress_s = -math.inf
+        self._last_batch_rows = 0  # rows of the last batch run (gather_booked)
         self._on_served = on_served
         self._clock = clock
         self._own_executor = executor is None
@@ -405,12 +408,19 @@ class Batcher:
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
             full = len(self._queue) >= self._max_batch_size
-            if self._gather_booked and self._room.booked and not full and not self._closing:
-                # Rows are being decoded and cannot be while the trunk runs: wait for them while
-                # they keep coming.
-                idle_in = self._last_progress_s + GATHER_IDLE_S - now
-                if idle_in > 0:
-                    return False, None, max(due_in, idle_in)
+            if self._gather_booked and not full and not self._closing:
+                if self._room.booked:
+                    # Rows are being decoded and cannot be while the trunk runs: wait for them
+                    # while they keep coming.
+                    idle_in = self._last_progress_s + GATHER_IDLE_S - now
+                    if idle_in > 0:
+                        return False, None, max(due_in, idle_in)
+                elif len(self._queue) < self._last_batch_rows:
+                    # Fewer rows than the last batch had, whose callers were just answered: they
+                    # may be on their way back; wait max_wait_ms after the last row for them.
+                    back_in = self._last_progress_s + self._max_wait_s - now
+                    if back_in > 0:
+                        return False, None, back_in
             ready = self._closing or due_in <= 0 or full
             return ready, None, due_in
         # per_group: the oldest row's group when its time is up (or when closing); otherwise any
@@ -480,6 +490,7 @@ class Batcher:
         start = self._clock()
         queue_wait_s = [start - r.enqueued_s for r in rows]
         self._batches_run += 1
+        self._last_batch_rows = len(rows)
         try:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
         except asyncio.CancelledError:

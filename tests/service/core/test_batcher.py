@@ -1008,3 +1008,33 @@ async def test_gather_booked_counts_the_idle_bound_from_the_last_batch_end(make)
     late = spawn(b.submit_many(["decoded"], group="g", booking=coming))
     await gather5(waiting, late)
     assert fake.payloads() == [["running"], ["queued", "decoded"]]
+
+
+async def test_gather_booked_waits_max_wait_for_the_last_batchs_callers_to_come_back(make):
+    """With nothing booked, a batch with fewer rows than the last one waits max_wait_ms after
+    the last row (those callers were just answered: a closed loop's are coming back) rather
+    than leaving at once and letting them arrive during the trunk's batch."""
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = make(fake, max_batch_size=8, max_wait_ms=10, wait_for_booked_only=True,
+             gather_booked=True, clock=clock)
+    assert await asyncio.wait_for(b.submit("alone", group="g"), 5) == ("ok", "alone")
+    await gather5(b.submit("a", group="g"), b.submit("b", group="g"))  # a batch of 2 ...
+    clock.advance(1.0)
+    first = spawn(b.submit("c", group="g"))  # ... so 1 row waits for another
+    await settle()
+    assert not first.done()
+    clock.advance(0.005)
+    second = spawn(b.submit("d", group="g"))
+    await settle()
+    clock.advance(0.011)  # max_wait_ms after the last row
+    b.poke()
+    await gather5(first, second)
+    assert fake.payloads() == [["alone"], ["a", "b"], ["c", "d"]]
+    alone = spawn(b.submit("e", group="g"))  # the last batch had 2: this one waits too
+    await settle()
+    assert not alone.done()
+    clock.advance(0.011)
+    b.poke()
+    assert await asyncio.wait_for(alone, 5) == ("ok", "e")
+    assert await asyncio.wait_for(b.submit("f", group="g"), 5) == ("ok", "f")  # last had 1
