@@ -91,9 +91,10 @@ class Batcher:
             is full, or none came for GATHER_IDLE_S (counted from the last batch's end at the
             earliest); with none booked but fewer rows queued than the last batch had, it waits
             max_wait_ms after the last row or batch (its callers, just answered, may be coming
-            back: a closed loop's stragglers would otherwise arrive during the trunk's batch). Decoding cannot overlap the trunk's batch
-            there, so a batch that left without them would hold up their decoding for a whole
-            batch and then run them in a small one. The "mixed" policy only.
+            back: a closed loop's stragglers would otherwise arrive during the trunk's batch).
+            Decoding cannot overlap the trunk's batch there, so a batch that left without them
+            would hold up their decoding for a whole batch and then run them in a small one.
+            The "mixed" policy only.
         clock: the monotonic clock of arrivals, waits, deadlines and batch times (tests pass
             a controlled one; a change of time is noticed on the next submit or `poke()`).
         scheduler: "fair" (rows taken by the tenants' weighted counters, queue shares; see

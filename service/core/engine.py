@@ -442,8 +442,8 @@ class Engine:
                    decode_pool: concurrent.futures.Executor | None = None
                    ) -> list[list[Prediction]]:
         """`look` (digest, feature cache) of every input in the light pool, then `decode` of
-        the misses in `decode_pool` (default: the decode pool), then the heads (and the trunk for the misses); raises the first failed
-        row's error.
+        the misses in `decode_pool` (default: the decode pool), then the heads (and the trunk
+        for the misses); raises the first failed row's error.
 
         Admission before work, in order, all before any image is decoded:
         - the tenant's quota takes one token per cache miss (`Quotas.take`: a hit costs

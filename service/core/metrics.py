@@ -134,8 +134,9 @@ class Metrics:
         requests_total{route,status}, request_seconds{route} (route: the endpoint's name),
         decode_seconds, decode_wait_seconds_total,
         queue_wait_seconds, trunk_seconds, trunk_batch_seconds_total{batch_size},
-        trunk_batches_total{batch_size} (both from `observe_trunk`), trunk_alone_seconds{batch_size}
-        (set from `bind_trunk_profile` at each `render`), heads_seconds, batch_size, batch_bots, queue_depth,
+        trunk_batches_total{batch_size} (both from `observe_trunk`),
+        trunk_alone_seconds{batch_size} (set from `bind_trunk_profile` at each `render`),
+        heads_seconds, batch_size, batch_bots, queue_depth,
         resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
         bot_int8_agreement{bot} (set from `bind_int8_agreement` at each `render`),
         feature_cache_hits_total,

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from backbone.profile import BatchProfile
+from backbone.runners import registry
 from bench import prometheus
 from heads import Head
-from backbone.runners import registry
 from service.core.settings import Settings
 from service.transports.http.app import SERVICE, create_app
 from store import HeadStore
