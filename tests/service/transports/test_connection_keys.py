@@ -157,3 +157,44 @@ async def test_removing_a_tenant_closes_its_sockets_in_every_process(world):
             await globex.close()
     finally:
         BOTS.pop("initech")
+
+
+async def test_through_rays_ingress_a_message_after_the_revocation_closes_the_socket(
+        world, tmp_path):
+    """The Ray transport's own code in-process (`test_same_answers.InProcessModel`: a real
+    `Ingress`, each call pickled to the replica's `answer` on a real `Service`): the replica
+    checks the key per message, and the ingress closes the socket with 1008 when it refuses
+    one. (An idle socket stays open until its next message: the ingress holds no key table.)"""
+    from service.core.service import Service
+    from service.transports.ray.ingress import Ingress
+    from tests.service.transports.test_same_answers import InProcessModel
+
+    _, _, store, _ = world
+    settings = make_settings(tmp_path, auth="keys", admin_token=OPERATOR_TOKEN)
+    service = Service(settings, trunk=FakeTrunk(), store=store)
+    await service.start()
+    assert await service.wait_ready(), service.readiness.error
+    key, token = store.add_key("acme", "infer")
+    incoming: asyncio.Queue = asyncio.Queue()
+    sent: asyncio.Queue = asyncio.Queue()
+    scope = {"type": "websocket", "path": "/ws/classify/acme-bot", "raw_path": b"",
+             "query_string": b"", "root_path": "", "scheme": "ws", "server": ("127.0.0.1", 80),
+             "headers": [(b"authorization", f"Bearer {token}".encode())], "subprotocols": [],
+             "extensions": {"websocket.http.response": {}}}
+    try:
+        socket = asyncio.create_task(
+            Ingress(InProcessModel(service), settings).asgi(scope, incoming.get, sent.put))
+        await incoming.put({"type": "websocket.connect"})
+        assert (await asyncio.wait_for(sent.get(), 30))["type"] == "websocket.accept"
+        await incoming.put({"type": "websocket.receive", "bytes": PNG})
+        answer = await asyncio.wait_for(sent.get(), 30)
+        assert json.loads(answer["text"])["bot_id"] == "acme-bot", answer
+        store.revoke_key(key.id)
+        await incoming.put({"type": "websocket.receive", "bytes": PNG})
+        closed = await asyncio.wait_for(sent.get(), 30)
+        assert closed["type"] == "websocket.close" and closed["code"] == CLOSE_POLICY, closed
+        assert json.loads(closed["reason"])["code"] == "unauthorized"
+        await incoming.put({"type": "websocket.disconnect", "code": CLOSE_POLICY})
+        await asyncio.wait_for(socket, 30)
+    finally:
+        await service.close()
