@@ -186,6 +186,9 @@ The credential (`Authorization`) and the routing key for a bot's canary (`{ROUTE
 go with the upgrade request: 401, 403 and 404 (another tenant's bot, as an unknown one) are
 answered as JSON before any upgrade, as is 503 when the server's in-flight budget cannot hold
 the socket's largest message. A request that is not an upgrade gets the same checks, then 400.
+The key is checked for the socket's whole life: once it is revoked (or its tenant removed),
+the socket is closed with code 1008 and a JSON reason `{{"error", "code": "unauthorized",
+"status": 401}}`, and a message sent after the revocation is not answered.
 """
 
 ENDPOINTS = [

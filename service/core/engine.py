@@ -96,7 +96,7 @@ class Item:
 
     image: np.ndarray | None  # [299, 299, 3] float32, None when the features were cached
     features: np.ndarray | None  # [1536] from the feature cache
-    digest: bytes
+    digest: bytes  # the key its features are cached under (`cache_key`)
     heads: tuple[Head, ...]
     top_k: int
     trace: RowTrace | None = None  # the request's span, for the batch thread (tracing on)
@@ -113,8 +113,22 @@ def check_image_count(n_images: int, limit: int) -> None:
         raise PayloadTooLarge(f"more than {limit} images in one request")
 
 
+def cache_key(digest: bytes, tenant: str, scope: str) -> bytes:
+    """The feature-cache key of an image's digest for a request charged to `tenant`: with the
+    scope "tenant", a hash of the digest keyed by the tenant, so that one tenant never hits
+    (and, by the hit's speed or `Server-Timing`, learns of) an image another tenant sent;
+    with "shared", the digest itself (every tenant hits every other's images)."""
+    if scope == "shared":
+        return digest
+    key = tenant.encode()
+    if len(key) > 64:  # blake2b's longest key; tenant names have at most 64 characters
+        key = hashlib.blake2b(key).digest()
+    return hashlib.blake2b(digest, digest_size=20, key=key).digest()
+
+
 class FeatureCache:
-    """Bounded LRU of trunk features keyed by a digest of the image bytes. Thread-safe."""
+    """Bounded LRU of trunk features keyed by a digest of the image bytes (`cache_key`: per
+    tenant unless the cache is shared). Thread-safe."""
 
     def __init__(self, max_entries: int):
         self._max = max_entries
@@ -351,12 +365,17 @@ class Engine:
 
     # -- the event loop ---------------------------------------------------------------------
 
-    def _look(self, data: bytes) -> tuple[bytes, np.ndarray | None]:
-        """Digest and feature-cache lookup of one encoded image. Light pool thread."""
+    def _look(self, data: bytes, tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
+        """Digest and feature-cache lookup of one encoded image for `tenant`: (its digest, its
+        cache key, the cached features or None). Light pool thread."""
         digest = hashlib.blake2b(data, digest_size=20).digest()
-        cached = self.cache.get(digest)
+        return self._cached(digest, tenant)
+
+    def _cached(self, digest: bytes, tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
+        key = cache_key(digest, tenant, self.settings.feature_cache_scope)
+        cached = self.cache.get(key)
         self.metrics.observe_cache(hit=cached is not None)
-        return digest, cached
+        return digest, key, cached
 
     def _decode(self, data: bytes) -> np.ndarray:
         """Decode + preprocess of one encoded image (a cache miss). Decode pool thread."""
@@ -366,7 +385,8 @@ class Engine:
             self.metrics.decode_seconds.observe(time.perf_counter() - start)
         return image
 
-    def _look_array(self, image: np.ndarray) -> tuple[bytes, np.ndarray | None]:
+    def _look_array(self, image: np.ndarray,
+                    tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
         """Range check, digest and cache lookup of one preprocessed image. Light pool thread.
 
         Args:
@@ -382,9 +402,7 @@ class Engine:
                 seen += " and NaN/Inf"
             raise BadRequest(f"a preprocessed image must be {INPUT.describe()}; got {seen}")
         digest = hashlib.blake2b(image, digest_size=20, person=_ARRAY_DIGEST_PERSON).digest()
-        cached = self.cache.get(digest)
-        self.metrics.observe_cache(hit=cached is not None)
-        return digest, cached
+        return self._cached(digest, tenant)
 
     @staticmethod
     def _as_is(image: np.ndarray) -> np.ndarray:
@@ -460,16 +478,16 @@ class Engine:
         if self.batcher.closing:  # refused before any work, even a digest
             raise ShuttingDown("the service is shutting down and accepts no new requests")
         loop = asyncio.get_running_loop()
-        looked = await asyncio.gather(*(loop.run_in_executor(self.light_pool, look, x)
+        looked = await asyncio.gather(*(loop.run_in_executor(self.light_pool, look, x, tenant)
                                         for x in inputs))
-        misses = [i for i, (_, cached) in enumerate(looked) if cached is None]
+        misses = [i for i, (_, _, cached) in enumerate(looked) if cached is None]
         group = ",".join(sorted({h.bot_id for h in heads}))
         routes = () if not any(candidates) else tuple(
             None if c is None else route_for(c, h.bot_id, route_key(given_key, looked[0][0]))
             for h, c in zip(heads, candidates))
         if not misses:
-            items = [Item(None, cached, digest, heads, top_k, routes=routes)
-                     for digest, cached in looked]
+            items = [Item(None, cached, key, heads, top_k, routes=routes)
+                     for _, key, cached in looked]
             self._observe_bots(heads, len(items))
             # Every image seen before: no quota, no trunk, no queue; the heads' numpy still
             # runs off the event loop (a 1001-class head on 32 rows is milliseconds).
@@ -492,9 +510,9 @@ class Engine:
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None
                                  else None)
-                    items = [Item(decoded.get(i), cached, digest, heads, top_k, row_trace,
+                    items = [Item(decoded.get(i), cached, key, heads, top_k, row_trace,
                                   routes=routes)
-                             for i, (digest, cached) in enumerate(looked)]
+                             for i, (_, key, cached) in enumerate(looked)]
                     self._observe_bots(heads, len(items))
                     costs = [0.0 if item.features is not None else 1.0 for item in items]
                     queued = True

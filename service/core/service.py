@@ -21,6 +21,7 @@ from service.core.auth import Authenticator
 from service.core.bots import Bots
 from service.core.caller import Caller, Core
 from service.core.candidates import CandidateStats
+from service.core.connections import Connections
 from service.core.engine import Engine
 from service.core.inference import Inference
 from service.core.lifecycle import Lifecycle, Readiness
@@ -70,6 +71,8 @@ class Service:
         self.store.watch()
         self.auth = Authenticator(settings.auth, settings.admin_token,
                                   keys=self.store.key_table, mark_used=self.store.mark_used)
+        # The open WebSockets by the key that opened them: closed when it is revoked.
+        self.connections = Connections(self.store.key_table)
         self.metrics.set_pinned_bots(pinned)
         self.metrics.bind_pinned_heads(
             lambda: self.store.cache_stats().get("pinned_resident", 0))

@@ -52,6 +52,9 @@ from service.core.setting_fields import (
 )
 from service.core.tracing import EXPORTERS
 
+# Whose images share the feature cache's entries (`service.core.engine.cache_key`).
+FEATURE_CACHE_SCOPES = ("tenant", "shared")
+
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "MULTIHEAD_"
@@ -205,6 +208,13 @@ class Settings:
     feature_cache_size: int = setting(
         1024, "trunk features kept by image digest, in entries (0 disables the cache)",
         at_least=0)
+    feature_cache_scope: str = setting(
+        "tenant",
+        "tenant: each tenant's images are cached apart (a tenant never hits an image another "
+        "sent); shared: one cache for all, more hits, but a hit is faster and shows in "
+        "Server-Timing, so a tenant can learn whether another sent an image: only where "
+        "the tenants trust each other",
+        choices=FEATURE_CACHE_SCOPES)
     heads_memory_mb: int = setting(
         2048,
         "memory budget of the resident heads, in MiB (a 100-class head takes 0.6 MiB: "

@@ -115,6 +115,7 @@ class ThreadedServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="shared-server",
                                         daemon=True)
         self._thread.start()
+        self.app = app
         self._runner = web.AppRunner(app, **server_options(app[SERVICE].settings))  # as run_app
         self.url = self._call(self._start(app))
 

@@ -10,6 +10,11 @@ or a protocol error closes the socket with its close code (aiohttp's: 1009, 1002
 socket whose connection closes while a message waits for the trunk is cancelled by aiohttp
 (`app.server_options`), which withdraws the message's rows; a close frame alone is read once
 the message before it is answered.
+
+The socket's key is checked for its whole life (`service.core.connections`): a message that
+arrives once the key is revoked (or its tenant removed) is not answered, and the socket is
+closed with code 1008 and a JSON reason, as it is within a second of the revocation when
+no message comes.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from aiohttp import web
 
 from service.codecs import stream
 from service.codecs.base import Endpoint, Request
+from service.core.connections import CLOSE_POLICY, CLOSE_REASON
 from service.core.logs import REQUEST_ID_HEADER, current
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,17 +55,30 @@ async def serve(service: Service, endpoint: Endpoint, caller: Caller, request: w
         remote=request.remote)
     ws.headers[REQUEST_ID_HEADER] = socket.id
     await ws.prepare(request)
+    connections, principal = service.connections, caller.principal
+
+    async def close() -> None:  # its key was revoked: 1008 with the JSON reason
+        await ws.close(code=CLOSE_POLICY, message=CLOSE_REASON.encode())
 
     async def opened() -> stream.Session:
         return session
 
-    async def answer(n: int, message: stream.Message) -> stream.Outgoing:
+    async def answer(n: int, message: stream.Message) -> stream.Outgoing | None:
+        if not connections.accepts(principal):  # refused: the socket is closed instead
+            await close()
+            return None
         return await stream.answer_message(service, socket, n, message, opened)
 
-    async def send(out: stream.Outgoing) -> None:
+    async def send(out: stream.Outgoing | None) -> None:
+        if out is None or ws.closed:
+            return
+        if not connections.accepts(principal):  # revoked while the message was answered
+            await close()
+            return
         await ws.send_str(out.text())
 
-    await stream.relay(_messages(ws), send, answer)
+    with connections.hold(principal, close):
+        await stream.relay(_messages(ws), send, answer)
     return ws
 
 

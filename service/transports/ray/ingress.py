@@ -23,7 +23,11 @@ socket with its `X-Request-Id`. Each message then goes to a replica as a call of
 (`Call.message`) and its answer is sent back, one per message, in order (`stream.relay`). The
 socket is read ahead: when the client leaves while a message waits for the trunk, that call is
 cancelled (the replica withdraws its rows and counts 499); a message over `max_ws_message_bytes`
-closes the socket with 1009. A route that is not a stream answers an upgrade request with its
+closes the socket with 1009; a message the replica refuses 401 (the socket's key was revoked
+since, or its tenant removed: the replica checks the key per message) closes it with 1008
+and a JSON reason, as on aiohttp. NOTE: the ingress holds no key table: an idle socket whose
+key was revoked is closed at its next message, not within a second as on aiohttp. A route
+that is not a stream answers an upgrade request with its
 HTTP answer, as aiohttp does.
 
 Metrics: `/metrics` goes to a replica like any request (it checks the caller's access and
@@ -53,7 +57,7 @@ from starlette.websockets import WebSocket
 from service.codecs import pipeline, stream
 from service.codecs.base import Endpoint, Reply, Request, error_reply
 from service.codecs.routes import ENDPOINTS
-from service.core import memory
+from service.core import connections, memory
 from service.core.admission import ByteBudget, Reservation
 from service.core.errors import (
     DeadlineExceeded,
@@ -88,7 +92,14 @@ METRICS_TIMEOUT_S = 2.0
 # The ASGI extension that lets an app answer a WebSocket upgrade with an HTTP response.
 DENIAL_EXTENSION = "websocket.http.response"
 CLOSE_TOO_BIG = 1009  # RFC 6455: a message too big to process
-CLOSE_POLICY = 1008  # refused (when the server cannot send a denial response)
+# Refused: when the server cannot send a denial response, and a message whose key was revoked.
+CLOSE_POLICY = connections.CLOSE_POLICY
+CLOSE_REASON = connections.CLOSE_REASON
+UNAUTHORIZED = 401
+
+
+class _Closed(Exception):
+    """The relay's end: the socket was closed (its key was revoked)."""
 
 
 class Ingress:
@@ -237,12 +248,19 @@ class Ingress:
             while True:
                 yield await inbox.get()
 
-        async def answer(n: int, message: stream.Message) -> str:
-            reply = await self._deliver(Call(socket.route, request, message=Delivery(
+        async def answer(n: int, message: stream.Message) -> Reply:
+            return await self._deliver(Call(socket.route, request, message=Delivery(
                 socket, n, message.data)))
-            return reply.body.decode()
 
-        relaying = asyncio.create_task(stream.relay(messages(), ws.send_text, answer))
+        async def send(reply: Reply) -> None:
+            if reply.status == UNAUTHORIZED:
+                # The replica checked the key again and refused it (revoked, or its tenant
+                # removed): the socket is closed, as on aiohttp.
+                await ws.close(CLOSE_POLICY, CLOSE_REASON)
+                raise _Closed
+            await ws.send_text(reply.body.decode())
+
+        relaying = asyncio.create_task(stream.relay(messages(), send, answer))
 
         async def read() -> None:
             try:
@@ -267,7 +285,8 @@ class Ingress:
         finally:
             reader.cancel()
             relaying.cancel()
-        if not relaying.cancelled() and relaying.exception() is not None:
+        if (not relaying.cancelled() and relaying.exception() is not None
+                and not isinstance(relaying.exception(), _Closed)):
             log.warning("a WebSocket relay ended with %r", relaying.exception())
 
     # -- metrics --------------------------------------------------------------------------------

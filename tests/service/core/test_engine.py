@@ -21,7 +21,7 @@ import service.core.engine as engine_module
 from backbone.errors import ImageTooLarge, InvalidImage
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head
-from service.core.engine import Engine, FeatureCache, Images, Item, score
+from service.core.engine import Engine, FeatureCache, Images, Item, cache_key, score
 from service.core.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -283,6 +283,41 @@ async def test_classify_decodes_caches_and_skips_the_trunk_on_a_repeat(make_engi
     assert engine.trunk.batches == [2, 1]  # only the new image reached the trunk
     assert mixed[0][0].labels_scores == first[0][0].labels_scores
     await engine.batcher.close()
+
+
+@pytest.mark.parametrize("scope", ["tenant", "shared"])
+@pytest.mark.parametrize("arrays", [False, True], ids=["encoded", "preprocessed"])
+async def test_the_feature_cache_is_per_tenant_unless_shared(make_engine, scope, arrays):
+    """By default one tenant never hits an image another sent (the hit would tell it: a hit
+    is faster and shows in Server-Timing); the tenant's own repeat hits. Shared: B hits A's."""
+    engine = make_engine(feature_cache_size=8, **({} if scope == "tenant" else
+                                                  {"feature_cache_scope": scope}))
+    a = RecordingHead("a", 1, 3)
+    image = blank() if arrays else pngs(1)
+    classify = engine.classify_arrays if arrays else engine.classify
+
+    async def send(tenant: str) -> tuple[float, float, list[int]]:
+        hits, misses = sample(engine, "feature_cache_hits_total"), sample(
+            engine, "feature_cache_misses_total")
+        await classify(image, [a], top_k=1, tenant=tenant)
+        return (sample(engine, "feature_cache_hits_total") - hits,
+                sample(engine, "feature_cache_misses_total") - misses, list(engine.trunk.batches))
+
+    assert await send("acme") == (0, 1, [1])
+    assert await send("acme") == (1, 0, [1])  # its own repeat: a hit, no trunk
+    if scope == "tenant":
+        assert await send("globex") == (0, 1, [1, 1])  # another tenant: a miss, the trunk runs
+        assert await send("globex") == (1, 0, [1, 1])
+    else:
+        assert await send("globex") == (1, 0, [1])
+
+
+def test_cache_keys_differ_by_tenant_and_not_when_shared():
+    digest = bytes(20)
+    assert cache_key(digest, "acme", "shared") == cache_key(digest, "globex", "shared") == digest
+    keys = {cache_key(digest, t, "tenant") for t in ("acme", "globex", "default", "x" * 64)}
+    assert len(keys) == 4 and digest not in keys
+    assert cache_key(digest, "acme", "tenant") == cache_key(digest, "acme", "tenant")
 
 
 @pytest.mark.parametrize("arrays, error, message", [
