@@ -137,6 +137,8 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     # An uploaded head that cannot be used: well-formed request, unprocessable content.
     "heads.errors.InvalidHead": (422, "invalid_head", "INVALID_ARGUMENT"),
     "heads.errors.HeadLoadError": (422, "invalid_head", "INVALID_ARGUMENT"),
+    # A label against the label rules (too long, a control character): the client's syntax.
+    "heads.errors.InvalidLabel": (400, "invalid_label", "INVALID_ARGUMENT"),
     # The store's database cannot be reached (a head that is not resident, a listing): retry.
     "store.errors.StoreUnavailable": (503, "store_unavailable", "UNAVAILABLE"),
     "heads.errors.TrunkMismatch": (422, "trunk_mismatch", "INVALID_ARGUMENT"),
