@@ -9,6 +9,7 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 
 import numpy as np
 
@@ -202,6 +203,9 @@ class Head:
         labels: class names, `labels[i]` is column i of `weights`.
         weights: float32 [1536, n], read-only.
         biases: float32 [n], read-only.
+        nbytes: what keeping it resident costs (arrays and labels).
+        label_json_bytes: the longest label's length as ASCII JSON text (quotes included):
+            what bounds an answer's size before it is built.
     """
 
     bot_id: str
@@ -210,6 +214,7 @@ class Head:
     weights: np.ndarray  # [1536, n] float32
     biases: np.ndarray  # [n] float32
     nbytes: int = field(init=False)
+    label_json_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
         w = np.ascontiguousarray(self.weights, dtype=np.float32)
@@ -229,6 +234,10 @@ class Head:
         # What keeping this head resident costs: the arrays plus the label strings.
         label_bytes = sum(sys.getsizeof(label) for label in self.labels)
         object.__setattr__(self, "nbytes", int(w.nbytes + b.nbytes + label_bytes))
+        # The longest label as JSON text with every non-ASCII character escaped, quotes
+        # included: no JSON encoding of a label is longer (what bounds an answer's size).
+        object.__setattr__(self, "label_json_bytes",
+                           max(len(encode_basestring_ascii(label)) for label in self.labels))
 
     @property
     def n_classes(self) -> int:

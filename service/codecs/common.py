@@ -159,9 +159,10 @@ async def model_head(service: Caller, model: Model) -> Head:
 async def classify_with(service: Caller, head: Head, images: Images,
                         top_k: int, route_key: str | None = None) -> list[Prediction]:
     """Every image under one head (or its bot's canary candidate, for the requests it
-    answers: `Prediction.version` says which), in order."""
+    answers: `Prediction.version` says which), in order. Its callers (TF Serving, OIP) render
+    every class's probability: the answer's bound counts them (`all_scores`)."""
     return [r[0] for r in await service.classify(images, [head], top_k=top_k,
-                                                 route_key=route_key)]
+                                                 route_key=route_key, all_scores=True)]
 
 
 def endpoint_name(name: str, version: object) -> str:
