@@ -37,7 +37,8 @@ VERSION_SCHEMA = {"type": "string", "pattern": "^[0-9]{1,18}$",
 MODEL_PATH_PARAMS = {"bot_id": BOT_ID_SCHEMA, "version": VERSION_SCHEMA}
 TOP_K = Param("top_k", "query", {"type": "integer", "minimum": 1},
               "labels per image, best first (default: the server's `top_k_default`; at most "
-              "the bot's number of classes are listed)")
+              "the bot's number of classes are listed, a larger top_k lists them all; a "
+              "request whose answer could exceed `max_answer_bytes` is a 413)")
 
 
 def model_paths(prefix: str) -> list[tuple[str, str]]:
