@@ -339,7 +339,8 @@ def cmd_train(args: argparse.Namespace, *, trunk=None) -> int:
 
 
 def _print_accuracy(result) -> None:
-    width = max(len("label"), *(len(label) for label in result.labels))
+    labels = {label: shown_text(label) for label in result.labels}
+    width = max(len("label"), *(len(label) for label in labels.values()))
     print(f"held-out accuracy per class ({result.n_val} held out, {result.n_train} trained on; "
           f"best epoch {result.best_epoch} of {result.epochs_run}):")
     print(f"  {'label':<{width}}  correct  accuracy")
@@ -347,9 +348,9 @@ def _print_accuracy(result) -> None:
         count = result.per_class_val_count[label]
         acc = result.per_class_val_accuracy[label]
         if count:
-            print(f"  {label:<{width}}  {round(acc * count):>3}/{count:<3}  {acc:8.3f}")
+            print(f"  {labels[label]:<{width}}  {round(acc * count):>3}/{count:<3}  {acc:8.3f}")
         else:
-            print(f"  {label:<{width}}    -/0    (nothing held out)")
+            print(f"  {labels[label]:<{width}}    -/0    (nothing held out)")
     if math.isnan(result.val_accuracy):
         print("overall: nothing held out (too few images per label)")
     else:
@@ -359,6 +360,21 @@ def _print_accuracy(result) -> None:
 
 
 # -- bots ----------------------------------------------------------------------------------------
+
+SHOWN_LABEL_CHARS = 80  # of one label in `bots show`, before "..." (a version stored before the
+# label rules may hold a megabyte)
+
+
+def shown_text(text: str, limit: int | None = None) -> str:
+    """Text a tenant chose (a label, a source), safe on the operator's terminal: escaped
+    (`heads.escape_text`: no control character reaches it, so no cursor move or ANSI escape
+    sequence), and cut at `limit` characters."""
+    from heads import escape_text
+
+    if limit is not None and len(text) > limit:
+        return escape_text(text[:limit]) + "..."
+    return escape_text(text)
+
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -375,7 +391,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows += [(b.bot_id, b.tenant, str(b.version), str(b.n_classes),
               ",".join(map(str, b.versions)),
               f"v{b.candidate.version} {b.candidate.mode}" if b.candidate else "-",
-              b.created, b.source) for b in bots]
+              b.created, shown_text(b.source)) for b in bots]
     widths = [max(len(r[i]) for r in rows) for i in range(7)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[7])
@@ -392,21 +408,21 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**info.to_dict(), "history": history}, indent=2))
         return 0
-    shown = ", ".join(info.labels[:20]) + (f", ... (+{info.n_classes - 20} more)"
-                                           if info.n_classes > 20 else "")
+    shown = ", ".join(shown_text(label, SHOWN_LABEL_CHARS) for label in info.labels[:20]) + (
+        f", ... (+{info.n_classes - 20} more)" if info.n_classes > 20 else "")
     print(f"bot:       {info.bot_id}")
     print(f"version:   {info.version} (active)")
     print(f"versions:  {', '.join(map(str, info.versions))}")
     print(f"classes:   {info.n_classes}")
     print(f"labels:    {shown}")
     print(f"created:   {info.created}")
-    print(f"source:    {info.source}")
+    print(f"source:    {shown_text(info.source)}")
     if info.candidate is None:
         print("candidate: none")
     else:
         c = info.candidate
         print(f"candidate: v{c.version} {c.mode} ({c.n_classes} classes, registered "
-              f"{c.created}, source {c.source})")
+              f"{c.created}, source {shown_text(c.source)})")
     print("history:")
     for h in history:
         what = {"register": f"registered v{h['version']}",

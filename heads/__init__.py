@@ -16,16 +16,18 @@ from heads.errors import (
     HeadsError,
     InvalidBotId,
     InvalidHead,
+    InvalidLabel,
     InvalidTrainingData,
     TrunkMismatch,
     UnknownBot,
 )
 from heads.files import read_labels
-from heads.head import Head, top_indices, validate_bot_id
+from heads.head import MAX_LABEL_CHARS, Head, escape_text, top_indices, validate_bot_id
 from heads.train import TrainResult, extract_features, scan_image_folder, train_head
 
 __all__ = [
-    "Head", "HeadLoadError", "HeadsError", "InvalidBotId", "InvalidHead", "InvalidTrainingData",
-    "TrainResult", "TrunkMismatch", "UnknownBot", "extract_features", "read_labels",
-    "scan_image_folder", "top_indices", "train_head", "validate_bot_id",
+    "MAX_LABEL_CHARS", "Head", "HeadLoadError", "HeadsError", "InvalidBotId", "InvalidHead",
+    "InvalidLabel", "InvalidTrainingData", "TrainResult", "TrunkMismatch", "UnknownBot",
+    "escape_text", "extract_features", "read_labels", "scan_image_folder", "top_indices",
+    "train_head", "validate_bot_id",
 ]

@@ -26,6 +26,12 @@ class InvalidHead(HeadsError, ValueError):
     """Head arrays or labels that cannot form a head: shapes, NaN/Inf, label count, n < 2."""
 
 
+class InvalidLabel(InvalidHead):
+    """A label that breaks the label rules (`heads.head.validate_labels`): empty, surrounding
+    whitespace, longer than `MAX_LABEL_CHARS`, or holding a control or line-breaking character
+    (HTTP 400: a syntax error of the client's, like a malformed bot id)."""
+
+
 class HeadLoadError(HeadsError):
     """Head files are missing, unreadable or corrupt (checkpoint, labels file, manifest)."""
 

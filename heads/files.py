@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from backbone.spec import FEATURE_DIM
-from heads.errors import HeadLoadError, InvalidHead
+from heads.errors import HeadLoadError, InvalidHead, InvalidLabel
 from heads.head import MAX_CLASSES, Head, validate_labels
 
 FORMAT_VERSION = 1
@@ -39,13 +40,17 @@ SLIM_BIASES_KEY = f"{SLIM_LOGITS_SCOPE}/biases"
 
 # 100,000 labels of 80 bytes each: a labels file larger than this is refused unread.
 MAX_LABELS_BYTES = 8 * 2**20
+_LINE_END = re.compile("\r\n|\r|\n")
 
 
-def read_labels(path: str | os.PathLike) -> tuple[str, ...]:
-    """Read a labels file: one label per line, surrounding whitespace stripped.
+def read_labels(path: str | os.PathLike, *, stored: bool = False) -> tuple[str, ...]:
+    """Read a labels file: one label per line (lines end with LF, CRLF or CR), surrounding
+    whitespace stripped, each label following the label rules (`heads.head.validate_labels`;
+    with `stored`, the file of a version already in the store: only what loading needs).
 
     Trailing blank lines are ignored; a blank line between labels is refused (it would shift
-    every following label onto the wrong class).
+    every following label onto the wrong class). Other line breaks (U+2028, NEL, form feed...)
+    do not end a line: they are refused inside a label, on its own line number.
     """
     p = Path(path)
     try:
@@ -60,13 +65,13 @@ def read_labels(path: str | os.PathLike) -> tuple[str, ...]:
         raise HeadLoadError(f"labels file '{p}' is not UTF-8 text") from None
     except OSError as exc:
         raise HeadLoadError(f"cannot read labels file '{p}': {exc.strerror}") from None
-    lines = [line.strip() for line in text.splitlines()]
+    lines = [line.strip() for line in _LINE_END.split(text)]
     while lines and not lines[-1]:
         lines.pop()
     for i, line in enumerate(lines):
         if not line:
-            raise InvalidHead(f"labels file '{p}' has an empty line {i + 1}")
-    return validate_labels(lines)
+            raise InvalidLabel(f"labels file '{p}' has an empty line {i + 1}")
+    return validate_labels(lines, source=f"labels file '{p}'", stored=stored)
 
 
 def _tf():
@@ -220,7 +225,7 @@ def load_version_dir(directory: Path, bot_id: str, version: int, *, verify: bool
             if sha256_file(path) != digest:
                 raise HeadLoadError(f"{label}: file '{name}' is corrupt (sha256 mismatch)")
     try:
-        labels = read_labels(directory / LABELS_NAME)
+        labels = read_labels(directory / LABELS_NAME, stored=True)
         weights, biases = read_checkpoint_tensors(directory / CKPT_NAME, [WEIGHTS_KEY, BIASES_KEY])
         return Head(bot_id, version, labels, weights, biases)
     except (HeadLoadError, InvalidHead) as exc:

@@ -9,11 +9,12 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 
 import numpy as np
 
 from backbone.spec import FEATURE_DIM
-from heads.errors import InvalidBotId, InvalidHead
+from heads.errors import InvalidBotId, InvalidHead, InvalidLabel
 
 # A head has at most this many classes (1536 x 100,000 float32 = 614 MB): uploads and files
 # claiming more are refused before their tensors are read.
@@ -38,18 +39,103 @@ def validate_bot_id(bot_id: object) -> str:
     return bot_id
 
 
-def validate_labels(labels: Iterable[object]) -> tuple[str, ...]:
-    """Labels as a tuple of str; each must survive a round trip through a one-per-line file."""
+# The label rules of a new head version (`validate_labels`): at most MAX_LABEL_CHARS
+# characters (code points), not empty, no surrounding whitespace, and none of _REFUSED:
+#   Cc     the C0 and C1 controls (tab, newline, ESC and the ANSI sequences it starts, NEL...);
+#   Zl Zp  U+2028 / U+2029: line and paragraph breaks (like NEL, they split a labels file);
+#   Cs     lone surrogates: not text (UTF-8 cannot encode them);
+#   the bidirectional formatting characters (U+061C, U+200E-U+200F, U+202A-U+202E,
+#   U+2066-U+2069), which reorder how the text around them is displayed. Other format
+#   characters (Cf) are allowed: the zero-width joiner of emoji sequences, the soft hyphen.
+# A label is then at most 256 x 12 bytes as JSON text (a non-BMP character escapes to a
+# surrogate pair, 12 bytes), and shows as itself in a terminal or a log line.
+MAX_LABEL_CHARS = 256
+_REFUSED = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\u061c\u200e\u200f"
+                      "\u202a-\u202e\u2066-\u2069]")
+_SHOWN_CHARS = 40  # of a refused label, in an error message
+
+
+def escape_text(text: str) -> str:
+    """`text` safe to print to a terminal or a log line: a backslash doubled, and every
+    character that is not printable (`str.isprintable`: controls, format characters, line and
+    paragraph separators, surrogates, unassigned code points) written as `\\xNN`, `\\uNNNN` or
+    `\\UNNNNNNNN`. Text a tenant chose (labels, sources) goes through this on its way to the
+    operator's screen: it cannot move the cursor or start an ANSI escape sequence."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    out = []
+    for c in text:
+        if c == "\\":
+            out.append("\\\\")
+        elif c.isprintable():
+            out.append(c)
+        else:
+            o = ord(c)
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000
+                       else f"\\U{o:08x}")
+    return "".join(out)
+
+
+def _shown(label: str) -> str:
+    """The start of a refused label, escaped, quoted: never the whole of a megabyte."""
+    head = escape_text(label[:_SHOWN_CHARS])
+    return f"'{head}...'" if len(label) > _SHOWN_CHARS else f"'{head}'"
+
+
+def _refused_char(c: str) -> str:
+    o = ord(c)
+    if o < 0x20 or 0x7f <= o <= 0x9f:
+        kind = "control character"
+    elif c == "\u2028":
+        kind = "line separator"
+    elif c == "\u2029":
+        kind = "paragraph separator"
+    elif 0xd800 <= o <= 0xdfff:
+        kind = "lone surrogate"
+    else:
+        kind = "bidirectional formatting character"
+    return f"{kind} U+{o:04X}"
+
+
+def validate_labels(labels: Iterable[object], *, source: str | None = None,
+                    stored: bool = False) -> tuple[str, ...]:
+    """Labels as a tuple of str, each following the label rules (above `MAX_LABEL_CHARS`).
+
+    Args:
+        source: where the labels come from, e.g. "labels file 'x.txt'": a refusal then names
+            the line too (label i is on line i + 1).
+        stored: labels of a version already in the store, read back: only what a head needs
+            to load (str, not empty, no surrounding whitespace or line break), so a version
+            registered before the length and character rules still loads and serves.
+    Raises:
+        InvalidLabel: naming the label (its index, its line) and what is wrong, showing at
+            most its first 40 characters, escaped.
+    """
     if isinstance(labels, (str, bytes)):
         raise InvalidHead("labels must be a sequence of strings, not a single string")
     out = []
     for i, label in enumerate(labels):
+        where = f"label {i}" if source is None else f"label {i} (line {i + 1} of {source})"
         if not isinstance(label, str):
-            raise InvalidHead(f"label {i} is {type(label).__name__}, not str")
+            raise InvalidLabel(f"{where} is {type(label).__name__}, not str")
         if not label.strip():
-            raise InvalidHead(f"label {i} is empty")
-        if label != label.strip() or "\n" in label or "\r" in label:
-            raise InvalidHead(f"label {i} {label!r} has surrounding whitespace or a line break")
+            raise InvalidLabel(f"{where} is empty")
+        if stored:
+            if label != label.strip() or "\n" in label or "\r" in label:
+                raise InvalidLabel(f"{where} {_shown(label)} has surrounding whitespace or a "
+                                   "line break")
+            out.append(label)
+            continue
+        if len(label) > MAX_LABEL_CHARS:
+            raise InvalidLabel(f"{where} {_shown(label)}: {len(label):,} characters, at most "
+                               f"{MAX_LABEL_CHARS}")
+        bad = _REFUSED.search(label)
+        if bad is not None:
+            line_break = " (a line break)" if bad.group() in "\n\r\x0b\x0c\x1c\x1d\x1e\x85" else ""
+            raise InvalidLabel(f"{where} {_shown(label)}: {_refused_char(bad.group())}"
+                               f"{line_break} at character {bad.start() + 1}")
+        if label != label.strip():
+            raise InvalidLabel(f"{where} {_shown(label)} has surrounding whitespace")
         out.append(label)
     return tuple(out)
 
@@ -117,6 +203,9 @@ class Head:
         labels: class names, `labels[i]` is column i of `weights`.
         weights: float32 [1536, n], read-only.
         biases: float32 [n], read-only.
+        nbytes: what keeping it resident costs (arrays and labels).
+        label_json_bytes: the longest label's length as ASCII JSON text (quotes included):
+            what bounds an answer's size before it is built.
     """
 
     bot_id: str
@@ -125,6 +214,7 @@ class Head:
     weights: np.ndarray  # [1536, n] float32
     biases: np.ndarray  # [n] float32
     nbytes: int = field(init=False)
+    label_json_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
         w = np.ascontiguousarray(self.weights, dtype=np.float32)
@@ -144,6 +234,10 @@ class Head:
         # What keeping this head resident costs: the arrays plus the label strings.
         label_bytes = sum(sys.getsizeof(label) for label in self.labels)
         object.__setattr__(self, "nbytes", int(w.nbytes + b.nbytes + label_bytes))
+        # The longest label as JSON text with every non-ASCII character escaped, quotes
+        # included: no JSON encoding of a label is longer (what bounds an answer's size).
+        object.__setattr__(self, "label_json_bytes",
+                           max(len(encode_basestring_ascii(label)) for label in self.labels))
 
     @property
     def n_classes(self) -> int:

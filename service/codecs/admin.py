@@ -269,7 +269,11 @@ HEAD_UPLOAD_BODY = Body(
                                                 "whose file name ends in `.index`)"},
             "data": {**_BINARY, "description": "the checkpoint's `.data-00000-of-00001` file "
                                                "(or parts whose file names hold `.data-`)"},
-            "labels": {**_BINARY, "description": "the labels, one per line, in class order"},
+            "labels": {**_BINARY, "description": "the labels, one per line, in class order "
+                                                 "(UTF-8; each at most 256 characters, no "
+                                                 "control, line-breaking or bidirectional "
+                                                 "formatting character: else 400 "
+                                                 "`invalid_label`)"},
             "weights_name": {"type": "string",
                              "description": "the weights variable (default: found by shape)"},
             "biases_name": {"type": "string",

@@ -37,7 +37,8 @@ VERSION_SCHEMA = {"type": "string", "pattern": "^[0-9]{1,18}$",
 MODEL_PATH_PARAMS = {"bot_id": BOT_ID_SCHEMA, "version": VERSION_SCHEMA}
 TOP_K = Param("top_k", "query", {"type": "integer", "minimum": 1},
               "labels per image, best first (default: the server's `top_k_default`; at most "
-              "the bot's number of classes are listed)")
+              "the bot's number of classes are listed, a larger top_k lists them all; a "
+              "request whose answer could exceed `max_answer_bytes` is a 413)")
 
 
 def model_paths(prefix: str) -> list[tuple[str, str]]:
@@ -159,9 +160,10 @@ async def model_head(service: Caller, model: Model) -> Head:
 async def classify_with(service: Caller, head: Head, images: Images,
                         top_k: int, route_key: str | None = None) -> list[Prediction]:
     """Every image under one head (or its bot's canary candidate, for the requests it
-    answers: `Prediction.version` says which), in order."""
+    answers: `Prediction.version` says which), in order. Its callers (TF Serving, OIP) render
+    every class's probability: the answer's bound counts them (`all_scores`)."""
     return [r[0] for r in await service.classify(images, [head], top_k=top_k,
-                                                 route_key=route_key)]
+                                                 route_key=route_key, all_scores=True)]
 
 
 def endpoint_name(name: str, version: object) -> str:

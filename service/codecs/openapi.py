@@ -94,7 +94,8 @@ ERROR_TEXT = {
     401: "admin route without a valid bearer token",
     403: "admin routes are disabled (no admin token configured)",
     404: "unknown bot, version or route",
-    413: "the body, an image or the number of images is over a limit",
+    413: "the body, an image, the number of images or the answer's upper bound "
+         "(`max_answer_bytes`) is over a limit",
     415: "unsupported Content-Type",
     422: "the uploaded head cannot be used (bad checkpoint, labels or shapes)",
     500: "the bot is registered but its head cannot be loaded (`head_unavailable`)",

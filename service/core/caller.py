@@ -335,14 +335,17 @@ class Caller:
 
     @rule(INFER, owns=HEADS)
     async def classify(self, images: Images, heads: Sequence[Head], *,
-                       top_k: int, route_key: str | None = None) -> list[list[Prediction]]:
+                       top_k: int, route_key: str | None = None,
+                       all_scores: bool = False) -> list[list[Prediction]]:
         """Every image under every head (resolved by `head` / `heads_for`): result[i][j] is
-        image i under heads[j] (`Inference.classify`), charged to the bots' tenant.
+        image i under heads[j] (`Inference.classify`; `all_scores`: the protocol renders every
+        class's probability, counted in the answer's bound), charged to the bots' tenant.
         `route_key` (an OIP request's parameter) wins over the call's own (its header or
         metadata)."""
         tenant = self._charged if self._charged is not None else self._charge_to(heads)
         return await self._core.inference.classify(images, heads, top_k=top_k, tenant=tenant,
-                                                   route_key=route_key or self._route_key)
+                                                   route_key=route_key or self._route_key,
+                                                   all_scores=all_scores)
 
     # -- bots --------------------------------------------------------------------------------------
 

@@ -34,6 +34,11 @@ class PayloadTooLarge(ServiceError):
     """The request body, or the number of images in it, is over a configured limit."""
 
 
+class AnswerTooLarge(ServiceError):
+    """The answer a request asks for could be larger than `max_answer_bytes` (images x heads x
+    predictions x the longest label): refused before any image is decoded."""
+
+
 class UnsupportedMediaType(ServiceError):
     """The request's Content-Type is not an image or multipart/form-data."""
 
@@ -114,6 +119,8 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     f"{__name__}.Forbidden": (403, "forbidden", "PERMISSION_DENIED"),
     f"{__name__}.NotFound": (404, "not_found", "UNIMPLEMENTED"),
     f"{__name__}.PayloadTooLarge": (413, "payload_too_large", "RESOURCE_EXHAUSTED"),
+    # gRPC: like its own message size limit.
+    f"{__name__}.AnswerTooLarge": (413, "answer_too_large", "RESOURCE_EXHAUSTED"),
     f"{__name__}.UnsupportedMediaType": (415, "unsupported_media_type", "INVALID_ARGUMENT"),
     f"{__name__}.Overloaded": (503, "overloaded", "RESOURCE_EXHAUSTED"),
     # One tenant over its own quota or queue share: the client's doing (429), not the server's.
@@ -137,6 +144,8 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     # An uploaded head that cannot be used: well-formed request, unprocessable content.
     "heads.errors.InvalidHead": (422, "invalid_head", "INVALID_ARGUMENT"),
     "heads.errors.HeadLoadError": (422, "invalid_head", "INVALID_ARGUMENT"),
+    # A label against the label rules (too long, a control character): the client's syntax.
+    "heads.errors.InvalidLabel": (400, "invalid_label", "INVALID_ARGUMENT"),
     # The store's database cannot be reached (a head that is not resident, a listing): retry.
     "store.errors.StoreUnavailable": (503, "store_unavailable", "UNAVAILABLE"),
     "heads.errors.TrunkMismatch": (422, "trunk_mismatch", "INVALID_ARGUMENT"),

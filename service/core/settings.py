@@ -205,6 +205,13 @@ class Settings:
         32, "most images in one request (413 beyond)", at_least=1)
     top_k_default: int = setting(
         5, "predictions per image when the request gives no top_k", at_least=1)
+    max_answer_bytes: int = setting(
+        8 * MIB,
+        "largest answer a classification may produce, in bytes: its upper bound (images x "
+        "bots x min(top_k, classes) predictions of the longest label, plus every class's "
+        "score where the protocol returns them) is checked before any image is decoded "
+        "(413 answer_too_large beyond)",
+        at_least=1)
     feature_cache_size: int = setting(
         1024, "trunk features kept by image digest, in entries (0 disables the cache)",
         at_least=0)

@@ -79,7 +79,7 @@ def _decode_labels(data: bytes) -> tuple[str, ...]:
         raise InvalidHead("blob 'labels' is not a UTF-8 JSON array") from None
     if not isinstance(labels, list):
         raise InvalidHead("blob 'labels' is not a JSON array")
-    return validate_labels(labels)
+    return validate_labels(labels, stored=True)  # registered under older rules: still loads
 
 
 class PgBlobs(Blobs[psycopg.Connection]):

@@ -107,6 +107,30 @@ def test_admin_flow(location, files, capsys):
     assert "no bots registered" in out
 
 
+def test_bots_show_prints_labels_escaped(location, files, capsys):
+    """A label stored before the label rules (written under the store's validation, as an old
+    store holds it) cannot move the operator's cursor or colour the terminal: `bots show`
+    prints it escaped and cut; `register` refuses such a label, naming its line."""
+    from store.front import _step
+
+    bad = "\x1b[2J\x1b[31mred\x07" + "z" * 1000
+    with open_store(location) as s:
+        s._backend.bots.add_version("old", files["weights"], np.zeros(3, np.float32),
+                                    ("cat", bad, "bird"), "old\x1b[0m store", _step)
+    code, out, _ = run(capsys, "bots", "show", "old", "--store", location)
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert "labels:    cat, \\x1b[2J\\x1b[31mred\\x07zzz" in out and "z" * 1000 not in out
+    assert "source:    old\\x1b[0m store" in out
+    code, out, _ = run(capsys, "bots", "list", "--store", location)
+    assert code == 0 and "\x1b" not in out
+
+    labels = write_labels(Path(files["labels"]).parent / "bad.txt", ["cat", "red\x1b[31m", "x"])
+    code, _, err = run(capsys, "register", "new", "--weights-checkpoint", files["plain"],
+                       "--labels", labels, "--store", location)
+    assert code != 0 and "label 1 (line 2 of labels file" in err and "U+001B" in err
+    assert "\x1b" not in err
+
+
 def test_candidate_flow(location, files, capsys):
     """A canary, promoted, then rolled back; a shadow, discarded: on both backends."""
     store = location

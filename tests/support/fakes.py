@@ -210,7 +210,8 @@ class FakeService:
         return self.metrics.render()
 
     async def classify(self, images: Images, heads, *, top_k: int,
-                       route_key: str | None = None) -> list[list[Prediction]]:
+                       route_key: str | None = None,
+                       all_scores: bool = False) -> list[list[Prediction]]:
         check_image_count(len(images), self.settings.max_images_per_request)  # the engine's rule
         self.classified.append((images, [h.bot_id for h in heads], top_k))
         self.route_keys.append(route_key or self.route_key)

@@ -59,7 +59,7 @@ def check_schema(doc: dict[str, Any], schema: dict[str, Any], instance: Any) -> 
 
 
 class DeadlineService(FakeService):
-    async def classify(self, images, heads, *, top_k, route_key=None):
+    async def classify(self, images, heads, *, top_k, route_key=None, all_scores=False):
         raise DeadlineExceeded("the request's deadline passed while it waited for the trunk")
 
 
