@@ -33,22 +33,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from backbone.profile import profile_sizes
 from bench.stats import num
-
-# What the raw trunk must have been measured at for the targets (`needed_sizes`).
-FIRST_SIZES = (1, 2, 4, 8, 16)
 
 
 def needed_sizes(max_batch_size: int) -> tuple[int, ...]:
     """Batch sizes the raw trunk is measured at to compare a server of `max_batch_size` with:
-    the powers of two below it, and it (1, 2, 4, 8, 16 for 16; 1, 2, 4, 6 for 6)."""
-    if max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    sizes, size = [], 1
-    while size < max_batch_size:
-        sizes.append(size)
-        size *= 2
-    return (*sizes, max_batch_size)
+    the sizes of the server's own warm-up profile (`backbone.profile.profile_sizes`: the powers
+    of two below it, and it: 1, 2, 4, 8, 16 for 16; 1, 2, 4, 6 for 6)."""
+    return profile_sizes(max_batch_size)
 
 
 def interpolate(xy: Sequence[tuple[float, float]], x: float) -> float:
