@@ -24,8 +24,10 @@ async def readyz(service: Caller, request: Request) -> Reply:
 
 
 async def metrics(service: Caller, request: Request) -> Reply:
+    """The Prometheus text: a key's caller reads its own tenant's series only. The reply
+    carries that scope for a transport that rebuilds the body (the Ray ingress's merge)."""
     body, content_type = service.render_metrics()
-    return Reply(200, body, content_type)
+    return Reply(200, body, content_type, scope=service.metrics_scope)
 
 
 # -- API description ---------------------------------------------------------------------------
