@@ -130,3 +130,61 @@ async def test_audit_is_its_own_tenants_for_a_manage_key_and_closed_to_a_metrics
     assert status == 403
     status, text = await _get(world, "/audit", world.operator)
     assert {"acme", "globex", "initech"} <= {r["tenant"] for r in json.loads(text)["records"]}
+
+
+async def _through_ingress(ingress, path: str, headers: dict[str, str],
+                           body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP request to the Ray ingress's ASGI app: (status, body)."""
+    scope = {"type": "http", "http_version": "1.1", "method": "POST" if body else "GET",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+             "query_string": b"", "server": ("127.0.0.1", 8000),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in
+                         {**headers, "Content-Length": str(len(body))}.items()]}
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await ingress.asgi(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+async def test_through_rays_ingress_the_merged_metrics_are_cut_to_the_tenant(world, tmp_path):
+    """The Ray transport's own code in-process (`test_same_answers.InProcessModel`: a real
+    `Ingress` over a real `Service`): the ingress merges the replicas' texts, then cuts the
+    merge to the scope the replica that checked the caller put on its reply."""
+    from service.core.service import Service
+    from service.transports.ray.ingress import Ingress
+    from tests.service.transports.test_same_answers import InProcessModel
+    from tests.support.fakes import FakeTrunk
+
+    settings = make_settings(tmp_path, auth="keys", admin_token=OPERATOR_TOKEN,
+                             metrics_top_bots=2, metrics_top_tenants=2,
+                             pin=",".join(BOTS.values()))
+    service = Service(settings, trunk=FakeTrunk(), store=world.store)
+    await service.start()
+    try:
+        assert await service.wait_ready(), service.readiness.error
+        ingress = Ingress(InProcessModel(service), settings)
+        for tenant in TENANTS:
+            status, body = await _through_ingress(
+                ingress, f"/classify/{BOTS[tenant]}",
+                {**world.headers[tenant, "infer"], "Content-Type": "image/png"}, PNG)
+            assert status == 200, body
+        status, mine = await _through_ingress(ingress, "/metrics",
+                                              world.headers["acme", "metrics"])
+        assert status == 200
+        for foreign in (b"globex", b"initech", b'"other"', b"multihead_requests_total"):
+            assert foreign not in mine, foreign
+        assert b'multihead_bot_requests_total{bot="acme-bot"} 1.0' in mine
+        assert b"multihead_metrics_replicas 1.0" in mine
+        status, everything = await _through_ingress(ingress, "/metrics", world.operator)
+        assert status == 200 and b'bot="globex-bot"' in everything
+        assert b'tenant="other"' in everything
+    finally:
+        await service.close()
