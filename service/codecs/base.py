@@ -65,6 +65,9 @@ class Reply:
     body: bytes = b""
     content_type: str = JSON
     headers: Mapping[str, str] = field(default_factory=dict)
+    # What a transport that rebuilds the body may put in it (never sent): the /metrics reply's
+    # `metrics_scope.Scope` for the Ray ingress's merge of every replica's metrics.
+    scope: Any = None
 
 
 def json_reply(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:

@@ -24,8 +24,10 @@ async def readyz(service: Caller, request: Request) -> Reply:
 
 
 async def metrics(service: Caller, request: Request) -> Reply:
+    """The Prometheus text: a key's caller reads its own tenant's series only. The reply
+    carries that scope for a transport that rebuilds the body (the Ray ingress's merge)."""
     body, content_type = service.render_metrics()
-    return Reply(200, body, content_type)
+    return Reply(200, body, content_type, scope=service.metrics_scope)
 
 
 # -- API description ---------------------------------------------------------------------------
@@ -100,7 +102,9 @@ READINESS_SCHEMA = {
     "title": "Readiness", "type": "object", "additionalProperties": False,
     "required": ["status"],
     "description": "the status alone, unless the caller may read /metrics (the operator, a "
-                   "key of scope metrics, anyone with --auth none)",
+                   "key of scope metrics, anyone with --auth none); a tenant's key reads its "
+                   "own bots only (pinned, preloaded, skipped) and no trunk `gate`, `why` nor "
+                   "`in_server` (they count or name every tenant's heads and batches)",
     "properties": {
         "status": {"type": "string", "enum": ["loading", "ready", "failed"]},
         "trunk": {"type": "object", "required": ["weights"],
@@ -170,6 +174,13 @@ ENDPOINTS = [
                       503: json_answer("loading, or the bring-up failed (see `error`)",
                                        READINESS_SCHEMA)}),
     Endpoint("GET", "/metrics", "metrics", metrics, access=METRICS, summary="Prometheus metrics",
+             description="The operator (and --auth none) reads every series. A tenant's "
+                         "metrics key reads only the series labelled with its own tenant or "
+                         "its own bots (never tenant=\"other\" nor bot=\"other\") and the "
+                         "machine's facts (multihead_trunk_info, multihead_trunk_alone_seconds, "
+                         "multihead_store_snapshot_age_seconds, the Ray replica counts); the "
+                         "process-wide traffic series (requests by route, latencies, batches, "
+                         "queue depth, cache hits) count every tenant and are the operator's.",
              tag="operations",
              answers={200: Answer("the Prometheus text exposition format",
                                   {"text/plain": {"type": "string"}})}),

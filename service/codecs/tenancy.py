@@ -277,7 +277,8 @@ ENDPOINTS = [
              summary="the audit log: every change of bots, tenants and keys, oldest first",
              tag="tenants",
              description="The operator sees every tenant's records; a manage key its own "
-                         "tenant's.",
+                         "tenant's only (`tenant` naming another: 403); an infer or metrics "
+                         "key: 403.",
              params=(Param("tenant", "query", TENANT_SCHEMA, "only this tenant's"),
                      Param("since", "query", {"type": "string"},
                            "only records at or after this ISO 8601 time"),

@@ -48,6 +48,7 @@ from service.core.engine import Images, Prediction
 from service.core.errors import Forbidden
 from service.core.inference import Inference
 from service.core.lifecycle import Lifecycle, Readiness
+from service.core.metrics_scope import Scope
 from service.core.settings import Settings
 from service.core.tenancy import Tenancy
 from service.core.threads import Threads
@@ -278,15 +279,29 @@ class Caller:
         """Where the bring-up is, its error included (a model's status tells it)."""
         return self._core.lifecycle.readiness
 
+    @property
+    @rule(METRICS)
+    def metrics_scope(self) -> Scope | None:
+        """What of the metrics and the full readiness report this caller reads: None (all
+        of it) for the operator and with --auth none; for a key's caller its tenant and the
+        tenant's bots as the store snapshot owns them now (`service.core.metrics_scope`)."""
+        tenant = self._principal.tenant
+        if tenant is None:
+            return None
+        owners = self._core.store.snapshot.owners
+        return Scope(tenant, frozenset(bot for bot, owner in owners.items() if owner == tenant))
+
     @rule(METRICS)
     def readiness_report(self) -> dict[str, Any]:
-        """The full readiness report (`/readyz` for who may read metrics)."""
-        return self._core.lifecycle.readiness_report()
+        """The full readiness report (`/readyz` for who may read metrics); a key's caller
+        reads its own bots only (`Lifecycle.readiness_report`)."""
+        return self._core.lifecycle.readiness_report(self.metrics_scope)
 
     @rule(METRICS)
     def render_metrics(self) -> tuple[bytes, str]:
-        """The Prometheus text and its content type."""
-        return self._core.lifecycle.render_metrics()
+        """The Prometheus text and its content type: a key's caller reads its own tenant's
+        series only (`service.core.metrics_scope`)."""
+        return self._core.lifecycle.render_metrics(self.metrics_scope)
 
     @rule(PUBLIC)
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -42,6 +42,7 @@ from service.core.bots import Int8Agreement
 from service.core.engine import Engine
 from service.core.errors import NotReady, ServiceError
 from service.core.metrics import Metrics
+from service.core.metrics_scope import Scope, scoped
 from service.core.settings import Settings
 from service.core.threads import Threads
 from service.core.tracing import Tracing
@@ -102,6 +103,12 @@ class Preloaded:
     pinned: tuple[str, ...] = ()
     preloaded: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
+
+
+# The parts of the trunk's readiness report a tenant's key does not read: the gate's figures
+# count (and `lowest_head` names) every tenant's heads, `why` may name a head, `in_server`
+# counts every tenant's batches.
+TENANTS_UNSEEN = ("gate", "why", "in_server")
 
 
 def head_bytes(info: BotInfo) -> int:
@@ -465,15 +472,26 @@ class Lifecycle:
                 "batches": {str(n): count for n, (count, _) in in_server.items()}}
         return info
 
-    def readiness_report(self) -> dict[str, Any]:
-        """The one description of readiness: status, trunk, timings (and error if failed)."""
+    def readiness_report(self, scope: Scope | None = None) -> dict[str, Any]:
+        """The one description of readiness: status, trunk, timings (and error if failed).
+
+        With a `scope` (a tenant's key): its own bots only among the pinned, preloaded and
+        skipped heads, and the trunk without what counts every tenant's heads or traffic (the
+        gate's figures over all heads, the choice's `why` that may name one, the batches run
+        inside the server)."""
         r, p = self.readiness, self.preloaded
-        heads: dict[str, Any] = {"pinned": list(self._settings.pinned_bots),
-                                 "preloaded": len(p.preloaded)}
-        if p.skipped:
-            heads["preload_skipped"] = len(p.skipped)
+        mine = (lambda bots: list(bots)) if scope is None else (
+            lambda bots: [b for b in bots if b in scope.bots])
+        heads: dict[str, Any] = {"pinned": mine(self._settings.pinned_bots),
+                                 "preloaded": len(mine(p.preloaded))}
+        if mine(p.skipped):
+            heads["preload_skipped"] = len(mine(p.skipped))
         snapshot = self._store.snapshot
-        body: dict[str, Any] = {"status": r.status, "trunk": self.trunk_info(),
+        trunk = self.trunk_info()
+        if scope is not None:
+            for part in TENANTS_UNSEEN:
+                trunk.pop(part, None)
+        body: dict[str, Any] = {"status": r.status, "trunk": trunk,
                                 "timings": {k: round(v, 3) for k, v in r.timings.items()},
                                 "heads": heads,
                                 "store": {"kind": self._store.kind, "read": snapshot.is_read,
@@ -485,10 +503,12 @@ class Lifecycle:
             body["replica"] = dict(self.identity)
         return body
 
-    def render_metrics(self) -> tuple[bytes, str]:
+    def render_metrics(self, scope: Scope | None = None) -> tuple[bytes, str]:
         """The Prometheus text (and its content type), the heads cache gauges read now; the
-        bots' INT8 agreements as last scored (and a refresh started for the next scrape)."""
+        bots' INT8 agreements as last scored (and a refresh started for the next scrape).
+        With a `scope` (a tenant's key): its own series only (`metrics_scope.scoped`)."""
         self._int8.refresh_soon()
         stats = self._store.cache_stats()
         self._metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])
-        return self._metrics.render()
+        body, content_type = self._metrics.render()
+        return (body if scope is None else scoped(body, scope)), content_type

@@ -34,7 +34,8 @@ Metrics: `/metrics` goes to a replica like any request (it checks the caller's a
 counts the scrape); then the ingress asks every model replica for its metrics
 (`DeploymentHandle.broadcast`), waits at most METRICS_TIMEOUT_S for each, and answers their
 merge (`service.core.metrics_merge`: counters and histograms summed, gauges by meaning,
-`multihead_metrics_replicas_missing` for replicas that did not answer).
+`multihead_metrics_replicas_missing` for replicas that did not answer), cut to a tenant's own
+series for a tenant's key (the scope the replica put on its reply: `service.core.metrics_scope`).
 
 Cancellation: a client that disconnects makes Ray's proxy cancel the ingress's request, which
 cancels its call to the model replica: the replica counts a 499 and its batcher withdraws the
@@ -68,6 +69,7 @@ from service.core.errors import (
 )
 from service.core.logs import REQUEST_ID_HEADER
 from service.core.metrics_merge import Aggregate
+from service.core.metrics_scope import scoped
 from service.core.settings import Settings
 from service.transports.common.exchange import IncomingBody, build_request, chunks
 from service.transports.common.router import Router, route_template
@@ -294,9 +296,13 @@ class Ingress:
     async def _all_metrics(self, reply: Reply) -> Reply:
         """The answer to /metrics: every model replica's metrics, merged
         (`service.core.metrics_merge`). `reply` is the answer of the replica that checked the
-        caller's access and counted the scrape, as for any request; its body is replaced."""
+        caller's access and counted the scrape, as for any request; its body is replaced by
+        the merge, cut to the caller's own series (`reply.scope`: a tenant's key) after
+        merging (`service.core.metrics_scope`)."""
         texts, missing = await self._replica_metrics()
         body, content_type = self.metrics.merge(texts, missing)
+        if reply.scope is not None:
+            body = scoped(body, reply.scope)
         return dataclasses.replace(reply, body=body, content_type=content_type)
 
     async def _replica_metrics(self) -> tuple[dict[str, str], int]:
