@@ -560,6 +560,17 @@ class HeadStore:
             log.warning("could not record the last use of %d API key(s) in store %s: %s",
                         len(used), self._backend.describe(), exc)
 
+    def record_refusal(self, bot_id: str, *, tenant: str, actor: str, detail: str) -> None:
+        """Audit a refused change of a bot (action "refused"): `actor` of `tenant` asked to
+        change `bot_id` (`detail`: which change, and why not). A bot the tenant does not see is
+        recorded alike whether it is unknown or another tenant's: the record is in the asking
+        tenant's log, and names no owner."""
+        bot_id = validate_bot_id(bot_id)
+        tenant = validate_tenant(tenant)
+        actor = normalize_actor(actor)
+        self._backend.accounts.record_refusal(at=utc_now(), actor=actor, tenant=tenant,
+                                              bot_id=bot_id, detail=" ".join(str(detail).split()))
+
     def audit(self, *, tenant: str | None = None, since: str | None = None,
               limit: int = 1000) -> list[AuditRecord]:
         """The audit log, oldest first: its newest `limit` records, only `tenant`'s and only
