@@ -204,7 +204,7 @@ def test_a_refused_change_is_audited_in_the_asking_tenant(any_store):
     for (issue 34: probing another tenant's ids shows in the audit log)."""
     s = any_store
     s.add_tenant("acme")
-    s.record_refusal("globex-bot", tenant="acme", actor="key:abc", detail="remove:  unknown bot")
+    s.record_refusal("globex-bot", tenant="acme", actor="key:abc", detail="remove: unknown bot")
     (record,) = [r for r in s.audit(tenant="acme") if r.action == "refused"]
     assert (record.actor, record.tenant, record.bot_id, record.detail) == \
         ("key:abc", "acme", "globex-bot", "remove: unknown bot")
