@@ -54,11 +54,11 @@ class UnknownKey(AccountsError, LookupError):
 
 
 class BotOwnedElsewhere(AccountsError):
-    """The bot id is live under another tenant. The message never names that tenant (a tenant
-    must not learn who else uses the store)."""
+    """The bot id is live under another tenant. The message never names that tenant, nor says
+    that one owns it: bot ids are one namespace, and the answer is the one any taken id gets."""
 
     def __init__(self, bot_id: str) -> None:
-        super().__init__(f"bot id {bot_id!r} is taken by another tenant")
+        super().__init__(f"bot id {bot_id!r} is taken: choose another id")
         self.bot_id = bot_id
 
 

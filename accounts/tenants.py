@@ -38,7 +38,7 @@ TOKEN_PREFIX = "mhk_"
 
 AUDIT_ACTIONS = ("register", "replace", "rollback", "remove", "tenant_add", "tenant_remove",
                  "tenant_set", "key_add", "key_revoke", "candidate_add", "candidate_promote",
-                 "candidate_discard")
+                 "candidate_discard", "refused")
 
 _KEY_ID_BYTES = 6  # 12 hex characters
 _SECRET_BYTES = 32

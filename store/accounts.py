@@ -58,5 +58,12 @@ class Accounts(ABC):
         """Set last_used of keys ({key id: at}); no audit record, not a change others see."""
 
     @abstractmethod
+    def record_refusal(self, *, at: str, actor: str, tenant: str, bot_id: str,
+                       detail: str) -> None:
+        """Append a "refused" audit record: `actor` of `tenant` asked to change `bot_id`, which
+        it does not see (unknown to it, or another tenant's: recorded alike), or to register an
+        id that is taken. Not a change others see (no data version move, no notification)."""
+
+    @abstractmethod
     def audit(self, *, tenant: str | None, since: str | None, limit: int) -> list[AuditRecord]:
         """The newest `limit` audit records matching, oldest first."""

@@ -22,17 +22,14 @@ first lookup, and stops at `close()`: a one-shot use that only writes and lists 
 commands) starts none.
 
 Tenants (`accounts.tenants`): every bot belongs to one tenant (`default` unless registered into
-another; a store written before tenants existed has all its bots in `default`), an id live under
-one tenant cannot be registered by another, and API keys belong to tenants. Every change to
-bots, tenants, their limits and keys appends an audit record in the change's own transaction;
-`key_table()` serves the live keys and `tenant_limits()` every tenant's limits (fair sharing:
-`accounts.tenants.TenantLimits`) from the snapshot.
+another; older stores: all in `default`), an id live under one tenant cannot be registered by
+another, and API keys belong to tenants. Every change to bots, tenants, their limits and keys
+appends an audit record in its own transaction (a refused one: `record_refusal`); `key_table()`
+and `tenant_limits()` (`accounts.tenants.TenantLimits`) are served from the snapshot.
 
 Candidates (`accounts.candidates`): a bot may have one candidate, a stored version that is not
-active (registered with `candidate=`), which the service scores beside the live version as a
-shadow or a canary; `promote` makes it active, `discard` deletes it. Every process sees a
-candidate, its promotion and its discard as it sees a new version: within `change_poll_s` of
-the backend learning of the change.
+active (registered with `candidate=`), scored beside the live version as a shadow or a canary;
+`promote` makes it active, `discard` deletes it; every process sees these as a new version.
 """
 from __future__ import annotations
 
@@ -559,6 +556,12 @@ class HeadStore:
         except Exception as exc:  # noqa: BLE001 - best effort by contract
             log.warning("could not record the last use of %d API key(s) in store %s: %s",
                         len(used), self._backend.describe(), exc)
+
+    def record_refusal(self, bot_id: str, *, tenant: str, actor: str, detail: str) -> None:
+        """Audit ("refused", in `tenant`'s log) `actor`'s refused change of `bot_id` (`detail`)."""
+        self._backend.accounts.record_refusal(at=utc_now(), actor=normalize_actor(actor),
+                                              tenant=validate_tenant(tenant),
+                                              bot_id=validate_bot_id(bot_id), detail=detail)
 
     def audit(self, *, tenant: str | None = None, since: str | None = None,
               limit: int = 1000) -> list[AuditRecord]:

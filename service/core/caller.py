@@ -12,6 +12,9 @@ its own rule with `@rule`, which records it on the member and enforces it at eac
   resolved (`head`, `heads_for`: readiness and ownership were checked then). TENANT: the
   tenant named by `tenant`, if any, must be the caller's (a key's caller); refused: Forbidden.
   The operator (and anyone with --auth none) sees every tenant: for it only HEADS applies.
+  A MANAGE member that owns BOT audits a key's caller refused with UnknownBot (action
+  "refused", in the caller's tenant, naming the id asked for and the change): an unknown bot
+  and another tenant's are refused, and recorded, alike, so the operator sees probing.
 - `ready`: the member resolves heads for scoring: the bots it names go to the request's access
   line, then readiness is checked (NotReady, 503), before ownership: a request's one readiness
   check.
@@ -25,11 +28,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from accounts.errors import BotOwnedElsewhere
 from accounts.tenants import DEFAULT_TENANT, ApiKey, AuditRecord, TenantInfo, TenantLimits
 from heads import Head, UnknownBot
 from service.core import logs
@@ -58,6 +63,11 @@ from store import BotInfo, HeadStore
 BOT, BOTS, HEADS, TENANT = "bot", "bots", "heads", "tenant"
 OWNS = {BOT: "bot_id", BOTS: "bot_ids", HEADS: "heads", TENANT: "tenant"}
 RULE_ATTRIBUTE = "__caller_rule__"
+# The change a refused member asked for, as the "refused" audit record's detail names it.
+REFUSED_CHANGES = {"remove": "remove", "rollback": "rollback", "promote": "candidate_promote",
+                   "discard": "candidate_discard"}
+
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,7 +108,23 @@ def rule(access: str, *, owns: str | None = None, ready: bool = False,
 
     def decorate(fn: F) -> F:
         named = _argument(fn, OWNS[owns]) if owns is not None else _nothing
-        if inspect.iscoroutinefunction(fn):
+        audited = access == MANAGE and owns == BOT
+        if audited and not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"{fn.__name__}: a MANAGE member that owns BOT is async (its "
+                            f"refusals are audited off the event loop)")
+        if audited:
+            @functools.wraps(fn)
+            async def member(self: Caller, *args: Any, **kwargs: Any) -> Any:
+                bot_id = named(args, kwargs)
+                try:
+                    self._enter(fn.__name__, spec, bot_id)
+                    return await fn(self, *args, **kwargs)
+                except UnknownBot:
+                    await self._core.threads.blocking(
+                        self._record_refusal, bot_id,
+                        f"{REFUSED_CHANGES.get(fn.__name__, fn.__name__)}: unknown bot")
+                    raise
+        elif inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def member(self: Caller, *args: Any, **kwargs: Any) -> Any:
                 self._enter(fn.__name__, spec, named(args, kwargs))
@@ -239,6 +265,19 @@ class Caller:
             for bot_id in bot_ids:
                 if owner(bot_id) != tenant:
                     raise UnknownBot(bot_id)
+
+    def _record_refusal(self, bot_id: str, detail: str) -> None:
+        """Audits a key's caller refused a change of `bot_id` (`HeadStore.record_refusal`),
+        best effort: the refusal is answered even if the store cannot record it. Blocking."""
+        tenant = self._principal.tenant
+        if tenant is None:
+            return  # the operator sees every bot: nothing to probe
+        try:
+            self._core.store.record_refusal(bot_id, tenant=tenant, actor=self._principal.actor,
+                                            detail=detail)
+        except Exception as exc:  # noqa: BLE001 - the answer must not depend on the audit
+            log.warning("could not audit the refusal of %r to %s: %s", bot_id,
+                        self._principal.actor, exc)
 
     # -- who calls ---------------------------------------------------------------------------------
 
@@ -399,10 +438,27 @@ class Caller:
         """Registers a head checkpoint as the bot's new active version (`options` as
         `HeadStore.register_checkpoint` takes them), in `tenant`: a key's own; for the operator
         the one asked for, else the bot's own if it exists, else `default`. Blocking (it reads
-        the checkpoint): call it in a worker thread (`run_blocking`)."""
-        return self._core.bots.register_checkpoint(
-            bot_id, prefix, labels_path, tenant=self._tenant_for(bot_id, tenant),
-            actor=self._principal.actor, **options)
+        the checkpoint): call it in a worker thread (`run_blocking`).
+
+        A key's candidate (`options["candidate"]`) for a bot of another tenant is refused as
+        for an unknown bot (UnknownBot, before the checkpoint is read), a new bot whose id
+        another tenant owns with BotOwnedElsewhere (ids are one namespace: its answer names no
+        tenant); both are audited ("refused")."""
+        own = self._principal.tenant
+        change = "candidate_add" if options.get("candidate") is not None else "register"
+        try:
+            if own is not None and change == "candidate_add" \
+                    and self._core.store.owner(bot_id) != own:
+                raise UnknownBot(bot_id)
+            return self._core.bots.register_checkpoint(
+                bot_id, prefix, labels_path, tenant=self._tenant_for(bot_id, tenant),
+                actor=self._principal.actor, **options)
+        except UnknownBot:
+            self._record_refusal(bot_id, f"{change}: unknown bot")
+            raise
+        except BotOwnedElsewhere:
+            self._record_refusal(bot_id, f"{change}: bot id taken")
+            raise
 
     def _tenant_for(self, bot_id: str, asked: str | None) -> str:
         if self._principal.tenant is not None:

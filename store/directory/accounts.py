@@ -71,6 +71,12 @@ class DirectoryAccounts(Accounts):
         with self._registry.write() as tx:
             tx.rows.mark_used(used)
 
+    def record_refusal(self, *, at: str, actor: str, tenant: str, bot_id: str,
+                       detail: str) -> None:
+        with self._registry.write() as tx:
+            tx.rows.record(at=at, actor=actor, action="refused", tenant=tenant, bot_id=bot_id,
+                           detail=detail)
+
     def audit(self, *, tenant: str | None, since: str | None, limit: int) -> list[AuditRecord]:
         with self._registry.reading() as rows:
             return rows.audit(tenant=tenant, since=since, limit=limit) if rows is not None \

@@ -60,6 +60,18 @@ class PgAccounts(Accounts):
 
         self._db.pool.run(work, read=False)
 
+    def record_refusal(self, *, at: str, actor: str, tenant: str, bot_id: str,
+                       detail: str) -> None:
+        # Not a change other processes need to see: no writer lock, no change_seq, no NOTIFY
+        # (but the schema first: an older store's check on audit.action lacks "refused").
+        def work(conn):
+            self._db.ensure_schema(conn)
+            with conn.transaction():
+                rows(conn).record(at=at, actor=actor, action="refused", tenant=tenant,
+                                  bot_id=bot_id, detail=detail)
+
+        self._db.pool.run(work, read=False)
+
     def audit(self, *, tenant: str | None, since: str | None, limit: int) -> list[AuditRecord]:
         return self._db.read_rows(
             lambda found: found.audit(tenant=tenant, since=since, limit=limit))

@@ -197,3 +197,15 @@ def test_another_process_sees_a_candidate_its_promotion_and_its_discard(location
         wait_until(lambda: not reader.has_candidate("acme"), SEEN_WITHIN_S, what="the discard")
         assert version_of(reader, "acme") == 2
         assert "acme#candidate" not in reader._cache.resident_bot_ids()
+
+
+def test_a_refused_change_is_audited_in_the_asking_tenant(any_store):
+    """`record_refusal`: a "refused" record in the asking tenant's log, naming the id asked
+    for (issue 34: probing another tenant's ids shows in the audit log)."""
+    s = any_store
+    s.add_tenant("acme")
+    s.record_refusal("globex-bot", tenant="acme", actor="key:abc", detail="remove: unknown bot")
+    (record,) = [r for r in s.audit(tenant="acme") if r.action == "refused"]
+    assert (record.actor, record.tenant, record.bot_id, record.detail) == \
+        ("key:abc", "acme", "globex-bot", "remove: unknown bot")
+    assert s.list() == []  # nothing else written

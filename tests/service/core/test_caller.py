@@ -27,7 +27,7 @@ import pytest
 
 from heads import UnknownBot
 from service.core import caller as caller_module
-from service.core.auth import PUBLIC
+from service.core.auth import MANAGE, PUBLIC
 from service.core.caller import BOT, BOTS, HEADS, RULES, TENANT, Caller, rule, surface
 from service.core.engine import Images
 from service.core.errors import Forbidden, NotReady, error_body, error_status
@@ -235,7 +235,9 @@ async def test_each_member_refuses_exactly_whom_its_access_rule_refuses(world, p
         if refused != (not auth.allows(spec.access, caller.principal)):
             wrong[name] = (spec.access, repr(exc))
     assert wrong == {}
-    assert world.store.audit() == audit  # nothing changed
+    # Nothing changed; what a key was refused for an unknown bot is audited ("refused").
+    changes = [r for r in world.store.audit() if r.action != "refused"]
+    assert changes == audit
     assert world.store.info(OWN_BOT).version == 2
     assert [t.name for t in world.store.tenants()] == [OWN, "default", OTHER]
 
@@ -266,7 +268,20 @@ async def test_a_key_naming_another_tenant_s_bot_finds_an_unknown_bot(world, nam
     unknown = UnknownBot(OTHER_BOT)
     assert (str(exc), error_status(exc), error_body(exc)) == (
         str(unknown), error_status(unknown), error_body(unknown))
-    assert (world.store.info(OTHER_BOT), world.store.audit()) == before  # nothing changed
+    # Nothing changed; a refused change (a MANAGE member) is audited as for an unknown bot.
+    after = world.store.audit()
+    assert world.store.info(OTHER_BOT) == before[0] and after[:len(before[1])] == before[1]
+    refused = [(r.action, r.tenant, r.bot_id) for r in after[len(before[1]):]]
+    writes = RULES[name].access == MANAGE
+    assert refused == ([("refused", OWN, OTHER_BOT)] if writes else [])
+    unknown_id = "nobody-" + OTHER_BOT[len("nobody-"):]
+    assert len(unknown_id) == len(OTHER_BOT)
+    exc = await outcome(lambda: OWNED_CALLS[name](caller, unknown_id))
+    assert isinstance(exc, UnknownBot) and error_body(exc) == {
+        k: v.replace(OTHER_BOT, unknown_id) for k, v in error_body(unknown).items()}
+    again = world.store.audit()[len(after):]
+    assert [(r.action, r.tenant, r.bot_id, r.detail) for r in again] == [
+        (r.action, r.tenant, unknown_id, r.detail) for r in after[len(before[1]):]]
     # The own bot passes the same check (the member then answers, or refuses for its own
     # reason: never as an unknown bot).
     exc = await outcome(lambda: OWNED_CALLS[name](caller, OWN_BOT))
