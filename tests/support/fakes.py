@@ -204,6 +204,8 @@ class FakeService:
         self._head(bot_id)
         return self.store.discard(bot_id)
 
+    metrics_scope = None  # the operator's view: everything (as `Caller.metrics_scope`)
+
     def render_metrics(self) -> tuple[bytes, str]:
         stats = self.store.cache_stats()
         self.metrics.set_resident_heads(stats["resident_heads"], stats["resident_bytes"])

@@ -190,6 +190,7 @@ CALLS = {
     "status": lambda w, c: c.status,
     "readiness": lambda w, c: c.readiness,
     "readiness_report": lambda w, c: c.readiness_report(),
+    "metrics_scope": lambda w, c: c.metrics_scope,
     "render_metrics": lambda w, c: c.render_metrics(),
     "run_blocking": lambda w, c: c.run_blocking(int),
     "top_k_default": lambda w, c: c.top_k_default,
