@@ -80,6 +80,11 @@ class QueueShareExceeded(Overloaded):
     (429 + Retry-After). The server as a whole may still have room: other tenants are served."""
 
 
+class RequestTimeout(ServiceError):
+    """The client sent its request too slowly: its body arrived below the minimum rate (408;
+    the transport closes the connection)."""
+
+
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its rows reached the trunk."""
 
@@ -130,6 +135,8 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     f"{__name__}.ReplicaLost": (503, "replica_lost", "UNAVAILABLE"),
     f"{__name__}.NotReady": (503, "not_ready", "UNAVAILABLE"),
     f"{__name__}.HeadUnavailable": (500, "head_unavailable", "INTERNAL"),
+    # A client too slow to send its request: the connection is closed after the answer.
+    f"{__name__}.RequestTimeout": (408, "request_timeout", "DEADLINE_EXCEEDED"),
     f"{__name__}.DeadlineExceeded": (504, "deadline_exceeded", "DEADLINE_EXCEEDED"),
     f"{__name__}.BatchError": (500, "internal", "INTERNAL"),
     # backbone (ImageTooLarge subclasses InvalidImage; the MRO walk finds it first)
