@@ -85,6 +85,11 @@ class RequestTimeout(ServiceError):
     the transport closes the connection)."""
 
 
+class SocketShareExceeded(Overloaded):
+    """A tenant's open WebSockets would pass its weighted share of `max_websockets`, or its
+    socket was closed to make room for a tenant within its share (429 + Retry-After)."""
+
+
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its rows reached the trunk."""
 
@@ -131,6 +136,7 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     # One tenant over its own quota or queue share: the client's doing (429), not the server's.
     f"{__name__}.RateLimited": (429, "rate_limited", "RESOURCE_EXHAUSTED"),
     f"{__name__}.QueueShareExceeded": (429, "queue_share", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.SocketShareExceeded": (429, "socket_share", "RESOURCE_EXHAUSTED"),
     f"{__name__}.ShuttingDown": (503, "shutting_down", "UNAVAILABLE"),
     f"{__name__}.ReplicaLost": (503, "replica_lost", "UNAVAILABLE"),
     f"{__name__}.NotReady": (503, "not_ready", "UNAVAILABLE"),

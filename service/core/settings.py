@@ -212,6 +212,12 @@ class Settings:
     body_grace_s: float = setting(
         5.0, "how long a body may arrive at any pace before `body_min_rate_bytes_s` applies",
         at_least=0)
+    max_websockets: int = setting(
+        32,
+        "most WebSockets open at once in this process; a tenant opens at most its weighted "
+        "share of them among the tenants with sockets open (429 socket_share beyond it), and "
+        "one within its share closes the newest socket of a tenant over its share when all "
+        "are taken", at_least=1)
     max_image_pixels: int = setting(
         40_000_000, "largest decoded image, in pixels (413 beyond; decompression-bomb guard)",
         at_least=1)
