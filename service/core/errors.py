@@ -80,6 +80,16 @@ class QueueShareExceeded(Overloaded):
     (429 + Retry-After). The server as a whole may still have room: other tenants are served."""
 
 
+class RequestTimeout(ServiceError):
+    """The client sent its request too slowly: its body arrived below the minimum rate (408;
+    the transport closes the connection)."""
+
+
+class SocketShareExceeded(Overloaded):
+    """A tenant's open WebSockets would pass its weighted share of `max_websockets`, or its
+    socket was closed to make room for a tenant within its share (429 + Retry-After)."""
+
+
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its rows reached the trunk."""
 
@@ -126,10 +136,13 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     # One tenant over its own quota or queue share: the client's doing (429), not the server's.
     f"{__name__}.RateLimited": (429, "rate_limited", "RESOURCE_EXHAUSTED"),
     f"{__name__}.QueueShareExceeded": (429, "queue_share", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.SocketShareExceeded": (429, "socket_share", "RESOURCE_EXHAUSTED"),
     f"{__name__}.ShuttingDown": (503, "shutting_down", "UNAVAILABLE"),
     f"{__name__}.ReplicaLost": (503, "replica_lost", "UNAVAILABLE"),
     f"{__name__}.NotReady": (503, "not_ready", "UNAVAILABLE"),
     f"{__name__}.HeadUnavailable": (500, "head_unavailable", "INTERNAL"),
+    # A client too slow to send its request: the connection is closed after the answer.
+    f"{__name__}.RequestTimeout": (408, "request_timeout", "DEADLINE_EXCEEDED"),
     f"{__name__}.DeadlineExceeded": (504, "deadline_exceeded", "DEADLINE_EXCEEDED"),
     f"{__name__}.BatchError": (500, "internal", "INTERNAL"),
     # backbone (ImageTooLarge subclasses InvalidImage; the MRO walk finds it first)

@@ -27,6 +27,7 @@ from service.core.inference import Inference
 from service.core.lifecycle import Lifecycle, Readiness
 from service.core.metrics import Metrics
 from service.core.settings import Settings
+from service.core.sockets import SocketShares
 from service.core.tenancy import Tenancy
 from service.core.threads import Threads
 from service.core.tracing import Tracing
@@ -87,6 +88,7 @@ class Service:
         # The comparison of each bot's candidate with its live version, in this process.
         candidate_stats = CandidateStats()
         self.tenancy = Tenancy(settings, self.store, threads)
+        self.sockets = SocketShares(settings.max_websockets, self.tenancy.weight)
         self.bots = Bots(self.store, pinned, threads, candidate_stats)
 
         def engine_for(trunk) -> Engine:

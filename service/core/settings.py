@@ -198,6 +198,26 @@ class Settings:
         "largest WebSocket message (one image), in bytes; each open socket holds this much "
         "of the in-flight budget",
         at_least=1)
+    # -- connection limits (issue 34, item 5) --
+    header_timeout_s: float = setting(
+        10.0,
+        "longest an HTTP request's line and headers may take to arrive, from the connection's "
+        "first byte (or the end of its previous request): 408 request_timeout and the "
+        "connection closed beyond it; 0 turns it off", at_least=0)
+    body_min_rate_bytes_s: int = setting(
+        16 * 1024,
+        "slowest an HTTP request body may arrive, in bytes/s on average after "
+        "`body_grace_s`: a slower body is answered 408 request_timeout and its connection "
+        "closed; 0 turns it off", at_least=0)
+    body_grace_s: float = setting(
+        5.0, "how long a body may arrive at any pace before `body_min_rate_bytes_s` applies",
+        at_least=0)
+    max_websockets: int = setting(
+        32,
+        "most WebSockets open at once in this process; a tenant opens at most its weighted "
+        "share of them among the tenants with sockets open (429 socket_share beyond it), and "
+        "one within its share closes the newest socket of a tenant over its share when all "
+        "are taken", at_least=1)
     max_image_pixels: int = setting(
         40_000_000, "largest decoded image, in pixels (413 beyond; decompression-bomb guard)",
         at_least=1)

@@ -20,13 +20,15 @@ metrics); what it adapts is here, so that every transport reads the same request
 """
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 
 from service.codecs.base import Endpoint, Reply, Request, json_reply
 from service.codecs.pipeline import UNMATCHED
 from service.core import admission
 from service.core.admission import Reservation
-from service.core.errors import BadRequest
+from service.core.errors import BadRequest, RequestTimeout
 
 BodyReader = Callable[[], Awaitable["bytes | bytearray"]]
 
@@ -77,6 +79,33 @@ async def chunks(stream: AsyncIterable[bytes],
                 yield chunk
     except cut_short:
         raise BadRequest("the request body was cut short") from None
+
+
+async def paced(body: AsyncIterator[bytes], min_rate_bytes_s: float,
+                grace_s: float) -> AsyncIterator[bytes]:
+    """`body`'s chunks, as long as they keep a minimum average rate: after `grace_s` from the
+    first read, the bytes received must stay at least `min_rate_bytes_s` per second since then
+    (a chunk waited for longer than that allows is RequestTimeout: 408). So a body of n bytes
+    takes at most `grace_s + n / min_rate_bytes_s` seconds; 0 turns the check off."""
+    if min_rate_bytes_s <= 0:
+        async for chunk in body:
+            yield chunk
+        return
+    start, received = time.monotonic(), 0
+    while True:
+        wait_s = start + grace_s + received / min_rate_bytes_s - time.monotonic()
+        try:
+            async with asyncio.timeout(max(wait_s, 0.0)):
+                chunk = await anext(body)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise RequestTimeout(
+                f"request body too slow: {received} bytes in "
+                f"{time.monotonic() - start:.0f} s, under {min_rate_bytes_s:.0f} bytes/s "
+                f"after {grace_s:g} s") from None
+        received += len(chunk)
+        yield chunk
 
 
 class IncomingBody:

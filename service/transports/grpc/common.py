@@ -42,9 +42,10 @@ trailing metadata):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -94,6 +95,16 @@ _rpc_method: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "multihead_rpc_method", default=None)
 
 
+@contextlib.contextmanager
+def rpc_method(method: str) -> Iterator[None]:
+    """Tells `Rpcs.run` within it that it runs the RPC `method` (/package.Service/Method)."""
+    token = _rpc_method.set(method)
+    try:
+        yield
+    finally:
+        _rpc_method.reset(token)
+
+
 class MethodNames(grpc.aio.ServerInterceptor):
     """A server interceptor that tells `Rpcs.run` the full name of the RPC it runs."""
 
@@ -104,11 +115,8 @@ class MethodNames(grpc.aio.ServerInterceptor):
         inner, method = handler.unary_unary, handler_call_details.method
 
         async def unary_unary(request, context):
-            token = _rpc_method.set(method)
-            try:
+            with rpc_method(method):
                 return await inner(request, context)
-            finally:
-                _rpc_method.reset(token)
 
         return handler._replace(unary_unary=unary_unary)
 
@@ -203,7 +211,7 @@ class Rpcs:
             return False
         return True
 
-    async def run(self, name: str, message: Message, context: grpc.aio.ServicerContext,
+    async def run(self, name: str, message: Message | None, context: grpc.aio.ServicerContext,
                   handle: Callable[[Caller], Awaitable[M]]) -> M:
         """`handle(caller)` through the request pipeline: auth, admission (the drain, the
         message's bytes, the client's deadline), the error table and metrics; `caller` is the
@@ -213,6 +221,7 @@ class Rpcs:
             name: what metrics and logs call the call: the name of the REST endpoint it
                 corresponds to (`oip_infer`, ...; see `Endpoint.name`); its access rule is
                 that endpoint's.
+            message: the request message; None when it was not read (`gate.Credentials`).
         """
         method = _rpc_method.get() or f"/{name}"
         incoming = Incoming("grpc", "GRPC", name, method, metadata(context), method.lstrip("/"),
@@ -221,7 +230,7 @@ class Rpcs:
         def admit(held: Reservation) -> None:
             if self.draining:
                 raise ShuttingDown("the server is shutting down and accepts no new calls")
-            held.take(message.ByteSize())
+            held.take(message.ByteSize() if message is not None else 0)
             budget = client_budget_s(context)
             if budget is not None and budget <= 0:
                 raise DeadlineExceeded("the call's deadline passed before it started")

@@ -19,8 +19,13 @@ meanwhile is answered once it has started (a second or two after TensorFlow is i
 the HTTP side has; then the server stops (calls still running are cancelled, their rows
 withdrawn). `close()` waits for that, before the `Service` drains its engine.
 
-Message size: `max_body_bytes` is the largest request message (beyond it gRPC answers
-RESOURCE_EXHAUSTED before any handler runs). The generated code comes from the packages of the
+Credentials before the message: `gate.Credentials` (the first server interceptor) refuses a
+call that needs a credential and has none accepted with UNAUTHENTICATED before its message is
+read. Message size: `max_body_bytes` is the largest request message (beyond it gRPC answers
+RESOURCE_EXHAUSTED before any handler runs): what ModelInfer and Predict need for
+`max_images_per_request` images within the REST body limit; grpc has one receive limit per
+server, not per method, and the other RPCs' small messages are read only once the credential
+check has let them through. The generated code comes from the packages of the
 `grpc` extra (`tritonclient`, `tensorflow-serving-api`).
 """
 from __future__ import annotations
@@ -37,6 +42,7 @@ import grpc
 from backbone.tfimport import import_tensorflow
 from service.core.errors import ServiceError
 from service.transports.grpc.common import MethodNames, Rpcs
+from service.transports.grpc.gate import Credentials
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.service import Service
@@ -55,12 +61,18 @@ def listen_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def _registrations() -> list[Callable[[grpc.aio.Server, Rpcs], list[str]]]:
-    """The services' `register` functions (imports their generated modules: blocking)."""
+def _registrations() -> tuple[list[Callable[[grpc.aio.Server, Rpcs], list[str]]],
+                              dict[str, str]]:
+    """The services' `register` functions, and their RPCs' REST twins by RPC name (imports
+    their generated modules: blocking)."""
     from service.transports.grpc import kserve as grpc_kserve
     from service.transports.grpc import tfserving as grpc_tfserving
 
-    return [grpc_kserve.register, grpc_tfserving.register]
+    return ([grpc_kserve.register, grpc_tfserving.register],
+            {**grpc_kserve.ENDPOINT_NAMES, **grpc_tfserving.ENDPOINT_NAMES,
+             # answered as their REST verbs are, under Predict's endpoint (`tfserving`)
+             "Classify": grpc_tfserving.ENDPOINT_NAMES["Predict"],
+             "Regress": grpc_tfserving.ENDPOINT_NAMES["Predict"]})
 
 
 class GrpcServer:
@@ -78,6 +90,8 @@ class GrpcServer:
         self._server: grpc.aio.Server | None = None
         self._address = ""
         self._rpcs = Rpcs(service)
+        self._names: dict[str, str] = {}  # RPC -> its REST twin's endpoint name (`Credentials`)
+        self.credentials: Credentials | None = None
         self._start_task: asyncio.Task | None = None
         self._stop_task: asyncio.Task | None = None
 
@@ -93,7 +107,9 @@ class GrpcServer:
         if missing:
             await self._fail(f"--grpc-port needs the grpc extra ({', '.join(missing)} not "
                              f"installed): {EXTRA_HINT}")
-        self._server = grpc.aio.server(interceptors=[MethodNames()], options=[
+        # The credentials first: a call refused there never has its message read.
+        self.credentials = Credentials(self._rpcs, self._names)
+        self._server = grpc.aio.server(interceptors=[self.credentials, MethodNames()], options=[
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             # Without it a second server could bind the same port on Linux, silently.
             ("grpc.so_reuseport", 0),
@@ -125,7 +141,8 @@ class GrpcServer:
         # NOTE: the TF Serving messages import TensorFlow; the trunk's quiet import goes first
         # (it is usually under way already, and this waits for it through its lock).
         await loop.run_in_executor(None, import_tensorflow, self.service.settings.device)
-        registrations = await loop.run_in_executor(None, _registrations)
+        registrations, names = await loop.run_in_executor(None, _registrations)
+        self._names.update(names)
         assert self._server is not None
         for register in registrations:
             self.services += register(self._server, self._rpcs)

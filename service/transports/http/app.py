@@ -16,6 +16,9 @@ server of the app must be made with; unless the settings' `cancel_on_disconnect`
 request's rows still queued for the trunk are withdrawn, its in-flight bytes given back, and
 metrics count it with status 499 (`CLIENT_CLOSED`, as gRPC does); a WebSocket whose connection
 closes while its image waits likewise (a close frame alone is read once the image is answered).
+A client too slow to send its request is answered 408 `request_timeout` and its connection
+closed: its head within `header_timeout_s` (`timeouts`), its body at `body_min_rate_bytes_s`
+after `body_grace_s` (`common.exchange.paced`).
 The listeners given to `create_app` (the gRPC server, when the command that serves has a
 `grpc_port`) run over the same `Service` and start and stop with it: they stop accepting when
 HTTP does, and drain within the same timeout.
@@ -44,9 +47,11 @@ from service.transports.common.exchange import (
     build_request,
     chunks,
     no_route,
+    paced,
 )
 from service.transports.common.lifecycle import ListenerFactory
 from service.transports.http import ws
+from service.transports.http.timeouts import HEADER_TIMEOUT, REQUEST_TIMEOUT
 from store import HeadStore
 
 log = logging.getLogger(__name__)
@@ -98,6 +103,8 @@ class HttpOutcome:
 
     async def done(self, answer: web.StreamResponse, req: RequestLog,
                    timing: str | None) -> web.StreamResponse:
+        if answer.status == REQUEST_TIMEOUT:  # a body too slow: the rest is not waited for
+            answer.force_close()
         if not answer.prepared:  # a socket has sent its headers
             answer.headers[REQUEST_ID_HEADER] = req.request_id
             if timing is not None:
@@ -135,8 +142,10 @@ def _handler(endpoint: Endpoint):
         # NOTE: the body is read only when the codec asks; aiohttp stops at the declared
         # length, so a longer body is never read here. Its bytes are held until the answer is
         # built.
-        body = IncomingBody(chunks(request.content.iter_any(), ConnectionError),
-                            request.headers, service.settings.max_body_bytes)
+        settings = service.settings
+        body = IncomingBody(paced(chunks(request.content.iter_any(), ConnectionError),
+                                  settings.body_min_rate_bytes_s, settings.body_grace_s),
+                            request.headers, settings.max_body_bytes)
 
         async def call(caller, held: Reservation) -> web.StreamResponse:
             return to_response(await endpoint.handle(caller, build_request(
@@ -252,6 +261,7 @@ def create_app(settings: Settings, *, trunk=None, store: HeadStore | None = None
     the settings and the OTEL_* variables decide (`service.core.tracing`)."""
     app = web.Application(middlewares=[transport_middleware],
                           client_max_size=settings.max_body_bytes)
+    app[HEADER_TIMEOUT] = settings.header_timeout_s  # `timeouts`: 408 for a slow head
     app[SERVICE] = Service(settings, trunk=trunk, store=store, tracer_provider=tracer_provider)
     app[LISTENERS] = [factory(app[SERVICE]) for factory in listeners]
     app.on_shutdown.append(_stop_accepting)

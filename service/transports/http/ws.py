@@ -5,7 +5,9 @@ The upgrade request has been through the request pipeline up to its handler (req
 caller, admission: the socket's largest message held in the in-flight budget for its whole
 life); the stream is opened (its checks answer JSON errors before the upgrade), the upgrade
 answers 101 with the socket's `X-Request-Id`, and `stream.relay` answers each message in order
-(`stream.answer_message`: a request scope per message). A message over `max_ws_message_bytes`
+(`stream.answer_message`: a request scope per message). A tenant opens at most its share of
+`max_websockets` (`service.core.sockets`: 429 `socket_share` before the upgrade; a socket
+pushed out for a tenant within its share is closed with 1013). A message over `max_ws_message_bytes`
 or a protocol error closes the socket with its close code (aiohttp's: 1009, 1002, ...). A
 socket whose connection closes while a message waits for the trunk is cancelled by aiohttp
 (`app.server_options`), which withdraws the message's rows; a close frame alone is read once
@@ -25,6 +27,7 @@ from aiohttp import web
 
 from service.codecs import stream
 from service.codecs.base import Endpoint, Request
+from service.core import sockets
 from service.core.connections import CLOSE_POLICY, CLOSE_REASON
 from service.core.logs import REQUEST_ID_HEADER, current
 
@@ -54,8 +57,27 @@ async def serve(service: Service, endpoint: Endpoint, caller: Caller, request: w
         path=request.rel_url.raw_path, template=request.match_info.route.resource.canonical,
         remote=request.remote)
     ws.headers[REQUEST_ID_HEADER] = socket.id
-    await ws.prepare(request)
     connections, principal = service.connections, caller.principal
+    tenant = principal.tenant or ""
+
+    async def push_out() -> None:  # made room for a tenant within its share: 1013
+        # NOTE: a socket pushed out between its admission and its upgrade (a few ms) is not
+        # closed: it lives on uncounted, one over the total at most per such race.
+        if ws.prepared:
+            await ws.close(code=sockets.CLOSE_TRY_LATER, message=sockets.CLOSE_REASON.encode())
+
+    pushed = service.sockets.admit(tenant, ws, push_out)  # 429 socket_share before the upgrade
+    try:
+        if pushed is not None:
+            await pushed()
+        await ws.prepare(request)
+        return await _relay(service, socket, session, ws, connections, principal)
+    finally:
+        service.sockets.release(tenant, ws)
+
+
+async def _relay(service: Service, socket: stream.Socket, session: stream.Session,
+                 ws: web.WebSocketResponse, connections, principal) -> web.WebSocketResponse:
 
     async def close() -> None:  # its key was revoked: 1008 with the JSON reason
         await ws.close(code=CLOSE_POLICY, message=CLOSE_REASON.encode())
