@@ -39,7 +39,6 @@ from service.core.errors import (
     BadRequest,
     Overloaded,
     PayloadTooLarge,
-    QueueShareExceeded,
     ShuttingDown,
     error_status,
 )
@@ -472,8 +471,12 @@ class Engine:
           queued on that booking without another check. While rows are booked the batcher
           knows more are coming and waits for them (up to max_wait_ms); the booking is
           released when the rows are queued or will not be.
-        The tokens are given back if the request fails before its rows are queued, or is
-        pushed out of the queue (nothing of it ran).
+        The tokens are given back if the request is refused before any decoding. Once
+        decoding started, a decoded image stays charged whatever happens to the request
+        (a bad image after it, a deadline, a push out of the queue): decoding is the work
+        the tokens pay for, with the trunk's. When an image fails to decode, the decodes of
+        the request not started yet are cancelled (they never run) and their tokens given
+        back; those already running finish, charged.
         """
         if self.batcher.closing:  # refused before any work, even a digest
             raise ShuttingDown("the service is shutting down and accepts no new requests")
@@ -499,14 +502,22 @@ class Engine:
             with trace.span(self.tracing, trace.ADMISSION,
                             {trace.TENANT: tenant, trace.IMAGES: len(misses)}):
                 booking = self._admit(tenant, len(misses), len(inputs))
-            queued = False
+            # Tokens to give back if the request fails: all of them until decoding starts,
+            # then those of the images never decoded; a decoded image stays charged.
+            due = len(misses)
             try:
                 with booking:
                     with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
-                        images = await asyncio.gather(*(
-                            loop.run_in_executor(decode_pool or self.decode_pool, decode,
-                                                 inputs[i])
-                            for i in misses))
+                        futures = [(decode_pool or self.decode_pool).submit(decode, inputs[i])
+                                   for i in misses]
+                        due = 0
+                        try:
+                            images = await asyncio.gather(*map(asyncio.wrap_future, futures))
+                        except BaseException:
+                            # One failed (or the request went away): the decodes not started
+                            # yet never run, and are not charged.
+                            due = sum(1 for f in futures if f.cancel())
+                            raise
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None
                                  else None)
@@ -515,14 +526,11 @@ class Engine:
                              for i, (_, key, cached) in enumerate(looked)]
                     self._observe_bots(heads, len(items))
                     costs = [0.0 if item.features is not None else 1.0 for item in items]
-                    queued = True
                     results = await self.batcher.submit_many(
                         items, group=group, deadline=deadline, booking=booking, tenant=tenant,
                         costs=costs)
             except BaseException as exc:
-                # Refused, failed before queueing, or pushed out of the queue: nothing ran.
-                if not queued or isinstance(exc, QueueShareExceeded):
-                    self.quotas.refund(tenant, len(misses))
+                self.quotas.refund(tenant, due)
                 if isinstance(exc, Overloaded):
                     self.metrics.observe_refusal(tenant, error_status(exc)[1])
                 raise
@@ -534,7 +542,7 @@ class Engine:
     def _admit(self, tenant: str, misses: int, rows: int) -> Booking:
         """A request's admission: the tenant's quota takes one token per cache miss, then the
         queue room of its rows is booked (`Batcher.book`). A refusal is counted; when the
-        queue refuses, the tokens are given back."""
+        queue refuses, the tokens are given back (nothing was decoded)."""
         try:
             self.quotas.take(tenant, misses)
         except Overloaded as exc:

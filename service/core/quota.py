@@ -10,8 +10,9 @@ accepted.
 
 What costs a token: a trunk image. The engine takes a request's cache misses once its images
 are digested, before any is decoded (a feature-cache hit costs nothing; one image scored by
-several bots costs one), and gives them back (`refund`) if the request is refused or fails
-before its images are queued.
+several bots costs one), and gives them back (`refund`) if the request is refused before
+any image is decoded; a decoded image stays charged even when the request then fails (a bad
+image after it: the decodes not started yet are cancelled and given back).
 
     quotas = Quotas(lambda tenant: (rate, burst), clock=time.monotonic)
     quotas.take("acme", 8)        # the request's cache misses, before decoding: or RateLimited
