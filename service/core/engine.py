@@ -22,12 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from accounts import Candidate
 from accounts.tenants import DEFAULT_TENANT
 from backbone import preprocess
+from backbone.errors import ImageTooLarge, InvalidImage
+from backbone.preprocess import decode_cost, peek
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
 from service.core import tracing as trace
@@ -268,6 +271,16 @@ def _observe(observe: ObserveCandidate | None, live: Head, route: Route,
         log.exception("candidate stats of bot %s failed", live.bot_id)
 
 
+class Looked(NamedTuple):
+    """One input after `Engine._look`: its digest, its feature-cache key, the cached features
+    (None: a miss), and what it costs the tenant's quota (`decode_cost`; 0 for a hit)."""
+
+    digest: bytes
+    key: bytes
+    cached: np.ndarray | None
+    cost: float
+
+
 class Engine:
     """Owns the batcher, the feature cache and the preprocessing pool for one trunk.
 
@@ -364,17 +377,29 @@ class Engine:
 
     # -- the event loop ---------------------------------------------------------------------
 
-    def _look(self, data: bytes, tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
-        """Digest and feature-cache lookup of one encoded image for `tenant`: (its digest, its
-        cache key, the cached features or None). Light pool thread."""
+    def _look(self, data: bytes, tenant: str) -> Looked:
+        """Digest and feature-cache lookup of one encoded image for `tenant`, and for a miss
+        its decode cost from its header (`decode_cost`). Light pool thread."""
         digest = hashlib.blake2b(data, digest_size=20).digest()
-        return self._cached(digest, tenant)
+        looked = self._cached(digest, tenant)
+        if looked.cached is not None:
+            return looked
+        return looked._replace(cost=self._decode_cost(data))
 
-    def _cached(self, digest: bytes, tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
+    def _decode_cost(self, data: bytes) -> float:
+        """`decode_cost` of an image's header; 1 when the decode will refuse it at once (no
+        header, over the pixel limit)."""
+        try:
+            header = peek(data)
+        except (InvalidImage, ImageTooLarge):
+            return 1.0
+        return decode_cost(header) if header.pixels <= self.settings.max_image_pixels else 1.0
+
+    def _cached(self, digest: bytes, tenant: str) -> Looked:
         key = cache_key(digest, tenant, self.settings.feature_cache_scope)
         cached = self.cache.get(key)
         self.metrics.observe_cache(hit=cached is not None)
-        return digest, key, cached
+        return Looked(digest, key, cached, 0.0 if cached is not None else 1.0)
 
     def _decode(self, data: bytes) -> np.ndarray:
         """Decode + preprocess of one encoded image (a cache miss). Decode pool thread."""
@@ -384,8 +409,7 @@ class Engine:
             self.metrics.decode_seconds.observe(time.perf_counter() - start)
         return image
 
-    def _look_array(self, image: np.ndarray,
-                    tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
+    def _look_array(self, image: np.ndarray, tenant: str) -> Looked:
         """Range check, digest and cache lookup of one preprocessed image. Light pool thread.
 
         Args:
@@ -463,8 +487,10 @@ class Engine:
         for the misses); raises the first failed row's error.
 
         Admission before work, in order, all before any image is decoded:
-        - the tenant's quota takes one token per cache miss (`Quotas.take`: a hit costs
-          nothing); refused, RateLimited;
+        - the tenant's quota takes each cache miss's decode cost (`Quotas.take`; the cost,
+          read from the image's header by `look`: `backbone.preprocess.decode_cost`, at
+          least 1 token, more for an image larger or deeper than 640 x 480 RGB 8-bit; a
+          preprocessed array costs 1, a hit nothing); refused, RateLimited;
         - the request's one queue-room check: the rows' room is booked in the batcher
           (`Batcher.book`: the queue bound, the tenant's share), so a full queue refuses a
           request (Overloaded, QueueShareExceeded) before any decoding, and the rows are
@@ -483,14 +509,14 @@ class Engine:
         loop = asyncio.get_running_loop()
         looked = await asyncio.gather(*(loop.run_in_executor(self.light_pool, look, x, tenant)
                                         for x in inputs))
-        misses = [i for i, (_, _, cached) in enumerate(looked) if cached is None]
+        misses = [i for i, seen in enumerate(looked) if seen.cached is None]
         group = ",".join(sorted({h.bot_id for h in heads}))
         routes = () if not any(candidates) else tuple(
             None if c is None else route_for(c, h.bot_id, route_key(given_key, looked[0][0]))
             for h, c in zip(heads, candidates))
         if not misses:
-            items = [Item(None, cached, key, heads, top_k, routes=routes)
-                     for _, key, cached in looked]
+            items = [Item(None, seen.cached, seen.key, heads, top_k, routes=routes)
+                     for seen in looked]
             self._observe_bots(heads, len(items))
             # Every image seen before: no quota, no trunk, no queue; the heads' numpy still
             # runs off the event loop (a 1001-class head on 32 rows is milliseconds).
@@ -501,10 +527,11 @@ class Engine:
         else:
             with trace.span(self.tracing, trace.ADMISSION,
                             {trace.TENANT: tenant, trace.IMAGES: len(misses)}):
-                booking = self._admit(tenant, len(misses), len(inputs))
+                cost = [looked[i].cost for i in misses]
+                booking = self._admit(tenant, sum(cost), len(inputs))
             # Tokens to give back if the request fails: all of them until decoding starts,
             # then those of the images never decoded; a decoded image stays charged.
-            due = len(misses)
+            due = sum(cost)
             try:
                 with booking:
                     with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
@@ -516,14 +543,14 @@ class Engine:
                         except BaseException:
                             # One failed (or the request went away): the decodes not started
                             # yet never run, and are not charged.
-                            due = sum(1 for f in futures if f.cancel())
+                            due = sum(c for c, f in zip(cost, futures) if f.cancel())
                             raise
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None
                                  else None)
-                    items = [Item(decoded.get(i), cached, key, heads, top_k, row_trace,
-                                  routes=routes)
-                             for i, (_, key, cached) in enumerate(looked)]
+                    items = [Item(decoded.get(i), seen.cached, seen.key, heads, top_k,
+                                  row_trace, routes=routes)
+                             for i, seen in enumerate(looked)]
                     self._observe_bots(heads, len(items))
                     costs = [0.0 if item.features is not None else 1.0 for item in items]
                     results = await self.batcher.submit_many(
@@ -539,8 +566,8 @@ class Engine:
                 raise result
         return results
 
-    def _admit(self, tenant: str, misses: int, rows: int) -> Booking:
-        """A request's admission: the tenant's quota takes one token per cache miss, then the
+    def _admit(self, tenant: str, misses: float, rows: int) -> Booking:
+        """A request's admission: the tenant's quota takes its misses' decode costs, then the
         queue room of its rows is booked (`Batcher.book`). A refusal is counted; when the
         queue refuses, the tokens are given back (nothing was decoded)."""
         try:

@@ -265,8 +265,9 @@ class Settings:
         above=0, at_most=1000)
     tenant_rate: float | None = setting(
         None,
-        "a tenant's quota in trunk images per second when its own is unset (429 "
-        "rate_limited + Retry-After beyond it; a feature-cache hit costs nothing); unset: "
+        "a tenant's quota in images per second when its own is unset: an image up to "
+        "640x480 RGB 8-bit costs 1, a larger or deeper one its decoded bytes / 640x480x3 "
+        "(429 rate_limited + Retry-After beyond it; a feature-cache hit costs nothing); unset: "
         "no quota. Under --ray each replica enforces rate / replicas (max-replicas when "
         "autoscaling)",
         above=0, at_most=1_000_000)

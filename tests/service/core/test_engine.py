@@ -16,6 +16,7 @@ import types
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import service.core.engine as engine_module
 from backbone.errors import ImageTooLarge, InvalidImage
@@ -27,13 +28,14 @@ from service.core.errors import (
     DeadlineExceeded,
     Overloaded,
     PayloadTooLarge,
+    RateLimited,
     ShuttingDown,
 )
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.rows import Row
 from service.core.settings import Settings
-from tests.backbone.helpers import encode, pattern
+from tests.backbone.helpers import encode, pattern, png_header
 from tests.support.builders import random_head
 from tests.support.fakes import FakeClock, FakeTrunk, GatedTrunk
 from tests.support.polling import until
@@ -727,3 +729,41 @@ async def test_a_request_refused_before_decoding_is_not_charged(make_engine, blo
     blocking_decode.release.set()
     assert len(await asyncio.wait_for(held, WAIT_S)) == 2
     assert quotas.tokens("default") == 100 - 2
+
+
+# -- quota charges: an image costs its decode, read from its header -------------------------------
+
+
+async def test_an_image_is_charged_its_decode_cost_read_from_its_header(make_engine):
+    e = make_engine()
+    quotas = limited(e)
+    a = RecordingHead("a")
+    large = encode(pattern(1, size=(1280, 960)))
+    await asyncio.wait_for(e.classify([large], [a], top_k=1), WAIT_S)
+    assert quotas.tokens("default") == pytest.approx(100 - 4)  # 4 x 640 x 480
+    deep = encode(Image.new("I;16", (640, 480)))
+    await asyncio.wait_for(e.classify([deep, *pngs(2)], [a], top_k=1), WAIT_S)
+    assert quotas.tokens("default") == pytest.approx(100 - 4 - 2 - 2)  # 16 bits: twice
+    await asyncio.wait_for(e.classify([large, deep], [a], top_k=1), WAIT_S)  # cache hits
+    assert quotas.tokens("default") == pytest.approx(100 - 8)
+
+
+async def test_a_huge_deep_png_stays_charged_its_cost_when_it_fails(make_engine):
+    e = make_engine()
+    quotas = limited(e)
+    a = RecordingHead("a")
+    huge = png_header(6000, 6000, 16, 0)  # 36 Mpx of 16-bit gray declared, no pixel data
+    with pytest.raises(InvalidImage):  # a full bucket lets it pass, leaving a debt
+        await asyncio.wait_for(e.classify([huge], [a], top_k=1), WAIT_S)
+    assert quotas.tokens("default") == pytest.approx(100 - 6000 * 6000 * 6 / (640 * 480 * 3))
+    with pytest.raises(RateLimited):
+        await asyncio.wait_for(e.classify(pngs(1), [a], top_k=1), WAIT_S)
+
+
+async def test_an_image_over_the_pixel_limit_costs_one_and_is_refused_as_too_large(make_engine):
+    e = make_engine(max_image_pixels=1000)
+    quotas = limited(e, burst=2)
+    with pytest.raises(ImageTooLarge):
+        await asyncio.wait_for(e.classify([png_header(6000, 6000, 16, 0)], [RecordingHead("a")],
+                                          top_k=1), WAIT_S)
+    assert quotas.tokens("default") == 2 - 1
