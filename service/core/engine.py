@@ -2,12 +2,13 @@
 
 HTTP handlers (native, WebSocket, interop) parse a request, resolve its heads, and call
 `Engine.classify` (encoded images) or `Engine.classify_arrays` (images already preprocessed to
-float32 [N, 299, 299, 3]); the engine decodes in a thread pool, looks features up in the feature
-cache, queues the misses on the cross-bot `Batcher`, and scores every head. It knows nothing of
-aiohttp. Decoding waits while a CPU trunk's batch runs (`service.core.cores`); digests, cache
-lookups and the heads of fully cached requests run in a light pool of their own, never behind
-it. `run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch,
-then each head applied once to the rows that asked for it, and each bot's candidate (shadow or
+float32 [N, 299, 299, 3]); the engine decodes in a thread pool taking the tenants' decodes in
+weighted fair order (`service.core.decoding`), looks features up in the feature cache, queues
+the misses on the cross-bot `Batcher`, and scores every head. It knows nothing of aiohttp.
+Decoding waits while a CPU trunk's batch runs (`service.core.cores`); digests, cache lookups
+and the heads of fully cached requests run in a light pool of their own, never behind it.
+`run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch, then
+each head applied once to the rows that asked for it, and each bot's candidate (shadow or
 canary, `service.core.candidates`) once to the same rows' features.
 """
 from __future__ import annotations
@@ -29,8 +30,6 @@ import numpy as np
 from accounts import Candidate
 from accounts.tenants import DEFAULT_TENANT
 from backbone import preprocess
-from backbone.errors import ImageTooLarge, InvalidImage
-from backbone.preprocess import decode_cost, peek
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
 from service.core import tracing as trace
@@ -38,6 +37,7 @@ from service.core.batcher import Batcher
 from service.core.booking import Booking
 from service.core.candidates import CandidateStats, Comparison, Route, compare, route_for, route_key
 from service.core.cores import Cores
+from service.core.decoding import FairDecodePool, cost_of
 from service.core.errors import (
     BadRequest,
     Overloaded,
@@ -305,8 +305,10 @@ class Engine:
             else CandidateStats()
         self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
         self.cache = FeatureCache(settings.feature_cache_size)
-        self.decode_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=settings.preprocess_threads, thread_name_prefix="multihead-decode")
+        # Decodes taken in the tenants' weighted fair order of decode cost (`decoding`).
+        self.decode_pool = FairDecodePool(settings.preprocess_threads, weight=weight,
+                                          scheduler=settings.scheduler,
+                                          thread_name_prefix="multihead-decode")
         # Digests, cache lookups and the heads of fully cached requests: light work that must
         # not queue behind decodes waiting for the trunk's batch (`Cores`).
         self.light_pool = concurrent.futures.ThreadPoolExecutor(
@@ -384,16 +386,7 @@ class Engine:
         looked = self._cached(digest, tenant)
         if looked.cached is not None:
             return looked
-        return looked._replace(cost=self._decode_cost(data))
-
-    def _decode_cost(self, data: bytes) -> float:
-        """`decode_cost` of an image's header; 1 when the decode will refuse it at once (no
-        header, over the pixel limit)."""
-        try:
-            header = peek(data)
-        except (InvalidImage, ImageTooLarge):
-            return 1.0
-        return decode_cost(header) if header.pixels <= self.settings.max_image_pixels else 1.0
+        return looked._replace(cost=cost_of(data, self.settings.max_image_pixels))
 
     def _cached(self, digest: bytes, tenant: str) -> Looked:
         key = cache_key(digest, tenant, self.settings.feature_cache_scope)
@@ -535,8 +528,10 @@ class Engine:
             try:
                 with booking:
                     with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
-                        futures = [(decode_pool or self.decode_pool).submit(decode, inputs[i])
-                                   for i in misses]
+                        futures = [
+                            decode_pool.submit(decode, inputs[i]) if decode_pool is not None else
+                            self.decode_pool.schedule(tenant, c, decode, inputs[i])
+                            for i, c in zip(misses, cost)]
                         due = 0
                         try:
                             images = await asyncio.gather(*map(asyncio.wrap_future, futures))

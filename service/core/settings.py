@@ -257,8 +257,9 @@ class Settings:
         "fair",
         "fair: when more images wait than a batch holds, take them by the tenants' weighted "
         "counters of trunk images served (VTC), FIFO within a tenant, and keep each tenant "
-        "within its weighted share of max_queue_rows (429 queue_share beyond it); fifo: "
-        "arrival order and one queue bound for all (for comparison)",
+        "within its weighted share of max_queue_rows (429 queue_share beyond it); decodes "
+        "are taken in the same order, by decode cost; fifo: arrival order (decodes too) and "
+        "one queue bound for all (for comparison)",
         choices=SCHEDULERS)
     tenant_weight: float = setting(
         1.0, "a tenant's weight when its own is unset (`multihead tenants set NAME --weight`)",
