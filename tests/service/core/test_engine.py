@@ -767,3 +767,18 @@ async def test_an_image_over_the_pixel_limit_costs_one_and_is_refused_as_too_lar
         await asyncio.wait_for(e.classify([png_header(6000, 6000, 16, 0)], [RecordingHead("a")],
                                           top_k=1), WAIT_S)
     assert quotas.tokens("default") == 2 - 1
+
+
+async def test_decodes_are_taken_in_the_tenants_fair_order_not_first_come(make_engine,
+                                                                         blocking_decode):
+    e = make_engine(preprocess_threads=1)
+    a = RecordingHead("a")
+    acme = spawn(e.classify([b"slow-a0", b"fast-a1", b"fast-a2", b"fast-a3"], [a], top_k=1,
+                            tenant="acme"))
+    await until(lambda: blocking_decode.calls == [b"slow-a0"] and e.decode_pool.queued == 3)
+    globex = spawn(e.classify([b"fast-g0"], [a], top_k=1, tenant="globex"))
+    await until(lambda: e.decode_pool.queued == 4)
+    blocking_decode.release.set()
+    await asyncio.wait_for(asyncio.gather(acme, globex), WAIT_S)
+    # globex's one decode waited for the one running, not for acme's three queued before it.
+    assert blocking_decode.calls == [b"slow-a0", b"fast-g0", b"fast-a1", b"fast-a2", b"fast-a3"]
