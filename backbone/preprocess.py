@@ -31,8 +31,11 @@ Decoding differs from TF only where it is a deliberate choice:
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -107,27 +110,60 @@ def _decode(data: bytes | bytearray, *, max_pixels: int, draft: bool) -> np.ndar
     return _to_rgb(_open(data, max_pixels=max_pixels, draft=draft))
 
 
-def _open(data: bytes | bytearray, *, max_pixels: int, draft: bool) -> Image.Image:
-    """The decoded image, EXIF orientation applied: RGB for 8-bit images, 16-bit and float
-    modes as they are (see `_to_rgb`)."""
-    if not data:
-        raise InvalidImage("empty image")
+class Header(NamedTuple):
+    """What an image's header says, before any pixel is decoded (`peek`)."""
+
+    width: int
+    height: int
+    mode: str  # Pillow's mode of the decoded image ("RGB", "L", "I;16", ...)
+    bits: int  # bits per sample as stored: 8, 16 (16-bit PNG, also as "RGB"), 32 (I, F)
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+# The decode cost of one reference image: 640 x 480 RGB, 8 bits per sample.
+REFERENCE_DECODE_BYTES = 640 * 480 * 3
+
+
+def decode_cost(header: Header) -> float:
+    """The cost of decoding an image, in reference images (`REFERENCE_DECODE_BYTES`): its
+    pixels x 3 samples x bytes per sample / 640 x 480 x 3 bytes, at least 1. A 36-megapixel
+    16-bit PNG costs 36e6 x 6 / 921600 = 234."""
+    return max(1.0, header.pixels * 3 * (header.bits // 8) / REFERENCE_DECODE_BYTES)
+
+
+def _bits(image: Image.Image) -> int:
+    if image.mode in ("I", "F"):
+        return 32
+    if image.mode.startswith("I;16"):
+        return 16
+    # A 16-bit RGB(A) PNG opens as 8-bit RGB; its tile's raw mode tells the stored depth.
+    raw = image.tile[0][3] if image.tile and len(image.tile[0]) > 3 else None
+    return 16 if isinstance(raw, str) and ";16" in raw else 8
+
+
+def peek(data: bytes | bytearray) -> Header:
+    """The image's size, mode and bit depth, read from its header only (no pixel decoded).
+
+    Raises:
+      InvalidImage: empty, or not an image Pillow recognises.
+      ImageTooLarge: a decompression bomb by Pillow's own limit (the pixel limit is not
+        checked here).
+    """
+    with _errors():
+        image = _opened(data)
+        return Header(image.width, image.height, image.mode, _bits(image))
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Pillow's errors as `InvalidImage` / `ImageTooLarge`."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(_file_of(data))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise ImageTooLarge(f"image has {width}x{height} = {width * height} pixels, "
-                                    f"more than the limit of {max_pixels}")
-            if draft and image.format == "JPEG":
-                # Picks the largest DCT scale that keeps both sides >= the requested size.
-                image.draft("RGB", (_DRAFT_SIDE, _DRAFT_SIDE))
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            if image.mode not in _DEEP_MODES and image.mode != "RGB":
-                image = image.convert("RGB")  # L, LA, P, PA, RGBA, CMYK, YCbCr, 1, ...
-            return image
+            yield
     except ImageTooLarge:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -136,6 +172,32 @@ def _open(data: bytes | bytearray, *, max_pixels: int, draft: bool) -> Image.Ima
         raise InvalidImage("not a recognised image format") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise InvalidImage(f"cannot decode image: {exc}") from None
+
+
+def _opened(data: bytes | bytearray) -> Image.Image:
+    """The image opened, its header read (call within `_errors`)."""
+    if not data:
+        raise InvalidImage("empty image")
+    return Image.open(_file_of(data))
+
+
+def _open(data: bytes | bytearray, *, max_pixels: int, draft: bool) -> Image.Image:
+    """The decoded image, EXIF orientation applied: RGB for 8-bit images, 16-bit and float
+    modes as they are (see `_to_rgb`)."""
+    with _errors():
+        image = _opened(data)
+        width, height = image.size
+        if width * height > max_pixels:
+            raise ImageTooLarge(f"image has {width}x{height} = {width * height} pixels, "
+                                f"more than the limit of {max_pixels}")
+        if draft and image.format == "JPEG":
+            # Picks the largest DCT scale that keeps both sides >= the requested size.
+            image.draft("RGB", (_DRAFT_SIDE, _DRAFT_SIDE))
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        if image.mode not in _DEEP_MODES and image.mode != "RGB":
+            image = image.convert("RGB")  # L, LA, P, PA, RGBA, CMYK, YCbCr, 1, ...
+        return image
 
 
 def _to_rgb(image: Image.Image) -> np.ndarray:

@@ -2,12 +2,13 @@
 
 HTTP handlers (native, WebSocket, interop) parse a request, resolve its heads, and call
 `Engine.classify` (encoded images) or `Engine.classify_arrays` (images already preprocessed to
-float32 [N, 299, 299, 3]); the engine decodes in a thread pool, looks features up in the feature
-cache, queues the misses on the cross-bot `Batcher`, and scores every head. It knows nothing of
-aiohttp. Decoding waits while a CPU trunk's batch runs (`service.core.cores`); digests, cache
-lookups and the heads of fully cached requests run in a light pool of their own, never behind
-it. `run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch,
-then each head applied once to the rows that asked for it, and each bot's candidate (shadow or
+float32 [N, 299, 299, 3]); the engine decodes in a thread pool taking the tenants' decodes in
+weighted fair order (`service.core.decoding`), looks features up in the feature cache, queues
+the misses on the cross-bot `Batcher`, and scores every head. It knows nothing of aiohttp.
+Decoding waits while a CPU trunk's batch runs (`service.core.cores`); digests, cache lookups
+and the heads of fully cached requests run in a light pool of their own, never behind it.
+`run_batch` runs in the batcher's single worker thread: ONE trunk call for the batch, then
+each head applied once to the rows that asked for it, and each bot's candidate (shadow or
 canary, `service.core.candidates`) once to the same rows' features.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,11 +37,11 @@ from service.core.batcher import Batcher
 from service.core.booking import Booking
 from service.core.candidates import CandidateStats, Comparison, Route, compare, route_for, route_key
 from service.core.cores import Cores
+from service.core.decoding import FairDecodePool, cost_of
 from service.core.errors import (
     BadRequest,
     Overloaded,
     PayloadTooLarge,
-    QueueShareExceeded,
     ShuttingDown,
     error_status,
 )
@@ -269,6 +271,16 @@ def _observe(observe: ObserveCandidate | None, live: Head, route: Route,
         log.exception("candidate stats of bot %s failed", live.bot_id)
 
 
+class Looked(NamedTuple):
+    """One input after `Engine._look`: its digest, its feature-cache key, the cached features
+    (None: a miss), and what it costs the tenant's quota (`decode_cost`; 0 for a hit)."""
+
+    digest: bytes
+    key: bytes
+    cached: np.ndarray | None
+    cost: float
+
+
 class Engine:
     """Owns the batcher, the feature cache and the preprocessing pool for one trunk.
 
@@ -293,8 +305,10 @@ class Engine:
             else CandidateStats()
         self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
         self.cache = FeatureCache(settings.feature_cache_size)
-        self.decode_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=settings.preprocess_threads, thread_name_prefix="multihead-decode")
+        # Decodes taken in the tenants' weighted fair order of decode cost (`decoding`).
+        self.decode_pool = FairDecodePool(settings.preprocess_threads, weight=weight,
+                                          scheduler=settings.scheduler,
+                                          thread_name_prefix="multihead-decode")
         # Digests, cache lookups and the heads of fully cached requests: light work that must
         # not queue behind decodes waiting for the trunk's batch (`Cores`).
         self.light_pool = concurrent.futures.ThreadPoolExecutor(
@@ -365,17 +379,20 @@ class Engine:
 
     # -- the event loop ---------------------------------------------------------------------
 
-    def _look(self, data: bytes, tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
-        """Digest and feature-cache lookup of one encoded image for `tenant`: (its digest, its
-        cache key, the cached features or None). Light pool thread."""
+    def _look(self, data: bytes, tenant: str) -> Looked:
+        """Digest and feature-cache lookup of one encoded image for `tenant`, and for a miss
+        its decode cost from its header (`decode_cost`). Light pool thread."""
         digest = hashlib.blake2b(data, digest_size=20).digest()
-        return self._cached(digest, tenant)
+        looked = self._cached(digest, tenant)
+        if looked.cached is not None:
+            return looked
+        return looked._replace(cost=cost_of(data, self.settings.max_image_pixels))
 
-    def _cached(self, digest: bytes, tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
+    def _cached(self, digest: bytes, tenant: str) -> Looked:
         key = cache_key(digest, tenant, self.settings.feature_cache_scope)
         cached = self.cache.get(key)
         self.metrics.observe_cache(hit=cached is not None)
-        return digest, key, cached
+        return Looked(digest, key, cached, 0.0 if cached is not None else 1.0)
 
     def _decode(self, data: bytes) -> np.ndarray:
         """Decode + preprocess of one encoded image (a cache miss). Decode pool thread."""
@@ -385,8 +402,7 @@ class Engine:
             self.metrics.decode_seconds.observe(time.perf_counter() - start)
         return image
 
-    def _look_array(self, image: np.ndarray,
-                    tenant: str) -> tuple[bytes, bytes, np.ndarray | None]:
+    def _look_array(self, image: np.ndarray, tenant: str) -> Looked:
         """Range check, digest and cache lookup of one preprocessed image. Light pool thread.
 
         Args:
@@ -464,30 +480,36 @@ class Engine:
         for the misses); raises the first failed row's error.
 
         Admission before work, in order, all before any image is decoded:
-        - the tenant's quota takes one token per cache miss (`Quotas.take`: a hit costs
-          nothing); refused, RateLimited;
+        - the tenant's quota takes each cache miss's decode cost (`Quotas.take`; the cost,
+          read from the image's header by `look`: `backbone.preprocess.decode_cost`, at
+          least 1 token, more for an image larger or deeper than 640 x 480 RGB 8-bit; a
+          preprocessed array costs 1, a hit nothing); refused, RateLimited;
         - the request's one queue-room check: the rows' room is booked in the batcher
           (`Batcher.book`: the queue bound, the tenant's share), so a full queue refuses a
           request (Overloaded, QueueShareExceeded) before any decoding, and the rows are
           queued on that booking without another check. While rows are booked the batcher
           knows more are coming and waits for them (up to max_wait_ms); the booking is
           released when the rows are queued or will not be.
-        The tokens are given back if the request fails before its rows are queued, or is
-        pushed out of the queue (nothing of it ran).
+        The tokens are given back if the request is refused before any decoding. Once
+        decoding started, a decoded image stays charged whatever happens to the request
+        (a bad image after it, a deadline, a push out of the queue): decoding is the work
+        the tokens pay for, with the trunk's. When an image fails to decode, the decodes of
+        the request not started yet are cancelled (they never run) and their tokens given
+        back; those already running finish, charged.
         """
         if self.batcher.closing:  # refused before any work, even a digest
             raise ShuttingDown("the service is shutting down and accepts no new requests")
         loop = asyncio.get_running_loop()
         looked = await asyncio.gather(*(loop.run_in_executor(self.light_pool, look, x, tenant)
                                         for x in inputs))
-        misses = [i for i, (_, _, cached) in enumerate(looked) if cached is None]
+        misses = [i for i, seen in enumerate(looked) if seen.cached is None]
         group = ",".join(sorted({h.bot_id for h in heads}))
         routes = () if not any(candidates) else tuple(
             None if c is None else route_for(c, h.bot_id, route_key(given_key, looked[0][0]))
             for h, c in zip(heads, candidates))
         if not misses:
-            items = [Item(None, cached, key, heads, top_k, routes=routes)
-                     for _, key, cached in looked]
+            items = [Item(None, seen.cached, seen.key, heads, top_k, routes=routes)
+                     for seen in looked]
             self._observe_bots(heads, len(items))
             # Every image seen before: no quota, no trunk, no queue; the heads' numpy still
             # runs off the event loop (a 1001-class head on 32 rows is milliseconds).
@@ -498,31 +520,39 @@ class Engine:
         else:
             with trace.span(self.tracing, trace.ADMISSION,
                             {trace.TENANT: tenant, trace.IMAGES: len(misses)}):
-                booking = self._admit(tenant, len(misses), len(inputs))
-            queued = False
+                cost = [looked[i].cost for i in misses]
+                booking = self._admit(tenant, sum(cost), len(inputs))
+            # Tokens to give back if the request fails: all of them until decoding starts,
+            # then those of the images never decoded; a decoded image stays charged.
+            due = sum(cost)
             try:
                 with booking:
                     with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
-                        images = await asyncio.gather(*(
-                            loop.run_in_executor(decode_pool or self.decode_pool, decode,
-                                                 inputs[i])
-                            for i in misses))
+                        futures = [
+                            decode_pool.submit(decode, inputs[i]) if decode_pool is not None else
+                            self.decode_pool.schedule(tenant, c, decode, inputs[i])
+                            for i, c in zip(misses, cost)]
+                        due = 0
+                        try:
+                            images = await asyncio.gather(*map(asyncio.wrap_future, futures))
+                        except BaseException:
+                            # One failed (or the request went away): the decodes not started
+                            # yet never run, and are not charged.
+                            due = sum(c for c, f in zip(cost, futures) if f.cancel())
+                            raise
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None
                                  else None)
-                    items = [Item(decoded.get(i), cached, key, heads, top_k, row_trace,
-                                  routes=routes)
-                             for i, (_, key, cached) in enumerate(looked)]
+                    items = [Item(decoded.get(i), seen.cached, seen.key, heads, top_k,
+                                  row_trace, routes=routes)
+                             for i, seen in enumerate(looked)]
                     self._observe_bots(heads, len(items))
                     costs = [0.0 if item.features is not None else 1.0 for item in items]
-                    queued = True
                     results = await self.batcher.submit_many(
                         items, group=group, deadline=deadline, booking=booking, tenant=tenant,
                         costs=costs)
             except BaseException as exc:
-                # Refused, failed before queueing, or pushed out of the queue: nothing ran.
-                if not queued or isinstance(exc, QueueShareExceeded):
-                    self.quotas.refund(tenant, len(misses))
+                self.quotas.refund(tenant, due)
                 if isinstance(exc, Overloaded):
                     self.metrics.observe_refusal(tenant, error_status(exc)[1])
                 raise
@@ -531,10 +561,10 @@ class Engine:
                 raise result
         return results
 
-    def _admit(self, tenant: str, misses: int, rows: int) -> Booking:
-        """A request's admission: the tenant's quota takes one token per cache miss, then the
+    def _admit(self, tenant: str, misses: float, rows: int) -> Booking:
+        """A request's admission: the tenant's quota takes its misses' decode costs, then the
         queue room of its rows is booked (`Batcher.book`). A refusal is counted; when the
-        queue refuses, the tokens are given back."""
+        queue refuses, the tokens are given back (nothing was decoded)."""
         try:
             self.quotas.take(tenant, misses)
         except Overloaded as exc:

@@ -8,10 +8,13 @@ does not hold is refused with `RateLimited` (429) and a Retry-After of the time 
 nothing is taken, so a client that waits that long (and is the tenant's only client) is then
 accepted.
 
-What costs a token: a trunk image. The engine takes a request's cache misses once its images
-are digested, before any is decoded (a feature-cache hit costs nothing; one image scored by
-several bots costs one), and gives them back (`refund`) if the request is refused or fails
-before its images are queued.
+What costs tokens: an image's decoding, `backbone.preprocess.decode_cost` (1 for an image up
+to 640 x 480 RGB 8-bit, its decoded bytes / 640 x 480 x 3 beyond; `n` may be fractional). The
+engine takes its cache misses' costs once a request's images are digested and their headers
+read, before any is decoded (a feature-cache hit costs nothing; one image scored by several
+bots costs once), and gives them back (`refund`) if the request is refused before
+any image is decoded; a decoded image stays charged even when the request then fails (a bad
+image after it: the decodes not started yet are cancelled and given back).
 
     quotas = Quotas(lambda tenant: (rate, burst), clock=time.monotonic)
     quotas.take("acme", 8)        # the request's cache misses, before decoding: or RateLimited

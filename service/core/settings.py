@@ -277,16 +277,18 @@ class Settings:
         "fair",
         "fair: when more images wait than a batch holds, take them by the tenants' weighted "
         "counters of trunk images served (VTC), FIFO within a tenant, and keep each tenant "
-        "within its weighted share of max_queue_rows (429 queue_share beyond it); fifo: "
-        "arrival order and one queue bound for all (for comparison)",
+        "within its weighted share of max_queue_rows (429 queue_share beyond it); decodes "
+        "are taken in the same order, by decode cost; fifo: arrival order (decodes too) and "
+        "one queue bound for all (for comparison)",
         choices=SCHEDULERS)
     tenant_weight: float = setting(
         1.0, "a tenant's weight when its own is unset (`multihead tenants set NAME --weight`)",
         above=0, at_most=1000)
     tenant_rate: float | None = setting(
         None,
-        "a tenant's quota in trunk images per second when its own is unset (429 "
-        "rate_limited + Retry-After beyond it; a feature-cache hit costs nothing); unset: "
+        "a tenant's quota in images per second when its own is unset: an image up to "
+        "640x480 RGB 8-bit costs 1, a larger or deeper one its decoded bytes / 640x480x3 "
+        "(429 rate_limited + Retry-After beyond it; a feature-cache hit costs nothing); unset: "
         "no quota. Under --ray each replica enforces rate / replicas (max-replicas when "
         "autoscaling)",
         above=0, at_most=1_000_000)

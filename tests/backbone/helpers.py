@@ -118,3 +118,18 @@ class FakeRunner(Runner):
 # Runs anywhere, fp32 only, installed (no package), ranked last (TensorFlow's rank is 100): `auto`
 # never picks it unless a test ranks it first.
 FAKE = RunnerSpec(name="fake", title="Fake", precisions={"fp32": ANYWHERE}, rank=1000)
+
+
+def png_header(width: int, height: int, bit_depth: int = 8, colour_type: int = 2) -> bytes:
+    """A PNG of that size and depth whose pixel data is missing: its header reads, its decode
+    fails (cheap, whatever the size it declares)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
+            + chunk(b"IEND", b""))

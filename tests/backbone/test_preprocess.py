@@ -5,8 +5,16 @@ import pytest
 from PIL import Image
 
 from backbone import ImageTooLarge, InvalidImage, preprocess
-from backbone.preprocess import central_crop, decode_image, preprocess_array
-from tests.backbone.helpers import encode, pattern
+from backbone.preprocess import (
+    REFERENCE_DECODE_BYTES,
+    Header,
+    central_crop,
+    decode_cost,
+    decode_image,
+    peek,
+    preprocess_array,
+)
+from tests.backbone.helpers import encode, pattern, png_header
 
 
 @pytest.mark.parametrize("value", [0, 51, 128, 255])
@@ -187,3 +195,43 @@ def test_fast_route_features_stay_within_cosine_0_9999_of_the_exact_path(trunk):
     cosine = (fast * exact).sum(1) / (np.linalg.norm(fast, axis=1) * np.linalg.norm(exact, axis=1))
     assert cosine.min() >= 0.9999, cosine.min()
     assert not np.array_equal(fast, exact)
+
+
+# -- peek and decode_cost: what a decode will cost, from the header ------------------------------
+
+
+@pytest.mark.parametrize("image,fmt,header", [
+    (Image.new("RGB", (640, 480)), "JPEG", Header(640, 480, "RGB", 8)),
+    (Image.new("L", (30, 20)), "PNG", Header(30, 20, "L", 8)),
+    (Image.new("I;16", (30, 20)), "PNG", Header(30, 20, "I;16", 16)),
+])
+def test_peek_reads_size_mode_and_depth(image, fmt, header):
+    assert peek(encode(image, fmt)) == header
+
+
+def test_peek_reads_the_header_only_and_sees_sixteen_bit_rgb():
+    # 36 megapixels declared, no pixel data: peek answers, decoding fails.
+    assert peek(png_header(6000, 6000, 16, 2)) == Header(6000, 6000, "RGB", 16)
+    assert peek(png_header(6000, 6000, 16, 0)) == Header(6000, 6000, "I;16", 16)
+    with pytest.raises(InvalidImage):
+        preprocess(png_header(6000, 6000, 16, 0))
+
+
+@pytest.mark.parametrize("data", [b"", b"not an image"])
+def test_peek_of_a_non_image_is_invalid(data):
+    with pytest.raises(InvalidImage):
+        peek(data)
+
+
+@pytest.mark.parametrize("header,cost", [
+    (Header(640, 480, "RGB", 8), 1.0),  # the reference
+    (Header(40, 30, "RGB", 8), 1.0),  # at least 1
+    (Header(1280, 960, "RGB", 8), 4.0),  # pixels
+    (Header(640, 480, "I;16", 16), 2.0),  # bit depth
+    (Header(1280, 960, "RGB", 16), 8.0),
+    (Header(640, 480, "F", 32), 4.0),
+    (Header(6000, 6000, "I;16", 16), 6000 * 6000 * 6 / (640 * 480 * 3)),  # ~234
+])
+def test_decode_cost_follows_pixels_and_bit_depth(header, cost):
+    assert decode_cost(header) == pytest.approx(cost)
+    assert REFERENCE_DECODE_BYTES == 640 * 480 * 3

@@ -16,6 +16,7 @@ import types
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import service.core.engine as engine_module
 from backbone.errors import ImageTooLarge, InvalidImage
@@ -27,12 +28,14 @@ from service.core.errors import (
     DeadlineExceeded,
     Overloaded,
     PayloadTooLarge,
+    RateLimited,
     ShuttingDown,
 )
 from service.core.metrics import Metrics
+from service.core.quota import Quotas
 from service.core.rows import Row
 from service.core.settings import Settings
-from tests.backbone.helpers import encode, pattern
+from tests.backbone.helpers import encode, pattern, png_header
 from tests.support.builders import random_head
 from tests.support.fakes import FakeClock, FakeTrunk, GatedTrunk
 from tests.support.polling import until
@@ -68,8 +71,8 @@ class RecordingHead:
 
 
 class BlockingDecode:
-    """`preprocess` stand-in: inputs starting with b"slow" block until `release` is set; every
-    input becomes a blank preprocessed image. Records what it was given, in order."""
+    """`preprocess` stand-in: inputs starting with b"slow" block until `release` is set, those
+    starting with b"bad" are invalid; every other input becomes a blank preprocessed image. Records what it was given, in order."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -83,6 +86,8 @@ class BlockingDecode:
             self.threads.append(threading.current_thread().name)
         if data.startswith(b"slow"):
             assert self.release.wait(WAIT_S), "the test never released the decoding"
+        if data.startswith(b"bad"):
+            raise InvalidImage("not a recognised image format")
         return np.zeros(INPUT.shape, np.float32)
 
 
@@ -671,3 +676,109 @@ async def test_a_cached_request_is_answered_while_decodes_wait_for_the_trunk(mak
     assert cached[0].bot_id == "a" and not waiting.done()
     trunk.gate.set()
     await asyncio.wait_for(asyncio.gather(running, waiting), WAIT_S)
+
+
+# -- quota charges: decoded images stay charged ---------------------------------------------------
+
+
+def limited(e: Engine, burst: int = 100) -> Quotas:
+    """Gives `e` a quota of `burst` tokens for every tenant, on a clock that never refills it."""
+    e.quotas = Quotas(lambda tenant: (1.0, burst), clock=FakeClock())
+    return e.quotas
+
+
+def idle(e: Engine) -> None:
+    """Returns once every decode submitted so far has run (the pool has one thread)."""
+    e.decode_pool.submit(lambda: None).result(WAIT_S)
+
+
+async def test_images_decoded_before_a_bad_one_stay_charged(make_engine, blocking_decode):
+    e = make_engine(preprocess_threads=1)
+    quotas = limited(e)
+    with pytest.raises(InvalidImage):
+        await asyncio.wait_for(e.classify([b"fast-1", b"fast-2", b"bad"], [RecordingHead("a")],
+                                          top_k=1), WAIT_S)
+    assert blocking_decode.calls == [b"fast-1", b"fast-2", b"bad"]
+    assert quotas.tokens("default") == 100 - 3  # three decodes ran: three tokens spent
+
+
+async def test_after_a_bad_image_the_rest_are_never_decoded_nor_charged(make_engine,
+                                                                          blocking_decode):
+    e = make_engine(preprocess_threads=1)
+    quotas = limited(e)
+    images = [b"bad", b"slow-2", b"slow-3", b"slow-4", b"slow-5"]
+    with pytest.raises(InvalidImage):
+        await asyncio.wait_for(e.classify(images, [RecordingHead("a")], top_k=1), WAIT_S)
+    blocking_decode.release.set()
+    await asyncio.get_running_loop().run_in_executor(None, idle, e)
+    # The one thread may have started one more before the rest were cancelled; never more.
+    assert blocking_decode.calls[0] == b"bad" and len(blocking_decode.calls) <= 2
+    assert quotas.tokens("default") == 100 - len(blocking_decode.calls)
+    assert e.trunk.batches == []
+
+
+async def test_a_request_refused_before_decoding_is_not_charged(make_engine, blocking_decode):
+    e = make_engine(max_queue_rows=2, max_images_per_request=2, preprocess_threads=2)
+    quotas = limited(e)
+    a = RecordingHead("a")
+    held = spawn(e.classify([b"slow-1", b"slow-2"], [a], top_k=1))
+    await until(lambda: len(blocking_decode.calls) == 2)
+    with pytest.raises(Overloaded):  # the queue is full: refused before any decoding
+        await asyncio.wait_for(e.classify([b"fast-3"], [a], top_k=1), WAIT_S)
+    assert quotas.tokens("default") == 100 - 2
+    blocking_decode.release.set()
+    assert len(await asyncio.wait_for(held, WAIT_S)) == 2
+    assert quotas.tokens("default") == 100 - 2
+
+
+# -- quota charges: an image costs its decode, read from its header -------------------------------
+
+
+async def test_an_image_is_charged_its_decode_cost_read_from_its_header(make_engine):
+    e = make_engine()
+    quotas = limited(e)
+    a = RecordingHead("a")
+    large = encode(pattern(1, size=(1280, 960)))
+    await asyncio.wait_for(e.classify([large], [a], top_k=1), WAIT_S)
+    assert quotas.tokens("default") == pytest.approx(100 - 4)  # 4 x 640 x 480
+    deep = encode(Image.new("I;16", (640, 480)))
+    await asyncio.wait_for(e.classify([deep, *pngs(2)], [a], top_k=1), WAIT_S)
+    assert quotas.tokens("default") == pytest.approx(100 - 4 - 2 - 2)  # 16 bits: twice
+    await asyncio.wait_for(e.classify([large, deep], [a], top_k=1), WAIT_S)  # cache hits
+    assert quotas.tokens("default") == pytest.approx(100 - 8)
+
+
+async def test_a_huge_deep_png_stays_charged_its_cost_when_it_fails(make_engine):
+    e = make_engine()
+    quotas = limited(e)
+    a = RecordingHead("a")
+    huge = png_header(6000, 6000, 16, 0)  # 36 Mpx of 16-bit gray declared, no pixel data
+    with pytest.raises(InvalidImage):  # a full bucket lets it pass, leaving a debt
+        await asyncio.wait_for(e.classify([huge], [a], top_k=1), WAIT_S)
+    assert quotas.tokens("default") == pytest.approx(100 - 6000 * 6000 * 6 / (640 * 480 * 3))
+    with pytest.raises(RateLimited):
+        await asyncio.wait_for(e.classify(pngs(1), [a], top_k=1), WAIT_S)
+
+
+async def test_an_image_over_the_pixel_limit_costs_one_and_is_refused_as_too_large(make_engine):
+    e = make_engine(max_image_pixels=1000)
+    quotas = limited(e, burst=2)
+    with pytest.raises(ImageTooLarge):
+        await asyncio.wait_for(e.classify([png_header(6000, 6000, 16, 0)], [RecordingHead("a")],
+                                          top_k=1), WAIT_S)
+    assert quotas.tokens("default") == 2 - 1
+
+
+async def test_decodes_are_taken_in_the_tenants_fair_order_not_first_come(make_engine,
+                                                                         blocking_decode):
+    e = make_engine(preprocess_threads=1)
+    a = RecordingHead("a")
+    acme = spawn(e.classify([b"slow-a0", b"fast-a1", b"fast-a2", b"fast-a3"], [a], top_k=1,
+                            tenant="acme"))
+    await until(lambda: blocking_decode.calls == [b"slow-a0"] and e.decode_pool.queued == 3)
+    globex = spawn(e.classify([b"fast-g0"], [a], top_k=1, tenant="globex"))
+    await until(lambda: e.decode_pool.queued == 4)
+    blocking_decode.release.set()
+    await asyncio.wait_for(asyncio.gather(acme, globex), WAIT_S)
+    # globex's one decode waited for the one running, not for acme's three queued before it.
+    assert blocking_decode.calls == [b"slow-a0", b"fast-g0", b"fast-a1", b"fast-a2", b"fast-a3"]

@@ -1,0 +1,136 @@
+"""The decode pool: image decodes taken in the tenants' weighted fair order, not first come.
+
+A decode of a hostile image (a 36-megapixel 16-bit PNG) takes seconds; with a FIFO pool, one
+tenant's request of several such images held every other tenant's decodes behind them (issue
+34). Here each decode waits in its tenant's FIFO, and a free thread takes the next decode from
+the backlogged tenant of the smallest weighted virtual counter of decode cost: the same Virtual
+Token Counter as the trunk's queue (`service.core.fair.TenantQueue`, reused as it is), counted
+in decode cost (`backbone.preprocess.decode_cost`: 1 for an image up to 640 x 480 RGB 8-bit,
+234 for that PNG) instead of trunk images. A tenant that starts decoding is lifted to the
+smallest counter among the backlogged, so it cannot bank credit while idle, and its first
+decode is taken before the backlogged tenants' next ones whenever it has not been served more
+(cost / weight) than they have: a tenant's cheap decode waits at most for the decodes already
+running (about one decode per thread), never for another tenant's queue.
+
+With `scheduler="fifo"` decodes are taken in arrival order (what the thread pool did).
+
+A decode cancelled before it started (`Future.cancel`: its request failed) never runs and is
+not counted. Work is charged to its tenant's counter when a thread takes it.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from accounts.tenants import DEFAULT_TENANT
+from backbone.errors import ImageTooLarge, InvalidImage
+from backbone.preprocess import decode_cost, peek
+from service.core.fair import TenantQueue
+
+
+def cost_of(data: bytes, max_pixels: int) -> float:
+    """The decode cost of encoded image bytes, from their header (`decode_cost`); 1 when the
+    decode will refuse the image at once (no readable header, more than `max_pixels`)."""
+    try:
+        header = peek(data)
+    except (InvalidImage, ImageTooLarge):
+        return 1.0
+    return decode_cost(header) if header.pixels <= max_pixels else 1.0
+
+
+@dataclass(eq=False)
+class _Work:
+    """One queued decode (`service.core.fair.Queued`)."""
+
+    tenant: str
+    cost: float
+    enqueued_s: float  # arrival order (a sequence number: the tie-break needs no clock)
+    fn: Callable = field(repr=False)
+    args: tuple = field(repr=False)
+    future: concurrent.futures.Future = field(repr=False)
+    group: str = ""
+
+
+class FairDecodePool(concurrent.futures.Executor):
+    """A fixed set of threads running the queued work in weighted fair order. Thread-safe.
+
+    Args:
+        threads: the worker threads (all started now, named `{thread_name_prefix}_{i}`).
+        weight: `weight(tenant) -> float`, as for the trunk's queue (read at each take).
+        scheduler: "fair" or "fifo" (`service.core.fair.SCHEDULERS`).
+    """
+
+    def __init__(self, threads: int, *, weight: Callable[[str], float] = lambda tenant: 1.0,
+                 scheduler: str = "fair", thread_name_prefix: str = "multihead-decode") -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads!r}")
+        self._queue = TenantQueue(scheduler, weight=weight)
+        self._cond = threading.Condition()
+        self._order = itertools.count()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{thread_name_prefix}_{i}",
+                                          daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def schedule(self, tenant: str, cost: float, fn: Callable, *args) -> concurrent.futures.Future:
+        """Queues `fn(*args)` for `tenant` at decode cost `cost`; its future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.push([_Work(tenant, float(cost), float(next(self._order)), fn, args,
+                                    future)])
+            self._cond.notify()
+        return future
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        """`Executor.submit`: work of the default tenant, at cost 1."""
+        if kwargs:
+            return self.schedule(DEFAULT_TENANT, 1.0, lambda: fn(*args, **kwargs))
+        return self.schedule(DEFAULT_TENANT, 1.0, fn, *args)
+
+    def counter(self, tenant: str) -> float:
+        """`tenant`'s virtual counter: its decode cost taken so far, divided by its weight."""
+        with self._cond:
+            return self._queue.counter(tenant)
+
+    @property
+    def queued(self) -> int:
+        """Decodes queued, not started yet (cancelled ones included until a thread drops them)."""
+        return len(self._queue)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # shut down, and nothing left to run
+                # A cancelled decode leaves the queue uncounted; one taken is marked running.
+                taken = self._queue.take(
+                    1, lambda w: w.future.set_running_or_notify_cancel())
+            for work in taken:
+                try:
+                    result = work.fn(*work.args)
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
+                    work.future.set_exception(exc)
+                else:
+                    work.future.set_result(result)
+                del work
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new work; the queued work still runs (unless `cancel_futures`); `wait`: returns
+        once every thread is done."""
+        with self._cond:
+            self._closed = True
+            if cancel_futures:
+                for work in self._queue.pop_all():
+                    work.future.cancel()
+            self._cond.notify_all()
+        if wait:
+            for thread in self._threads:
+                thread.join()
