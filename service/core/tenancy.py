@@ -1,6 +1,8 @@
 """Tenants at serving time: their limits as the engine reads them (fair share, quota, queue
-cap: from memory, per request and per batch row), and the operator's changes to tenants, keys
-and the audit log, off the event loop. No access rule here: a call reaches this through
+cap: from memory, per request and per batch row), the registrations-per-minute bucket and the
+serve defaults of the storage limits (which the store applies in a registration's
+transaction), and the operator's changes to tenants, keys and the audit log, off the event
+loop. No access rule here: a call reaches this through
 `service.core.caller.Caller`, which applies them."""
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from accounts import TenantLimits
-from accounts.errors import TenantLimitExceeded
+from accounts import TenantLimitExceeded, TenantLimits
 from accounts.tenants import HEAD_BYTES_PER_CLASS, versions_to_prune
 from store import UnknownVersion
 from tests.support.heads import random_head, store_digest, stored_entries
