@@ -98,3 +98,23 @@ def test_max_head_bytes_counts_every_stored_version(any_store, location):
     assert stored_entries(location, "a") == ["v2", "v3"]
     s.remove("b")
     assert s.register("c", *random_head(3, seed=7), tenant="acme") == 1
+
+
+def test_the_registration_bucket_holds_a_minutes_worth_per_tenant(any_store):
+    from service.core.errors import RegistrationRateLimited, error_status
+    from service.core.settings import Settings
+    from service.core.tenancy import Tenancy
+
+    s = any_store
+    s.add_tenant("acme", limits=TenantLimits(registrations_per_minute=3))
+    tenancy = Tenancy(Settings(store="unused", tenant_registrations_per_minute=None), s,
+                      threads=None)
+    for _ in range(3):
+        tenancy.take_registration("acme", now=100.0)
+    with pytest.raises(RegistrationRateLimited) as refused:
+        tenancy.take_registration("acme", now=100.0)
+    assert refused.value.retry_after_s == pytest.approx(20.0)  # 3/min: one every 20 s
+    assert error_status(refused.value) == (429, "registration_rate", {"Retry-After": "20"})
+    tenancy.take_registration("acme", now=120.0)  # refilled one
+    for _ in range(50):
+        tenancy.take_registration("globex", now=100.0)  # no bound by default: fine
