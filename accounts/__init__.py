@@ -11,6 +11,7 @@ from accounts.errors import (
     InvalidTenant,
     NoCandidate,
     TenantExists,
+    TenantLimitExceeded,
     TenantNotEmpty,
     UnknownKey,
     UnknownTenant,
@@ -32,6 +33,6 @@ __all__ = [
     "DEFAULT_TENANT", "OPERATOR", "SCOPES", "AccountsError", "ApiKey", "AuditRecord",
     "BotOwnedElsewhere", "Candidate", "CandidateInfo", "CandidateMode", "InvalidCandidate",
     "InvalidLimits", "InvalidTenant", "NoCandidate", "TenantExists", "TenantInfo", "TenantLimits",
-    "TenantNotEmpty", "UnknownKey", "UnknownTenant", "parse_token", "token_hash",
-    "validate_tenant",
+    "TenantLimitExceeded", "TenantNotEmpty", "UnknownKey", "UnknownTenant", "parse_token",
+    "token_hash", "validate_tenant",
 ]

@@ -75,3 +75,14 @@ class NoCandidate(AccountsError, LookupError):
                          "shadow or --candidate canary:P)")
         self.bot_id = bot_id
 
+
+
+class TenantLimitExceeded(AccountsError):
+    """A registration would pass one of its tenant's storage limits (`max_bots`,
+    `max_head_bytes`): refused before anything is written. The message names the limit and its
+    value (the tenant's own: the caller's)."""
+
+    def __init__(self, limit: str, value: int, detail: str) -> None:
+        super().__init__(f"tenant limit {limit}={value} reached: {detail}")
+        self.limit = limit
+        self.value = value

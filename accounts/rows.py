@@ -13,10 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from accounts.errors import InvalidTenant, TenantExists, TenantNotEmpty, UnknownKey, UnknownTenant
+from accounts.errors import (
+    InvalidTenant,
+    TenantExists,
+    TenantLimitExceeded,
+    TenantNotEmpty,
+    UnknownKey,
+    UnknownTenant,
+)
 from accounts.tenants import (
     DEFAULT_TENANT,
-    LIMIT_NAMES,
+    FAIR_LIMIT_NAMES,
+    HEAD_BYTES_PER_CLASS,
+    STORAGE_LIMIT_NAMES,
+    STORAGE_TABLE,
     TOKEN_PREFIX,
     ApiKey,
     AuditRecord,
@@ -24,11 +34,13 @@ from accounts.tenants import (
     TenantLimits,
     describe_limits,
     utc_now,
+    versions_to_prune,
 )
 
 _KEY_COLUMNS = "id, tenant, scope, hash, created, last_used, revoked"
 _AUDIT_COLUMNS = "id, at, actor, action, tenant, bot_id, version, digest, detail"
-_LIMIT_COLUMNS = ", ".join(LIMIT_NAMES)
+# Each table of limits and its columns.
+_LIMIT_TABLES = {"tenant_limits": FAIR_LIMIT_NAMES, STORAGE_TABLE: STORAGE_LIMIT_NAMES}
 
 
 def _api_key(row: Sequence) -> ApiKey:
@@ -97,15 +109,23 @@ class Rows:
                     if tenant == DEFAULT_TENANT else [])
         return [r[0] for r in rows]
 
+    def _limit_values(self, name: str | None = None) -> dict[str, dict]:
+        """{tenant: {limit: value}} from every table of limits (a missing table: none)."""
+        found: dict[str, dict] = {}
+        where, params = ("WHERE name = %s", (name,)) if name is not None else ("", ())
+        for table, columns in _LIMIT_TABLES.items():
+            for row in self._read(f"SELECT name, {', '.join(columns)} FROM {self.p}{table} "
+                                  f"{where}", params):
+                found.setdefault(row[0], {}).update(zip(columns, row[1:]))
+        return found
+
     def limits(self) -> dict[str, TenantLimits]:
         """The limits of the tenants that have a limits row (the others have every default)."""
-        return {row[0]: TenantLimits(*row[1:]) for row in self._read(
-            f"SELECT name, {_LIMIT_COLUMNS} FROM {self.p}tenant_limits")}
+        return {name: TenantLimits(**values) for name, values in self._limit_values().items()}
 
     def limits_of(self, name: str) -> TenantLimits:
-        rows = self._read(f"SELECT {_LIMIT_COLUMNS} FROM {self.p}tenant_limits WHERE name = %s",
-                          (name,))
-        return TenantLimits(*rows[0]) if rows else TenantLimits()
+        values = self._limit_values(name).get(name)
+        return TenantLimits(**values) if values else TenantLimits()
 
     def tenant_limits(self) -> dict[str, TenantLimits]:
         """{tenant: its limits} of every tenant, DEFAULT_TENANT always."""
@@ -174,14 +194,77 @@ class Rows:
 
     def delete_tenant(self, name: str) -> None:
         self._x(f"DELETE FROM {self.p}tenants WHERE name = %s", (name,))
-        self._x(f"DELETE FROM {self.p}tenant_limits WHERE name = %s", (name,))
+        self.delete_limits(name)
+
+    def delete_limits(self, name: str) -> None:
+        for table in _LIMIT_TABLES:
+            self._x(f"DELETE FROM {self.p}{table} WHERE name = %s", (name,))
 
     def write_limits(self, name: str, limits: TenantLimits, at: str) -> None:
         values = limits.to_dict()
-        self._x(f"INSERT INTO {self.p}tenant_limits (name, {_LIMIT_COLUMNS}, updated) "
-                f"VALUES (%s, {', '.join(['%s'] * len(values))}, %s) ON CONFLICT (name) DO UPDATE "
-                f"SET {', '.join(f'{n} = excluded.{n}' for n in values)}, "
-                "updated = excluded.updated", (name, *values.values(), at))
+        for table, columns in _LIMIT_TABLES.items():
+            self._x(f"INSERT INTO {self.p}{table} (name, {', '.join(columns)}, updated) "
+                    f"VALUES (%s, {', '.join(['%s'] * len(columns))}, %s) "
+                    f"ON CONFLICT (name) DO UPDATE "
+                    f"SET {', '.join(f'{n} = excluded.{n}' for n in columns)}, "
+                    "updated = excluded.updated",
+                    (name, *(values[n] for n in columns), at))
+
+    # -- storage limits (inside a registration's write transaction) ---------------------------
+
+    def head_bytes(self, tenant: str) -> int:
+        """The head bytes of every stored version of `tenant`'s live bots
+        (`HEAD_BYTES_PER_CLASS` per class)."""
+        rows = self._x(
+            f"SELECT COALESCE(sum(v.n_classes), 0) FROM {self.p}versions v "
+            f"JOIN {self.p}bots b ON b.bot_id = v.bot_id "
+            f"LEFT JOIN {self.p}owners o ON o.bot_id = v.bot_id "
+            "WHERE COALESCE(o.tenant, %s) = %s", (DEFAULT_TENANT, tenant)).fetchall()
+        return int(rows[0][0]) * HEAD_BYTES_PER_CLASS
+
+    def version_classes(self, bot_id: str) -> dict[int, int]:
+        """{version: n_classes} of every stored version of `bot_id`."""
+        return {int(v): int(n) for v, n in self._x(
+            f"SELECT version, n_classes FROM {self.p}versions WHERE bot_id = %s",
+            (bot_id,)).fetchall()}
+
+    def storage_plan(self, tenant: str, bot_id: str, *, version: int, n_classes: int,
+                     previous: int | None, candidate: int | None, as_candidate: bool,
+                     defaults: TenantLimits | None) -> list[int]:
+        """The versions of `bot_id` to prune for registering `version` (`n_classes`) of it in
+        `tenant`, as `accounts.tenants.versions_to_prune` picks them, after checking the
+        tenant's max_bots (a new bot) and max_head_bytes (the bytes after pruning, and after
+        dropping a candidate the new one replaces). Each limit is the tenant's own, else
+        `defaults`' (the serve defaults; None: none). Call it before writing the new version.
+
+        Args:
+            previous: the bot's active version (None: a new bot).
+            candidate: the bot's candidate now (None: none); a new candidate replaces it.
+            as_candidate: the new version becomes the candidate, not the active one.
+        Raises:
+            TenantLimitExceeded.
+        """
+        limits = self.limits_of(tenant).filled(defaults or TenantLimits())
+        if previous is None and limits.max_bots is not None \
+                and len(self.owned_bots(tenant)) >= limits.max_bots:
+            raise TenantLimitExceeded("max_bots", limits.max_bots,
+                                      f"tenant {tenant!r} owns {limits.max_bots} bot(s)")
+        stored = self.version_classes(bot_id) if previous is not None else {}
+        dropped = [candidate] if as_candidate and candidate is not None else []
+        kept = [v for v in stored if v not in dropped]
+        pruned = versions_to_prune(
+            sorted([*kept, version]), active=version if not as_candidate else previous,
+            candidate=version if as_candidate else candidate, previous=previous,
+            max_versions=limits.max_versions)
+        if limits.max_head_bytes is not None:
+            freed = sum(stored[v] for v in (*dropped, *pruned)) * HEAD_BYTES_PER_CLASS
+            total = self.head_bytes(tenant) - freed + n_classes * HEAD_BYTES_PER_CLASS
+            if total > limits.max_head_bytes:
+                raise TenantLimitExceeded(
+                    "max_head_bytes", limits.max_head_bytes,
+                    f"this head of {n_classes} classes would bring tenant {tenant!r} to "
+                    f"{total} stored head bytes")
+        return pruned
 
     def set_owner(self, bot_id: str, tenant: str) -> None:
         self._x(f"INSERT INTO {self.p}owners (bot_id, tenant) VALUES (%s, %s) "
@@ -226,7 +309,7 @@ class Rows:
         self.add_tenant(name, at)
         # NOTE: a version before limits removed tenants without their limits row: a new tenant
         # of the same name must not inherit it.
-        self._x(f"DELETE FROM {self.p}tenant_limits WHERE name = %s", (name,))
+        self.delete_limits(name)
         given = {} if limits is None else {n: v for n, v in limits.to_dict().items()
                                            if v is not None}
         if given:

@@ -9,8 +9,9 @@ tenants and keys is appended to the store's audit log in the same transaction as
                      existed (no owners row) belongs to it
     SCOPES           what a key may do: "infer", "manage", "metrics"
     OPERATOR         the actor name of the operator credential and of the CLI
-    LIMITS           the per-tenant settings of fair sharing (`TenantLimits`): weight, rate,
-                     burst, max_queued, each with its range
+    LIMITS           the per-tenant limits (`TenantLimits`), each with its range: fair sharing
+                     (weight, rate, burst, max_queued) and storage (max_bots, max_versions,
+                     max_head_bytes, registrations_per_minute)
 
 A token is `mhk_<key id: 12 hex>_<43 urlsafe characters>` (256 random bits). It is shown once,
 when its key is made; the store keeps only `token_hash(token)`, and nothing here ever puts the
@@ -143,6 +144,9 @@ class ApiKey:
 # -- limits: the per-tenant settings of fair sharing ---------------------------------------------
 
 
+STORAGE_TABLE = "tenant_storage_limits"
+
+
 @dataclass(frozen=True)
 class Limit:
     """One per-tenant limit: its name, whether it is a whole number, its range
@@ -153,6 +157,9 @@ class Limit:
     maximum: float
     unit: str
     meaning: str
+    # The store's table of the limit: "tenant_limits" (fair sharing) or
+    # "tenant_storage_limits" (what a tenant stores: added later, so a table of its own).
+    table: str = "tenant_limits"
 
     @property
     def range_text(self) -> str:
@@ -173,8 +180,25 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
     Limit("max_queued", True, 1_000_000, "images",
           "a cap on the tenant's images waiting for the trunk (one row each, whatever its "
           "bots), besides its weighted share of the queue"),
+    Limit("max_bots", True, 1_000_000, "bots",
+          "most live bots the tenant owns (403 tenant_limit for a new bot beyond it)",
+          STORAGE_TABLE),
+    Limit("max_versions", True, 1000, "versions",
+          "versions kept per bot: a registration beyond it prunes the bot's oldest versions "
+          "but the active one, the candidate and the rollback target", STORAGE_TABLE),
+    Limit("max_head_bytes", True, 1_000_000_000_000, "bytes",
+          "total float32 head bytes ((1536 + 1) x 4 per class) of every stored version of the "
+          "tenant's bots (403 tenant_limit beyond it)", STORAGE_TABLE),
+    Limit("registrations_per_minute", True, 1_000_000, "registrations/min",
+          "registrations (new versions and candidates) per minute through the server (a "
+          "token bucket of one minute's worth, per process; 429 registration_rate beyond it)",
+          STORAGE_TABLE),
 )}
 LIMIT_NAMES = tuple(LIMITS)
+STORAGE_LIMIT_NAMES = tuple(n for n, limit in LIMITS.items() if limit.table == STORAGE_TABLE)
+FAIR_LIMIT_NAMES = tuple(n for n in LIMIT_NAMES if n not in STORAGE_LIMIT_NAMES)
+# The stored bytes of one class of a head: a float32 column of weights (1536) and a bias.
+HEAD_BYTES_PER_CLASS = (1536 + 1) * 4
 
 
 def _number_text(value: float | int) -> str:
@@ -258,12 +282,23 @@ class TenantLimits:
             [1, 1_000_000].
         max_queued: a cap on the tenant's images waiting for the trunk (one each, whatever
             its bots), besides its weighted share of the queue. Int in [1, 1_000_000].
+        max_bots: most live bots the tenant owns. Int in [1, 1_000_000].
+        max_versions: versions kept per bot (`versions_to_prune`). Int in [1, 1000].
+        max_head_bytes: total head bytes (`HEAD_BYTES_PER_CLASS` per class) of every stored
+            version of the tenant's bots. Int in [1, 10**12].
+        registrations_per_minute: registrations through the server per minute. Int in
+            [1, 1_000_000].
+        Unset with no serve default: no bound.
     """
 
     weight: float | None = None
     rate: float | None = None
     burst: int | None = None
     max_queued: int | None = None
+    max_bots: int | None = None
+    max_versions: int | None = None
+    max_head_bytes: int | None = None
+    registrations_per_minute: int | None = None
 
     def __post_init__(self) -> None:
         for name, value in validate_limits(**self.to_dict()).items():
@@ -281,6 +316,28 @@ class TenantLimits:
         """Each limit that is None here taken from `defaults` (the serve defaults)."""
         return TenantLimits(**{name: defaults.to_dict()[name] if value is None else value
                                for name, value in self.to_dict().items()})
+
+
+def versions_to_prune(stored: list[int], *, active: int, candidate: int | None,
+                      previous: int | None, max_versions: int | None) -> list[int]:
+    """The versions of one bot a registration prunes, oldest first: while more than
+    `max_versions` are stored (the new one included), the oldest that is none of
+
+    - the active version (`active`, after the registration),
+    - the candidate (`candidate`, after the registration),
+    - the version active before the registration (`previous`: the one a rollback undoing it
+      goes back to), and
+    - the rollback target: the newest stored version below `active` that is not the
+      candidate (what `multihead bots rollback` without a version picks).
+
+    So a bot may keep more than `max_versions` (at most 4: these), never fewer than it asks.
+    None: no bound, nothing pruned."""
+    if max_versions is None or len(stored) <= max_versions:
+        return []
+    older = [v for v in stored if v < active and v != candidate]
+    kept = {active, candidate, previous, max(older) if older else None}
+    prunable = sorted(v for v in stored if v not in kept)
+    return prunable[:max(0, len(stored) - max_versions)]
 
 
 @dataclass(frozen=True)

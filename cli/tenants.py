@@ -4,10 +4,12 @@
 `keys add` prints the new key's secret once, alone on the last line of stdout (`| tail -1`);
 only its hash is stored, so it cannot be shown again: revoke it and make another.
 
-`tenants add` and `tenants set` take a tenant's limits (fair sharing: `accounts.tenants.LIMITS`):
-`--weight`, `--rate`, `--burst`, `--max-queued`, each a number in its range or `default` (the
-serve default). A bad value is refused while the flags are parsed, before the store is opened,
-in one line naming the flag and the limit's range (exit 2), as the store's refusals are.
+`tenants add` and `tenants set` take a tenant's limits (`accounts.tenants.LIMITS`): fair sharing
+`--weight`, `--rate`, `--burst`, `--max-queued`, and what it stores `--max-bots`,
+`--max-versions`, `--max-head-bytes`, `--registrations-per-minute`, each a number in its range
+or `default` (the serve default). A bad value is refused while the flags are parsed, before the
+store is opened, in one line naming the flag and the limit's range (exit 2), as the store's
+refusals are.
 """
 from __future__ import annotations
 
@@ -29,7 +31,11 @@ from cli.options import open_store, store_option
 SCOPE_HELP = ("infer: call and list the tenant's bots; manage: also register, replace, roll "
               "back and remove them; metrics: read /metrics and the full /readyz")
 DEFAULT_WORD = "default"
-LIMIT_METAVARS = {"weight": "W", "rate": "IMAGES_PER_S", "burst": "N", "max_queued": "ROWS"}
+LIMIT_METAVARS = {"weight": "W", "rate": "IMAGES_PER_S", "burst": "N", "max_queued": "ROWS",
+                  "max_bots": "BOTS", "max_versions": "VERSIONS", "max_head_bytes": "BYTES",
+                  "registrations_per_minute": "N"}
+# `tenants list` headers (the limit's name in capitals, shorter where it is long)
+LIMIT_HEADERS = {"registrations_per_minute": "REG_PER_MIN"}
 
 
 def limit_flag(name: str) -> str:
@@ -77,7 +83,8 @@ def limit_options() -> argparse.ArgumentParser:
     """Parent parser with a flag per limit (absent from the namespace unless given)."""
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group(
-        "limits", "the tenant's share of the trunk (fair sharing); each a number or "
+        "limits", "the tenant's share of the trunk (fair sharing) and what it stores; each a "
+                  "number or "
                   f"'{DEFAULT_WORD}' (the server's setting)")
     for name, limit in LIMITS.items():
         unit = f" {limit.unit}" if limit.unit else ""
@@ -203,7 +210,8 @@ def cmd_tenants_list(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         tenants = store.tenants()
     return _show(tenants, args.json,
-                 ("TENANT", "BOTS", *(n.upper() for n in LIMIT_NAMES), "CREATED"),
+                 ("TENANT", "BOTS", *(LIMIT_HEADERS.get(n, n.upper()) for n in LIMIT_NAMES),
+                  "CREATED"),
                  lambda t: (t.name, str(t.bots),
                             *(format_limit(v) for v in t.limits.to_dict().values()),
                             t.created or "-"))

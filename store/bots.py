@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from accounts.candidates import CandidateInfo, CandidateMode
-from accounts.tenants import DEFAULT_TENANT, OPERATOR
+from accounts.tenants import DEFAULT_TENANT, OPERATOR, TenantLimits
 from store.errors import UnknownVersion
 
 # A registration step name, handed to the test seam `store.front._fault_hook`.
@@ -135,7 +135,8 @@ class Bots(ABC):
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                     labels: tuple[str, ...], source: str, step: Step, *,
                     tenant: str = DEFAULT_TENANT, actor: str = OPERATOR,
-                    candidate: CandidateMode | None = None) -> int:
+                    candidate: CandidateMode | None = None,
+                    defaults: TenantLimits | None = None) -> int:
         """Store a new version (already validated: rows and blobs) and make it active, owned by
         `tenant`, with its audit record ("register" or "replace"), in one transaction; call
         `step(name)` between the steps. Returns the new version number.
@@ -144,9 +145,16 @@ class Bots(ABC):
         "candidate", audit "candidate_add"); a candidate the bot had is discarded in the same
         transaction (its version deleted, audit "candidate_discard").
 
+        The tenant's storage limits (its own, else `defaults`: the serve defaults) hold in the
+        same transaction (`accounts.rows.Rows.storage_plan`): past max_bots or max_head_bytes
+        nothing is written; past max_versions the oldest versions but the active one, the
+        candidate, the previous active one and the rollback target are deleted with their
+        blobs (`accounts.tenants.versions_to_prune`; the audit record's detail ends
+        "; pruned v1, v2").
+
         Raises (before writing anything):
             UnknownTenant: no such tenant. BotOwnedElsewhere: the bot is live under another.
-            UnknownBot: a candidate for a bot that is not live.
+            UnknownBot: a candidate for a bot that is not live. TenantLimitExceeded.
         """
 
     @abstractmethod

@@ -289,7 +289,8 @@ class HeadStore:
 
     def register(self, bot_id: str, weights: np.ndarray, biases: np.ndarray, labels,
                  *, source: str = "api", tenant: str = DEFAULT_TENANT,
-                 actor: str = OPERATOR, candidate: str | CandidateMode | None = None) -> int:
+                 actor: str = OPERATOR, candidate: str | CandidateMode | None = None,
+                 defaults: TenantLimits | None = None) -> int:
         """Register a new version of `bot_id` and make it active (audited: "register" for a new
         bot, "replace" for a new version of a live one), or, with `candidate`, store it as the
         bot's candidate without making it active (audited "candidate_add").
@@ -297,8 +298,7 @@ class HeadStore:
         Args:
             weights: [1536, n], biases: [n], n >= 2, all finite (cast to float32).
             labels: n class names, or the path of a labels file (one per line).
-            source: free text recorded in the manifest and the history.
-            tenant: the owner of the bot (a new one), or its owner (a new version).
+            source: free text recorded in the manifest and the history. tenant: the owner.
             actor: who registers, as the audit log records it.
             candidate: "shadow" or "canary:P" (0 < P < 100), or a `CandidateMode`: the new
                 version becomes the bot's candidate (`accounts.candidates`), replacing the
@@ -308,16 +308,16 @@ class HeadStore:
         Raises:
             InvalidBotId, InvalidHead, InvalidTenant, InvalidCandidate, ValueError (actor),
             UnknownTenant, BotOwnedElsewhere (the id is live under another tenant), UnknownBot
-            (a candidate for a bot that is not registered): before anything is written.
+            (a candidate to no bot), TenantLimitExceeded: before anything is written.
         """
         bot_id = validate_bot_id(bot_id)
         tenant = validate_tenant(tenant)
         actor = normalize_actor(actor)
         mode = CandidateMode.parse(candidate) if candidate is not None else None
         w, b, labels_t = validate_head_arrays(weights, biases, labels_arg(labels))
-        version = self._backend.bots.add_version(bot_id, w, b, labels_t,
-                                                 " ".join(str(source).split()), _step,
-                                                 tenant=tenant, actor=actor, candidate=mode)
+        version = self._backend.bots.add_version(
+            bot_id, w, b, labels_t, " ".join(str(source).split()), _step, tenant=tenant,
+            actor=actor, candidate=mode, defaults=defaults)
         self._snapshots.refresh(force=True)  # read-your-writes in this process
         return version
 
@@ -326,7 +326,8 @@ class HeadStore:
                             biases_name: str = files.BIASES_KEY,
                             source: str | None = None, tenant: str = DEFAULT_TENANT,
                             actor: str = OPERATOR,
-                            candidate: str | CandidateMode | None = None) -> int:
+                            candidate: str | CandidateMode | None = None,
+                            defaults: TenantLimits | None = None) -> int:
         """Register the head held by a TF checkpoint (tensors `weights_name`, `biases_name`);
         `candidate` as for `register`."""
         bot_id = validate_bot_id(bot_id)
@@ -337,13 +338,14 @@ class HeadStore:
         if source is None:
             source = f"checkpoint:{os.path.abspath(prefix)}"
         return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor,
-                             candidate=candidate)
+                             candidate=candidate, defaults=defaults)
 
     def register_from_slim(self, bot_id: str, prefix: str | os.PathLike, labels, *,
                            serving_trunk_prefix: str | os.PathLike | None = None,
                            force: bool = False, tenant: str = DEFAULT_TENANT,
                            actor: str = OPERATOR,
-                           candidate: str | CandidateMode | None = None) -> int:
+                           candidate: str | CandidateMode | None = None,
+                           defaults: TenantLimits | None = None) -> int:
         """Import the classifier layer `InceptionV4/Logits/Logits` of a slim Inception-V4
         checkpoint (the official one, or one fine-tuned with any class count) as a head.
 
@@ -363,7 +365,7 @@ class HeadStore:
         w, b, labels_t, source = slim_head(bot_id, prefix, labels, force=force,
                                            serving_trunk_prefix=serving_trunk_prefix)
         return self.register(bot_id, w, b, labels_t, source=source, tenant=tenant, actor=actor,
-                             candidate=candidate)
+                             candidate=candidate, defaults=defaults)
 
     def promote(self, bot_id: str, *, actor: str = OPERATOR) -> tuple[int, int]:
         """Make the bot's candidate its active version (audited "candidate_promote"); the
@@ -469,12 +471,10 @@ class HeadStore:
 
     def set_tenant_limits(self, name: str, *, actor: str = OPERATOR,
                           **changes: float | int | None) -> TenantLimits:
-        """Change a tenant's limits (fair sharing; `accounts.tenants.TenantLimits`), audited as
-        "tenant_set". "default" is a tenant like the others here.
+        """Change a tenant's limits (`accounts.tenants.LIMITS`: fair sharing and storage),
+        audited as "tenant_set". "default" is a tenant like the others here. `changes`: each
+        given takes its value, None putting it back to the serve default; the others keep theirs.
 
-        Args:
-            changes: weight, rate, burst, max_queued: each given takes its value, None putting
-                it back to the serve default; the ones not given keep theirs.
         Returns:
             The tenant's limits now. Every store open on this location serves them from
             `tenant_limits()` within `change_poll_s` of learning of the change.

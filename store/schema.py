@@ -40,7 +40,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from accounts.candidates import MODES
-from accounts.tenants import AUDIT_ACTIONS, LIMITS, SCOPES
+from accounts.tenants import AUDIT_ACTIONS, LIMITS, SCOPES, STORAGE_TABLE
 from store.backend import POSTGRESQL, SQLITE
 
 # Logical column types.
@@ -107,7 +107,8 @@ def _limit_column(name: str) -> Column:
     """A column of tenant_limits: NULL (the serve default) or a value in the limit's range."""
     limit = LIMITS[name]
     maximum = int(limit.maximum) if limit.integer else float(limit.maximum)
-    return Column(name, INT if limit.integer else REAL, nullable=True,
+    kind = (BIGINT if limit.maximum > 2**31 - 1 else INT) if limit.integer else REAL
+    return Column(name, kind, nullable=True,
                   check=f"{name} > 0 AND {name} <= {maximum!r}")
 
 
@@ -165,7 +166,16 @@ TABLES: tuple[Table, ...] = (
     # default, a tenant without a row has every default. The default tenant may have a row.
     Table("tenant_limits", (
         Column("name", KEY),
-        *(_limit_column(name) for name in LIMITS),
+        *(_limit_column(name) for name, limit in LIMITS.items()
+          if limit.table == "tenant_limits"),
+        Column("updated", TEXT),
+    ), primary_key=("name",)),
+    # The storage limits of a tenant (max_bots, max_versions, max_head_bytes,
+    # registrations_per_minute), as tenant_limits: a table of their own, so that a store
+    # written before them gains it empty at its next write (no column added to a table).
+    Table(STORAGE_TABLE, (
+        Column("name", KEY),
+        *(_limit_column(name) for name, limit in LIMITS.items() if limit.table == STORAGE_TABLE),
         Column("updated", TEXT),
     ), primary_key=("name",)),
     # API keys: only the sha256 of each token (see accounts.tenants). No foreign key to tenants:

@@ -164,7 +164,8 @@ LIMIT_PROPERTIES = {name: _limit_schema(name) for name in LIMIT_NAMES}
 TENANT_LIMITS_SCHEMA = {
     "title": "TenantLimits", "type": "object", "additionalProperties": False,
     "required": list(LIMIT_NAMES), "properties": LIMIT_PROPERTIES,
-    "description": "the tenant's limits for sharing the trunk; null: the serve default"}
+    "description": "the tenant's limits (sharing the trunk, what it stores); null: the serve "
+                   "default"}
 TENANT_INFO_SCHEMA = {
     "title": "TenantInfo", "type": "object", "additionalProperties": False,
     "required": ["name", "created", "bots", "limits"],

@@ -450,9 +450,12 @@ class Caller:
             if own is not None and change == "candidate_add" \
                     and self._core.store.owner(bot_id) != own:
                 raise UnknownBot(bot_id)
+            owner = self._tenant_for(bot_id, tenant)
+            # The owner's limits, whoever registers (the operator too).
+            self._core.tenancy.take_registration(owner)
             return self._core.bots.register_checkpoint(
-                bot_id, prefix, labels_path, tenant=self._tenant_for(bot_id, tenant),
-                actor=self._principal.actor, **options)
+                bot_id, prefix, labels_path, tenant=owner, actor=self._principal.actor,
+                defaults=self._core.tenancy.defaults, **options)
         except UnknownBot:
             self._record_refusal(bot_id, f"{change}: unknown bot")
             raise

@@ -74,6 +74,11 @@ class RateLimited(Overloaded):
     the request now; it will in `retry_after_s` seconds (429 + Retry-After)."""
 
 
+class RegistrationRateLimited(RateLimited):
+    """A tenant's `registrations_per_minute` does not hold another registration now; it will
+    in `retry_after_s` seconds (429 registration_rate + Retry-After)."""
+
+
 class QueueShareExceeded(Overloaded):
     """A tenant's queued images would pass its weighted share of the queue (or its own
     `max_queued`), or were pushed out of the queue to make room for a tenant within its share
@@ -135,6 +140,7 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     f"{__name__}.Overloaded": (503, "overloaded", "RESOURCE_EXHAUSTED"),
     # One tenant over its own quota or queue share: the client's doing (429), not the server's.
     f"{__name__}.RateLimited": (429, "rate_limited", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.RegistrationRateLimited": (429, "registration_rate", "RESOURCE_EXHAUSTED"),
     f"{__name__}.QueueShareExceeded": (429, "queue_share", "RESOURCE_EXHAUSTED"),
     f"{__name__}.SocketShareExceeded": (429, "socket_share", "RESOURCE_EXHAUSTED"),
     f"{__name__}.ShuttingDown": (503, "shutting_down", "UNAVAILABLE"),
@@ -171,6 +177,9 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     "accounts.errors.TenantNotEmpty": (409, "tenant_not_empty", "FAILED_PRECONDITION"),
     "accounts.errors.UnknownKey": (404, "unknown_key", "NOT_FOUND"),
     "accounts.errors.BotOwnedElsewhere": (409, "bot_id_taken", "ALREADY_EXISTS"),
+    # a registration past the tenant's max_bots or max_head_bytes (no retry helps until the
+    # tenant removes something or the operator raises the limit)
+    "accounts.errors.TenantLimitExceeded": (403, "tenant_limit", "PERMISSION_DENIED"),
     # candidates: a mode other than shadow / canary:P; promote or discard with none there
     "accounts.errors.InvalidCandidate": (400, "invalid_candidate", "INVALID_ARGUMENT"),
     "accounts.errors.NoCandidate": (404, "no_candidate", "NOT_FOUND"),

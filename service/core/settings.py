@@ -302,6 +302,30 @@ class Settings:
         "most images one tenant may have waiting when its own is unset (429 queue_share "
         "beyond it); unset: only its weighted share of max_queue_rows (fair)",
         at_least=1, at_most=1_000_000)
+    # -- what a tenant stores (accounts.tenants.versions_to_prune, accounts.rows.storage_plan) --
+    tenant_max_bots: int | None = setting(
+        1000,
+        "most live bots a tenant owns when its own max_bots is unset (403 tenant_limit for a "
+        "new bot beyond it; `multihead tenants set NAME --max-bots`); unset: no bound",
+        at_least=1, at_most=1_000_000)
+    tenant_max_versions: int | None = setting(
+        20,
+        "versions kept per bot when the tenant's own max_versions is unset: a registration "
+        "beyond it prunes the bot's oldest versions (never the active one, the candidate, "
+        "the previously active one or the rollback target); unset: every version kept",
+        at_least=1, at_most=1000)
+    tenant_max_head_bytes: int | None = setting(
+        2 * 1024**3,
+        "total head bytes a tenant stores ((1536 + 1) x 4 per class of every stored "
+        "version) when its own max_head_bytes is unset (403 tenant_limit beyond it); unset: "
+        "no bound",
+        at_least=1, at_most=1_000_000_000_000)
+    tenant_registrations_per_minute: int | None = setting(
+        120,
+        "registrations (new versions, candidates) a tenant makes through this server per "
+        "minute when its own is unset, whoever registers (429 registration_rate + "
+        "Retry-After beyond it; a bucket of one minute's worth, per process); unset: no bound",
+        at_least=1, at_most=1_000_000)
     metrics_top_tenants: int = setting(
         20, "busiest tenants that get their own /metrics label; the rest are 'other'",
         at_least=0)

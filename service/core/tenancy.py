@@ -1,13 +1,19 @@
 """Tenants at serving time: their limits as the engine reads them (fair share, quota, queue
-cap: from memory, per request and per batch row), and the operator's changes to tenants, keys
-and the audit log, off the event loop. No access rule here: a call reaches this through
+cap: from memory, per request and per batch row), the registrations-per-minute bucket and the
+serve defaults of the storage limits (which the store applies in a registration's
+transaction), and the operator's changes to tenants, keys and the audit log, off the event
+loop. No access rule here: a call reaches this through
 `service.core.caller.Caller`, which applies them."""
 from __future__ import annotations
 
 import functools
+import math
+import threading
+import time
 
 from accounts.tenants import OPERATOR as OPERATOR_ACTOR
 from accounts.tenants import ApiKey, AuditRecord, TenantInfo, TenantLimits
+from service.core.errors import RegistrationRateLimited
 from service.core.quota import Quotas
 from service.core.settings import Settings
 from service.core.threads import Threads
@@ -31,7 +37,13 @@ class Tenancy:
         # the store changes), the serve flags for what a tenant leaves unset.
         self._defaults = TenantLimits(
             weight=settings.tenant_weight, rate=settings.tenant_rate,
-            burst=settings.tenant_burst, max_queued=settings.tenant_max_queued)
+            burst=settings.tenant_burst, max_queued=settings.tenant_max_queued,
+            max_bots=settings.tenant_max_bots, max_versions=settings.tenant_max_versions,
+            max_head_bytes=settings.tenant_max_head_bytes,
+            registrations_per_minute=settings.tenant_registrations_per_minute)
+        # Registrations per minute: {tenant: (tokens, at)}, a bucket of one minute's worth.
+        self._registrations: dict[str, tuple[float, float]] = {}
+        self._registrations_lock = threading.Lock()
         self._table: dict | None = None
         self._filled: dict[str, TenantLimits] = {}
         self.quotas = Quotas(self.rate, divisor=settings.quota_divisor)
@@ -63,6 +75,32 @@ class Tenancy:
     def max_queued(self, tenant: str) -> int | None:
         """`tenant`'s own cap on queued images (the batcher's), None for none."""
         return self.limits(tenant).max_queued
+
+    @property
+    def defaults(self) -> TenantLimits:
+        """The serve defaults of every limit (the store applies the storage ones in the
+        registration's transaction: `HeadStore.register(defaults=...)`)."""
+        return self._defaults
+
+    def take_registration(self, tenant: str, *, now: float | None = None) -> None:
+        """Count one registration of `tenant` against its registrations_per_minute (a token
+        bucket holding one minute's worth, refilled continuously; per process). Raises
+        RegistrationRateLimited (429 + Retry-After) when the bucket is empty."""
+        per_minute = self.limits(tenant).registrations_per_minute
+        if per_minute is None:
+            return
+        now = time.monotonic() if now is None else now
+        rate = per_minute / 60.0
+        with self._registrations_lock:
+            tokens, at = self._registrations.get(tenant, (float(per_minute), now))
+            tokens = min(float(per_minute), tokens + (now - at) * rate)
+            if tokens < 1.0:
+                self._registrations[tenant] = (tokens, now)
+                wait = (1.0 - tokens) / rate
+                raise RegistrationRateLimited(
+                    wait, f"tenant {tenant!r} is at its registrations_per_minute="
+                          f"{per_minute}: retry after {math.ceil(wait)} s")
+            self._registrations[tenant] = (tokens - 1.0, now)
 
     # -- tenants, keys, audit (the operator's; a manage key reads its tenant's audit) --------------
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from accounts.candidates import CandidateInfo, CandidateMode, required_candidate
 from accounts.errors import BotOwnedElsewhere, UnknownTenant
-from accounts.tenants import DEFAULT_TENANT, OPERATOR, utc_now
+from accounts.tenants import DEFAULT_TENANT, OPERATOR, TenantLimits, utc_now
 from heads.errors import UnknownBot
 from store.bots import BotRow, Bots, Step, VersionRow
 from store.directory.blobs import DirectoryBlobs
@@ -46,7 +46,8 @@ class DirectoryBots(Bots):
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                     labels: tuple[str, ...], source: str, step: Step, *,
                     tenant: str = DEFAULT_TENANT, actor: str = OPERATOR,
-                    candidate: CandidateMode | None = None) -> int:
+                    candidate: CandidateMode | None = None,
+                    defaults: TenantLimits | None = None) -> int:
         blobs = self._blobs
         replaced = None  # the candidate a new one replaces: its files go after the commit
         with self._registry.write() as tx:
@@ -61,6 +62,12 @@ class DirectoryBots(Bots):
             registered = tx.versions(bot_id)
             left = blobs.sweep(bot_id, set(registered))
             version = 1 + max([tx.max_version_ever(bot_id), *registered, *left])
+            live = self._live_candidate(tx, bot_id, previous) if previous is not None else None
+            pruned = tx.rows.storage_plan(
+                tenant, bot_id, version=version, n_classes=int(weights.shape[1]),
+                previous=previous, candidate=None if live is None else live[0],
+                as_candidate=candidate is not None, defaults=defaults)
+            note = f"; pruned {', '.join(f'v{v}' for v in pruned)}" if pruned else ""
             created = utc_now()
             digest = blobs.write(tx, bot_id, version, weights, biases, labels, created=created,
                                  source=source, step=step)
@@ -68,12 +75,14 @@ class DirectoryBots(Bots):
                 tx.add_version(VersionRow(bot_id, version, int(weights.shape[1]), labels,
                                           created, source), at=created,
                                active=candidate is None)
+                for old in pruned:
+                    tx.delete_version(bot_id, old)
                 if candidate is None:
                     tx.rows.set_owner(bot_id, tenant)
                     tx.rows.record(at=created, actor=actor,
                                    action="register" if previous is None else "replace",
                                    tenant=tenant, bot_id=bot_id, version=version,
-                                   digest=digest, detail=source)
+                                   digest=digest, detail=source + note)
                 else:
                     replaced = self._live_candidate(tx, bot_id, previous)
                     if replaced is not None:
@@ -84,13 +93,18 @@ class DirectoryBots(Bots):
                     tx.set_candidate(bot_id, version, candidate, at=created)
                     tx.rows.record(at=created, actor=actor, action="candidate_add",
                                    tenant=tenant, bot_id=bot_id, version=version,
-                                   digest=digest, detail=f"{candidate}, {source}")
+                                   digest=digest, detail=f"{candidate}, {source}{note}")
                 step("rows_added")
             except BaseException:
                 blobs.drop(bot_id, version)
                 raise
-        if replaced is not None:  # committed: no row points to it (numbers are never reused)
-            blobs.drop(bot_id, replaced[0])
+            # Committed (leaving the lock commits): no row points to these (numbers are never
+            # reused); a crash before leaves files that the next registration sweeps.
+            tx.commit()
+            for old in pruned:
+                blobs.drop(bot_id, old)
+            if replaced is not None:
+                blobs.drop(bot_id, replaced[0])
         return version
 
     @staticmethod

@@ -126,6 +126,12 @@ class Transaction:
                            (bot_id, version))
         self._history(bot_id, "discard", version, None, at, None)
 
+    def delete_version(self, bot_id: str, version: int) -> None:
+        """A version row goes (a version pruned by its tenant's max_versions: no history row,
+        its number is never given again all the same: the history keeps its registration)."""
+        self._conn.execute("DELETE FROM versions WHERE bot_id = ? AND version = ?",
+                           (bot_id, version))
+
     def set_active(self, bot_id: str, version: int, *, at: str, action: str = "rollback") -> None:
         previous = self.active_version(bot_id)
         self._set_active(bot_id, version, at)

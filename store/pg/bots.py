@@ -10,7 +10,7 @@ from psycopg.types.json import Jsonb
 
 from accounts.candidates import CandidateInfo, CandidateMode, required_candidate
 from accounts.errors import BotOwnedElsewhere, UnknownTenant
-from accounts.tenants import DEFAULT_TENANT, OPERATOR, utc_now
+from accounts.tenants import DEFAULT_TENANT, OPERATOR, TenantLimits, utc_now
 from heads.errors import UnknownBot
 from store.bots import BotRow, Bots, Step, VersionRow
 from store.pg.blobs import PgBlobs
@@ -148,7 +148,8 @@ class PgBots(Bots):
     def add_version(self, bot_id: str, weights: np.ndarray, biases: np.ndarray,
                     labels: tuple[str, ...], source: str, step: Step, *,
                     tenant: str = DEFAULT_TENANT, actor: str = OPERATOR,
-                    candidate: CandidateMode | None = None) -> int:
+                    candidate: CandidateMode | None = None,
+                    defaults: TenantLimits | None = None) -> int:
         n = int(weights.shape[1])
 
         def change(conn):
@@ -167,11 +168,21 @@ class PgBots(Bots):
                 f"(SELECT max(version) FROM {S}.versions WHERE bot_id = %s))",
                 (bot_id, list(STORING_ACTIONS), bot_id)).fetchone()
             version = 1 + int(row[0] or 0)
+            live = _candidate(conn, bot_id, previous) if previous is not None else None
+            pruned = accounts.storage_plan(
+                tenant, bot_id, version=version, n_classes=n, previous=previous,
+                candidate=None if live is None else live[0],
+                as_candidate=candidate is not None, defaults=defaults)
+            note = f"; pruned {', '.join(f'v{v}' for v in pruned)}" if pruned else ""
             created = utc_now()
             conn.execute(f"INSERT INTO {S}.versions VALUES (%s, %s, %s, %s, %s, %s)",
                          (bot_id, version, n, Jsonb(list(labels)), created, source))
             digest = self._blobs.write(conn, bot_id, version, weights, biases, labels,
                                        created=created, source=source, step=step)
+            # Pruned versions go with their blobs (ON DELETE CASCADE), in this transaction.
+            for old in pruned:
+                conn.execute(f"DELETE FROM {S}.versions WHERE bot_id = %s AND version = %s",
+                             (bot_id, old))
             if candidate is None:
                 conn.execute(
                     f"INSERT INTO {S}.bots VALUES (%s, %s, %s) ON CONFLICT (bot_id) DO "
@@ -182,7 +193,7 @@ class PgBots(Bots):
                 accounts.record(at=created, actor=actor,
                                 action="register" if previous is None else "replace",
                                 tenant=tenant, bot_id=bot_id, version=version, digest=digest,
-                                detail=source)
+                                detail=source + note)
             else:
                 _history(conn, bot_id, "candidate", version, previous, created, source)
                 replaced = _candidate(conn, bot_id, previous)
@@ -199,7 +210,7 @@ class PgBots(Bots):
                     (bot_id, version, candidate.mode, candidate.percent, created))
                 accounts.record(at=created, actor=actor, action="candidate_add",
                                 tenant=tenant, bot_id=bot_id, version=version, digest=digest,
-                                detail=f"{candidate}, {source}")
+                                detail=f"{candidate}, {source}{note}")
             return version
 
         # "rows_added": registry rows and NOTIFY done, before COMMIT.

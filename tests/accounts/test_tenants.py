@@ -57,7 +57,7 @@ from tests.support.stores import BackendReads
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN_RE = re.compile(r"mhk_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")
-NO_LIMITS = {"weight": None, "rate": None, "burst": None, "max_queued": None}
+NO_LIMITS = dict.fromkeys(LIMIT_NAMES)
 
 
 def audit_rows(store, **kw) -> list[tuple]:
@@ -188,14 +188,17 @@ def test_removing_a_tenant_with_force_removes_its_bots_and_revokes_its_keys(any_
 
 
 def test_the_limits_and_their_ranges():
-    assert LIMIT_NAMES == ("weight", "rate", "burst", "max_queued")
+    assert LIMIT_NAMES == ("weight", "rate", "burst", "max_queued", "max_bots", "max_versions",
+                           "max_head_bytes", "registrations_per_minute")
     assert {n: (lim.integer, lim.maximum) for n, lim in LIMITS.items()} == {
         "weight": (False, 1000), "rate": (False, 1e6), "burst": (True, 10**6),
-        "max_queued": (True, 10**6)}
+        "max_queued": (True, 10**6), "max_bots": (True, 10**6), "max_versions": (True, 1000),
+        "max_head_bytes": (True, 10**12), "registrations_per_minute": (True, 10**6)}
     assert TenantLimits().to_dict() == NO_LIMITS
     limits = TenantLimits(weight=2, rate=1e6, burst=4.0, max_queued=1)
-    assert limits.to_dict() == {"weight": 2.0, "rate": 1e6, "burst": 4, "max_queued": 1}
-    assert [type(v) for v in limits.to_dict().values()] == [float, float, int, int]
+    assert limits.to_dict() == {**NO_LIMITS, "weight": 2.0, "rate": 1e6, "burst": 4,
+                                "max_queued": 1}
+    assert [type(v) for v in limits.to_dict().values()][:4] == [float, float, int, int]
     assert limits.changed(weight=None, burst=10) == TenantLimits(rate=1e6, burst=10,
                                                                  max_queued=1)
     assert TenantLimits(weight=3).filled(TenantLimits(1, 2, 3, 4)) == TenantLimits(3, 2, 3, 4)

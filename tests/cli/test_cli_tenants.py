@@ -12,10 +12,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accounts.tenants import LIMITS, TenantLimits, parse_token, token_hash, validate_limit
+from accounts.tenants import (
+    LIMIT_NAMES,
+    LIMITS,
+    TenantLimits,
+    parse_token,
+    token_hash,
+    validate_limit,
+)
 from cli.main import main
 from store import open_store
 from tests.support.heads import random_head, save_checkpoint, tree_digest, write_labels
+
+NO_LIMITS = dict.fromkeys(LIMIT_NAMES)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -125,7 +134,8 @@ def test_tenant_limits_from_the_command_line(tmp_path, capsys):
     code, out, _ = run(capsys, "tenants", "set", "acme", "--burst", "40", "--rate", "default",
                        "--store", store)
     assert code == 0 and out == ("limits of tenant 'acme': weight=2 rate=default burst=40 "
-                                 "max_queued=default\n")
+                                 "max_queued=default max_bots=default max_versions=default "
+                                 "max_head_bytes=default registrations_per_minute=default\n")
     assert run(capsys, "tenants", "set", "default", "--max-queued=1e3", "--weight", "0.5",
                "--store", store)[0] == 0
     with open_store(store) as s:
@@ -138,13 +148,14 @@ def test_tenant_limits_from_the_command_line(tmp_path, capsys):
 
     code, out, _ = run(capsys, "tenants", "list", "--store", store)
     assert code == 0 and [line.split() for line in out.splitlines()][:3] == [
-        ["TENANT", "BOTS", "WEIGHT", "RATE", "BURST", "MAX_QUEUED", "CREATED"],
-        ["acme", "0", "2", "default", "40", "default", out.split()[13]],
-        ["default", "0", "0.5", "default", "default", "1000", "-"]]
+        ["TENANT", "BOTS", "WEIGHT", "RATE", "BURST", "MAX_QUEUED", "MAX_BOTS", "MAX_VERSIONS",
+         "MAX_HEAD_BYTES", "REG_PER_MIN", "CREATED"],
+        ["acme", "0", "2", "default", "40", *["default"] * 5, out.split()[21]],
+        ["default", "0", "0.5", "default", "default", "1000", *["default"] * 4, "-"]]
     code, out, _ = run(capsys, "tenants", "list", "--json", "--store", store)
     assert {t["name"]: t["limits"] for t in json.loads(out)} == {
-        "acme": {"weight": 2.0, "rate": None, "burst": 40, "max_queued": None},
-        "default": {"weight": 0.5, "rate": None, "burst": None, "max_queued": 1000}}
+        "acme": {**NO_LIMITS, "weight": 2.0, "burst": 40},
+        "default": {**NO_LIMITS, "weight": 0.5, "max_queued": 1000}}
     code, out, _ = run(capsys, "audit", "--store", store)
     assert code == 0 and out.count("tenant_set") == 2
 

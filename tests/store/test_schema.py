@@ -124,11 +124,11 @@ def pg_schema(url: str) -> dict:
 
 def test_the_description_holds_both_backends_tables_with_their_constraints():
     assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history",
-                                        "tenants", "tenant_limits", "api_keys", "owners",
-                                        "audit", "candidates"]
+                                        "tenants", "tenant_limits", "tenant_storage_limits",
+                                        "api_keys", "owners", "audit", "candidates"]
     assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history", "tenants",
-                                                "tenant_limits", "api_keys", "owners", "audit",
-                                                "candidates"]
+                                                "tenant_limits", "tenant_storage_limits",
+                                                "api_keys", "owners", "audit", "candidates"]
     assert [t.name for t in tables(POSTGRESQL)] == [t.name for t in TABLES]
     # Referenced tables come first: the statements run in this order.
     for i, t in enumerate(TABLES):
@@ -166,7 +166,11 @@ def test_the_sqlite_checks_refuse_what_the_description_forbids(store):
                       f"{value}, 'x')" for column, value in [
                           ("weight", 0), ("weight", -1), ("weight", 1000.5), ("rate", 0),
                           ("rate", 1e6 + 1), ("burst", 0), ("burst", 1_000_001),
-                          ("max_queued", -5), ("max_queued", 10**7)])]:
+                          ("max_queued", -5), ("max_queued", 10**7)]),
+                    *(f"INSERT INTO tenant_storage_limits (name, {column}, updated) VALUES "
+                      f"('t', {value}, 'x')" for column, value in [
+                          ("max_bots", 0), ("max_versions", 1001), ("max_head_bytes", 0),
+                          ("max_head_bytes", 10**12 + 1), ("registrations_per_minute", -1)])]:
             with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
                 conn.execute(sql)
     finally:
@@ -272,8 +276,8 @@ def _old_rows(insert_version, insert_bot, insert_history) -> None:
 
 # The tables tenants added: a store of 42dd771 gains them, empty, at its first write.
 TENANT_TABLES = ("tenants", "tenant_limits", "api_keys", "owners", "audit")
-# ... and the tables added since (candidates).
-ADDED_TABLES = (*TENANT_TABLES, "candidates")
+# ... and the tables added since (candidates, storage limits).
+ADDED_TABLES = (*TENANT_TABLES, "candidates", "tenant_storage_limits")
 
 
 def _in_the_default_tenant(s) -> None:
@@ -471,7 +475,8 @@ def _d17eb97_statements(dialect: str, prefix: str, audit: str) -> list[str]:
     """The DDL of a store written by d17eb97: today's tables but tenant_limits and candidates,
     its audit, and its history (whose check lacks the candidates' actions)."""
     today = create_statements(dialect, prefix, only={t.name for t in tables(dialect)}
-                              - {"audit", "tenant_limits", "candidates", "history"})
+                              - {"audit", "tenant_limits", "candidates", "history",
+                                 "tenant_storage_limits"})
     return [*today, HISTORY_3D50DBA[dialect].format(prefix=prefix),
             HISTORY_INDEX.format(prefix=prefix), audit, AUDIT_INDEX.format(prefix=prefix)]
 
@@ -533,7 +538,7 @@ def test_a_directory_store_written_by_d17eb97_gains_the_tenant_set_action(tmp_pa
     assert sqlite_schema(db) == expected_schema(SQLITE)
     assert {t: v for t, v in old_schema.items() if t != "audit"} == {
         t: v for t, v in expected_schema(SQLITE).items()
-        if t not in ("audit", "tenant_limits", "candidates")}
+        if t not in ("audit", "tenant_limits", "candidates", "tenant_storage_limits")}
     # Made again once: a later writer finds the check current and leaves the table alone.
     sql = _table_sql(db, "audit")
     with open_store(root) as s:
@@ -572,7 +577,8 @@ def test_a_postgresql_store_written_by_d17eb97_gains_the_tenant_set_action(pg_ur
     ((name, old_check),) = _pg_audit_check(pg_url)
     assert name == "audit_action_check" and stale_check("audit", old_check)
     assert pg_schema(pg_url) == {t: v for t, v in expected_schema(POSTGRESQL).items()
-                                 if t not in ("tenant_limits", "candidates")}
+                                 if t not in ("tenant_limits", "candidates",
+                                              "tenant_storage_limits")}
 
     _gains_tenant_set(pg_url)
     ((name, check),) = _pg_audit_check(pg_url)

@@ -1,0 +1,122 @@
+"""Per-tenant storage limits on a real server (`--auth keys`, the auth matrix's world: tenants
+`acme` and `globex`), issue 34 item 4: acme reaches each of its limits (set by the operator over
+`PATCH /tenants/acme`, shown by `GET /tenants`) and gets a clear refusal (JSON body, never a
+5xx) while globex registers fine; the operator registering into acme is held to acme's limits.
+"""
+from __future__ import annotations
+
+import uuid
+
+import aiohttp
+import pytest
+
+from service.transports.http.app import create_app
+from tests.service.codecs.test_auth import OPERATOR_TOKEN, OTHER, OWN, World
+from tests.support.heads import stored_entries
+from tests.support.servers import ThreadedServer, make_settings
+
+pytestmark = pytest.mark.timeout(300)
+OK = (200, 201)  # a new version of a live bot, a new bot
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, trunk):
+    w = World(tmp_path_factory.mktemp("limits"))
+    # Serve defaults of no bound (but versions, kept by the default of 20) for what the tests
+    # do not set; acme's own limits are set per test.
+    settings = make_settings(w.tmp_path, auth="keys", admin_token=OPERATOR_TOKEN,
+                             tenant_max_bots=None, tenant_max_head_bytes=None,
+                             tenant_registrations_per_minute=None)
+    w.server = ThreadedServer(create_app(settings, trunk=trunk, store=w.store))
+    yield w
+    w.server.close()
+    w.store.close()
+
+
+async def put_bot(world: World, credential: str, bot: str, query: str = "") -> tuple:
+    upload, content_type = world.upload()
+    async with aiohttp.ClientSession(headers=world.headers[credential]) as session:
+        async with session.put(f"{world.server.url}/bots/{bot}{query}", data=upload,
+                               headers={"Content-Type": content_type}) as resp:
+            return resp.status, await resp.json(), dict(resp.headers)
+
+
+async def set_limits(world: World, tenant: str, **limits) -> dict:
+    async with aiohttp.ClientSession(headers=world.headers["operator"]) as session:
+        async with session.patch(f"{world.server.url}/tenants/{tenant}", json=limits) as resp:
+            assert resp.status == 200, await resp.text()
+        async with session.get(f"{world.server.url}/tenants") as resp:
+            return {t["name"]: t["limits"] for t in (await resp.json())["tenants"]}[tenant]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def test_max_bots_refuses_acme_a_new_bot_while_globex_registers(world):
+    owned = len(world.store.list(tenant=OWN))
+    shown = await set_limits(world, OWN, max_bots=owned + 1)
+    assert shown["max_bots"] == owned + 1
+    try:
+        assert (await put_bot(world, "own_manage", new_id("acme")))[0] in OK
+        status, body, _ = await put_bot(world, "own_manage", new_id("acme"))
+        assert status == 403 and body == {
+            "error": f"tenant limit max_bots={owned + 1} reached: tenant 'acme' owns "
+                     f"{owned + 1} bot(s)", "code": "tenant_limit"}
+        # The operator registering into acme: acme's limit holds.
+        status, body, _ = await put_bot(world, "operator", new_id("acme"), f"?tenant={OWN}")
+        assert status == 403 and body["code"] == "tenant_limit"
+        for _ in range(2):
+            assert (await put_bot(world, "other_manage", new_id("globex")))[0] in OK
+    finally:
+        await set_limits(world, OWN, max_bots=None)
+
+
+async def test_max_versions_prunes_acme_oldest_versions(world):
+    bot = world.fresh_bot(versions=1)
+    shown = await set_limits(world, OWN, max_versions=2)
+    assert shown["max_versions"] == 2
+    try:
+        for _ in range(3):
+            assert (await put_bot(world, "own_manage", bot))[0] in OK
+        info = world.store.info(bot)
+        assert (info.version, info.versions) == (4, [3, 4])
+        assert stored_entries(world.store.location, bot) == ["v3", "v4"]
+        other = new_id("globex")
+        for _ in range(3):  # globex keeps the serve default (20): nothing pruned
+            assert (await put_bot(world, "other_manage", other))[0] in OK
+        assert world.store.info(other).versions == [1, 2, 3]
+    finally:
+        await set_limits(world, OWN, max_versions=None)
+
+
+async def test_max_head_bytes_refuses_acme_a_head_past_it(world):
+    shown = await set_limits(world, OWN, max_head_bytes=1)
+    assert shown["max_head_bytes"] == 1
+    try:
+        status, body, _ = await put_bot(world, "own_manage", new_id("acme"))
+        assert status == 403 and body["code"] == "tenant_limit"
+        assert body["error"].startswith("tenant limit max_head_bytes=1 reached: ")
+        assert (await put_bot(world, "other_manage", new_id("globex")))[0] in OK
+    finally:
+        await set_limits(world, OWN, max_head_bytes=None)
+
+
+async def test_registrations_per_minute_answers_429_with_retry_after(world):
+    shown = await set_limits(world, OWN, registrations_per_minute=2)
+    assert shown["registrations_per_minute"] == 2
+    try:
+        bot = new_id("acme")
+        assert [(await put_bot(world, "own_manage", bot))[0] for _ in range(2)] == [201, 200]
+        status, body, headers = await put_bot(world, "own_manage", bot)
+        assert status == 429 and body["code"] == "registration_rate"
+        assert "registrations_per_minute=2" in body["error"]
+        assert 1 <= int(headers["Retry-After"]) <= 30
+        # Whoever registers into acme: the operator too.
+        status, body, _ = await put_bot(world, "operator", bot, f"?tenant={OWN}")
+        assert status == 429 and body["code"] == "registration_rate"
+        assert world.store.info(bot).version == 2
+        for _ in range(3):
+            assert (await put_bot(world, "other_manage", new_id(OTHER)))[0] in OK
+    finally:
+        await set_limits(world, OWN, registrations_per_minute=None)
