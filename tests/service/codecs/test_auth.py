@@ -112,9 +112,9 @@ class World:
             f"multipart/form-data; boundary={boundary}"
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, trunk):
-    w = World(tmp_path_factory.mktemp("auth"))
+def serving(tmp_path_factory, trunk, name: str):
+    """A `World` with its server running (HTTP and gRPC, `--auth keys`), closed after."""
+    w = World(tmp_path_factory.mktemp(name))
     settings = make_settings(w.tmp_path, auth="keys", admin_token=OPERATOR_TOKEN,
                              grpc_port=0)
     app = create_app(settings, trunk=trunk, store=w.store, listeners=[GrpcServer])
@@ -123,6 +123,11 @@ def world(tmp_path_factory, trunk):
     yield w
     w.server.close()
     w.store.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, trunk):
+    yield from serving(tmp_path_factory, trunk, "auth")
 
 
 def js(obj) -> bytes:

@@ -31,10 +31,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from service.codecs.routes import ENDPOINTS
 from service.core.auth import INFER, MANAGE
-from service.transports.grpc.server import GrpcServer
-from service.transports.http.app import LISTENERS, create_app
 from tests.service.codecs.test_auth import (
-    OPERATOR_TOKEN,
     OTHER,
     OWN,
     OWN_BOT,
@@ -43,9 +40,9 @@ from tests.service.codecs.test_auth import (
     UPGRADE,
     World,
     _string_tensor,
+    serving,
 )
 from tests.support.builders import random_head
-from tests.support.servers import ThreadedServer, make_settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,15 +66,7 @@ CASES = [(e.name, e.access, credential) for credential in CREDENTIALS
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, trunk):
-    w = World(tmp_path_factory.mktemp("unknown"))
-    settings = make_settings(w.tmp_path, auth="keys", admin_token=OPERATOR_TOKEN,
-                             grpc_port=0)
-    app = create_app(settings, trunk=trunk, store=w.store, listeners=[GrpcServer])
-    w.server = ThreadedServer(app)
-    w.grpc = app[LISTENERS][0]
-    yield w
-    w.server.close()
-    w.store.close()
+    yield from serving(tmp_path_factory, trunk, "unknown")
 
 
 def pair(world: World) -> tuple[str, str]:
