@@ -490,7 +490,9 @@ def test_keys_add_list_revoke(any_store, caplog):
     assert key.hash == token_hash(token)
     key2, token2 = s.add_key("default", "metrics")
     assert token2 != token and key2.id != key.id
-    assert s.keys() == [key, key2] and s.keys("t1") == [key] and s.keys("t2") == []
+    # Listed by creation time, then id: two keys made in the same millisecond go by id.
+    in_order = sorted([key, key2], key=lambda k: (k.created, k.id))
+    assert s.keys() == in_order and s.keys("t1") == [key] and s.keys("t2") == []
     assert s.key_table() == {key.id: key, key2.id: key2}
     for scope in ("admin", "", None, "INFER"):
         with pytest.raises(ValueError, match="scope"):
