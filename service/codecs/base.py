@@ -68,6 +68,9 @@ class Reply:
     # What a transport that rebuilds the body may put in it (never sent): the /metrics reply's
     # `metrics_scope.Scope` for the Ray ingress's merge of every replica's metrics.
     scope: Any = None
+    # Never sent either: the API key id a stream's upgrade was admitted with (None: no key),
+    # which the Ray ingress watches for the socket's life (`service.core.connections`).
+    key_id: str | None = None
 
 
 def json_reply(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 
 from service.core.auth import Principal
 
@@ -81,7 +81,12 @@ class Connections:
         """Registers a socket opened by `principal` for the block: `close()` closes it (with
         CLOSE_POLICY and CLOSE_REASON) once its key is no longer accepted. Call on the event
         loop that serves the socket."""
-        key_id = principal.key_id
+        with self.hold_key(principal.key_id, close):
+            yield
+
+    @contextlib.contextmanager
+    def hold_key(self, key_id: str | None, close: Close) -> Iterator[None]:
+        """`hold` by the key's id (None: a socket without a key, not registered)."""
         if key_id is None:
             yield
             return
@@ -103,17 +108,26 @@ class Connections:
             self._watcher = asyncio.get_running_loop().create_task(
                 self._run(), name="multihead-connection-keys")
 
+    async def live(self, key_ids: Collection[str]) -> Collection[str] | None:
+        """Which of `key_ids` are still accepted; None: nothing changed since the last round
+        (the same key table), or the table cannot be read (the store is closed: the sockets
+        close with the server)."""
+        try:
+            keys = self._keys()
+        except RuntimeError:
+            return None
+        if keys is self._seen:
+            return None
+        self._seen = keys
+        return {k for k in key_ids if k in keys}
+
     async def _run(self) -> None:
         while self._open:
             await asyncio.sleep(self._every_s)
-            try:
-                keys = self._keys()
-            except RuntimeError:  # the store is closed: the sockets close with the server
-                return
-            if keys is self._seen:
+            live = await self.live(list(self._open))
+            if live is None:
                 continue
-            self._seen = keys
-            gone = [k for k in self._open if k not in keys]
+            gone = [k for k in self._open if k not in live]
             for key_id in gone:
                 sockets = self._open.pop(key_id, {})
                 log.info("API key %s no longer accepted: closing its %d open socket(s)",

@@ -26,6 +26,7 @@ import pytest
 
 from bench import prometheus
 from bench.pgserver import free_port
+from service.core import connections
 from store import HeadStore
 from tests.support.heads import random_head, save_checkpoint, write_labels
 
@@ -480,6 +481,46 @@ def test_a_revoked_key_is_refused_by_every_replica_within_a_second(deployment):
         lambda status, body: status == 401 and body["code"] == "unauthorized", replicas,
         headers=own))
     assert max(seen.values()) <= PROPAGATION_S + SLACK_S, seen
+
+
+def test_a_revoked_keys_idle_socket_is_closed_through_rays_ingress_within_a_second(deployment):
+    """A WebSocket opened through Ray's proxy with a tenant's key, idle when the key is revoked
+    in the store: the ingress asks a replica about its sockets' keys and closes this one with
+    1008 and the JSON reason, without a message from the client; another key's socket stays
+    open."""
+    replicas = set(asyncio.run(replicas_ready(deployment.base, 2, 30)))
+    with HeadStore(deployment.store_url) as store:
+        store.add_tenant("initech")
+        store.register("initech-bot", *random_head(3, seed=9), tenant="initech")
+        key, token = store.add_key("initech", "infer")
+        _, other = store.add_key("initech", "infer")
+    asyncio.run(first_seen(deployment.base, "/bots/initech-bot",
+                           lambda status, body: status == 200, replicas,
+                           headers={"Authorization": f"Bearer {token}"}))
+    url = f"{deployment.base}/ws/classify/initech-bot"
+
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(url, headers={"Authorization": f"Bearer {token}"}) \
+                    as doomed, session.ws_connect(
+                        url, headers={"Authorization": f"Bearer {other}"}) as kept:
+                await kept.send_bytes(png_bytes(1))
+                assert (await kept.receive_json(timeout=60))["bot_id"] == "initech-bot"
+                with HeadStore(deployment.store_url) as store:
+                    store.revoke_key(key.id)
+                since = time.monotonic()
+                message = await doomed.receive(timeout=PROPAGATION_S + SLACK_S + 5)
+                took = time.monotonic() - since
+                await kept.send_bytes(png_bytes(2))
+                still = await kept.receive_json(timeout=60)
+                return message, doomed.close_code, took, still
+
+    message, code, took, still = asyncio.run(run())
+    assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), message
+    assert code == connections.CLOSE_POLICY, code
+    assert json.loads(message.extra)["code"] == "unauthorized", message
+    assert took <= PROPAGATION_S + SLACK_S, f"closed {took:.2f} s after the revocation"
+    assert still["bot_id"] == "initech-bot", still
 
 
 def test_a_tenants_quota_is_divided_between_the_replicas_and_set_live(deployment):

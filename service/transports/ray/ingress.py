@@ -25,8 +25,10 @@ socket is read ahead: when the client leaves while a message waits for the trunk
 cancelled (the replica withdraws its rows and counts 499); a message over `max_ws_message_bytes`
 closes the socket with 1009; a message the replica refuses 401 (the socket's key was revoked
 since, or its tenant removed: the replica checks the key per message) closes it with 1008
-and a JSON reason, as on aiohttp. NOTE: the ingress holds no key table: an idle socket whose
-key was revoked is closed at its next message, not within a second as on aiohttp. A route
+and a JSON reason, as on aiohttp. An idle socket whose key was revoked is closed too: the
+ingress holds no key table, so every KEYS_WATCH_S while sockets are open it asks a model
+replica which of their keys are still accepted (`ReplicaKeys`), and closes the others with
+1008: within that + the replica's store poll, under a second as on aiohttp. A route
 that is not a stream answers an upgrade request with its
 HTTP answer, as aiohttp does.
 
@@ -98,6 +100,28 @@ CLOSE_TOO_BIG = 1009  # RFC 6455: a message too big to process
 CLOSE_POLICY = connections.CLOSE_POLICY
 CLOSE_REASON = connections.CLOSE_REASON
 UNAUTHORIZED = 401
+# How often the ingress asks a model replica which of its open sockets' keys are still
+# accepted (seconds): a revoked key's idle socket is closed within this + the replica's store
+# poll (0.25 s) + the call.
+KEYS_WATCH_S = 0.25
+
+
+class ReplicaKeys(connections.Connections):
+    """The ingress's open sockets by API key, checked against a model replica's key table (the
+    ingress has no store): each round asks one replica which keys are still accepted
+    (`Replica.live_keys`); a round whose call fails (no replica) changes nothing."""
+
+    def __init__(self, model: DeploymentHandle) -> None:
+        super().__init__(dict, every_s=KEYS_WATCH_S)
+        self._model = model
+
+    async def live(self, key_ids):
+        try:
+            return set(await asyncio.wait_for(self._model.live_keys.remote(list(key_ids)),
+                                              PROBE_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - no replica now: asked again next round
+            log.debug("no model replica said which keys are live: %r", exc)
+            return None
 
 
 class _Closed(Exception):
@@ -120,6 +144,7 @@ class Ingress:
         self.router = Router(ENDPOINTS)
         self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=memory.Trimmer())
         self.metrics = Aggregate()
+        self.keys = ReplicaKeys(model)
         self._asked = 0  # model replicas asked for their metrics at the last scrape
 
     def __serve_build_asgi_app__(self):  # noqa: N807 - Ray's hook
@@ -238,7 +263,12 @@ class Ingress:
                      else None)
             socket = stream.Socket(socket_id, endpoint.name, path, route_template(endpoint.path),
                                    trace=trace)
-            await self._relay(ws, socket, request)
+
+            async def close() -> None:  # its key was revoked: 1008 with the JSON reason
+                await ws.close(CLOSE_POLICY, CLOSE_REASON)
+
+            with self.keys.hold_key(reply.key_id, close):
+                await self._relay(ws, socket, request)
 
     async def _relay(self, ws: WebSocket, socket: stream.Socket, request: Request) -> None:
         """Answers the socket's messages in order until it closes; a message still waiting

@@ -137,7 +137,8 @@ async def answer(service: Service, call: Call) -> Reply:
         if call.upgrade and endpoint.stream is not None:
             await endpoint.stream(caller, request)
             trace = service.tracing.carrier() if service.tracing is not None else {}
-            return Reply(pipeline.SWITCHING_PROTOCOLS, headers=trace)
+            return Reply(pipeline.SWITCHING_PROTOCOLS, headers=trace,
+                         key_id=caller.principal.key_id)
         body = call.body
 
         async def read_body() -> bytes:
@@ -200,6 +201,13 @@ class Replica:
         to /metrics. A call of the ingress to every replica, not a request: not counted."""
         body, _ = self.service.render_metrics()
         return self.name, body.decode()
+
+    async def live_keys(self, key_ids: list[str]) -> list[str]:
+        """Which of `key_ids` this replica's key table (its store snapshot) still accepts:
+        what the ingress asks every CLOSE_WATCH_S about its open sockets' keys. A call of the
+        ingress, not a request: not counted."""
+        keys = self.service.store.key_table()
+        return [k for k in key_ids if k in keys]
 
     async def __del__(self) -> None:
         # Ray calls this when it stops the replica, after draining its ongoing requests.
