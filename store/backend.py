@@ -32,16 +32,13 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from store.accounts import Accounts
 from store.blobs import Blobs
 from store.bots import Bots
 from store.errors import InvalidStoreLocation
-
-if TYPE_CHECKING:  # store.leases imports store.snapshot, which imports this module
-    from store.leases import Leases
+from store.leases import Leases
 
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"

@@ -67,7 +67,7 @@ from store.backend import POSTGRESQL, Backend, parse_location, redact_url
 from store.bots import BotInfo, rollback_target
 from store.directory.backend import DirectoryBackend
 from store.errors import StoreUnavailable, UnknownVersion
-from store.leases import ServingProcesses
+from store.processes import ServingProcesses
 from store.snapshot import Snapshots, StoreSnapshot
 from store.sources import checkpoint_head, labels_arg, slim_head
 

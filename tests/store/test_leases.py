@@ -10,7 +10,8 @@ import pytest
 
 from store import open_store
 from store.directory.leases import PROCESSES_NAME, DirectoryLeases
-from store.leases import Lease, Leases, ServingProcesses
+from store.leases import Lease, Leases
+from store.processes import ServingProcesses
 from tests.support.fakes import FakeClock
 from tests.support.heads import pg_execute, random_head
 from tests.support.polling import wait_until
@@ -68,7 +69,7 @@ def test_a_failed_beat_keeps_the_last_count_and_is_logged_once(caplog):
     assert processes.count() == 1 and not processes.joined
     processes.join()
     assert processes.count() == 3 and processes.joined
-    with caplog.at_level(logging.DEBUG, logger="store.leases"):
+    with caplog.at_level(logging.DEBUG, logger="store.processes"):
         processes._beat()
         processes._beat()
         assert processes.count() == 3
