@@ -1,12 +1,14 @@
 """What a head store backend is, and which backend a store location names.
 
-A backend is three parts, each an interface of its own module, which every backend implements
-in modules of its own (`store/directory/{bots,blobs,accounts}.py`, `store/pg/...`):
+A backend is four parts, each an interface of its own module, which every backend implements
+in modules of its own (`store/directory/{bots,blobs,accounts,leases}.py`, `store/pg/...`):
 
     bots      `store.bots.Bots`: the registry rows (versions, active, owners, candidates,
               history); each write one transaction with its blobs and its audit record
     blobs     `store.blobs.Blobs`: the tensors and labels of each version
     accounts  `store.accounts.Accounts`: tenants, limits, keys, audit (SQL: `accounts.rows`)
+    leases    `store.leases.Leases`: the serving processes' leases (not data: no data version
+              moves, nothing is notified)
 
 and what belongs to the whole store (`Backend`): its change marker `data_version`, change
 notifications, the read errors that must not empty the store, closing. `HeadStore`
@@ -36,6 +38,7 @@ from store.accounts import Accounts
 from store.blobs import Blobs
 from store.bots import Bots
 from store.errors import InvalidStoreLocation
+from store.leases import Leases
 
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"
@@ -101,11 +104,11 @@ def parse_location(location: str | os.PathLike) -> tuple[str, str]:
 
 
 class Backend(ABC):
-    """One store's backend: its three parts, and what belongs to the whole store.
+    """One store's backend: its four parts, and what belongs to the whole store.
 
     Attributes:
         kind: SQLITE or POSTGRESQL.
-        bots, blobs, accounts: the parts (see the module's docstring).
+        bots, blobs, accounts, leases: the parts (see the module's docstring).
         read_errors: errors of a registry read that must not make every bot unknown:
             `HeadStore` logs them and keeps serving its last snapshot.
     """
@@ -114,6 +117,7 @@ class Backend(ABC):
     bots: Bots
     blobs: Blobs
     accounts: Accounts
+    leases: Leases
     read_errors: tuple[type[BaseException], ...] = ()
 
     @abstractmethod
@@ -134,4 +138,4 @@ class Backend(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Release connections and threads. Idempotent."""
+        """Release connections and threads (the leases part's too). Idempotent."""

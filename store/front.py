@@ -3,8 +3,8 @@
     store = open_store("checkpoints")                         # a directory: SQLite + files
     store = open_store("postgresql://multihead@db:5432/heads")  # PostgreSQL: rows + tensors
 
-One class over two backends (`store.backend`, each made of a bots, a blobs and an accounts
-part): a directory with a SQLite registry and one immutable folder per version
+One class over two backends (`store.backend`, each of bots, blobs, accounts and leases parts):
+a directory with a SQLite registry and one immutable folder per version
 (`store.directory`, the default) and PostgreSQL with LISTEN/NOTIFY (`store.pg`). Everything the
 backends share lives here: the validation of what is registered (a refusal touches nothing),
 the resident LRU cache by bytes with pinned bots, the snapshot the lookups answer from and the
@@ -19,7 +19,7 @@ version every `change_poll_s` (PostgreSQL's notifications wake it at once), read
 when it moved and publishes a new snapshot; a write through this `HeadStore` publishes before
 it returns. The thread starts with `watch()` (the service calls it at bring-up) or else at the
 first lookup, and stops at `close()`: a one-shot use that only writes and lists (the CLI's
-commands) starts none.
+commands) starts none, nor joins `processes` (`store.leases`), as the service does at bring-up.
 
 Tenants (`accounts.tenants`): every bot belongs to one tenant (`default` unless registered into
 another; older stores: all in `default`), an id live under one tenant cannot be registered by
@@ -29,8 +29,7 @@ and `tenant_limits()` (`accounts.tenants.TenantLimits`) are served from the snap
 
 Candidates (`accounts.candidates`): a bot may have one candidate, a stored version that is not
 active (registered with `candidate=`), scored beside the live version as a shadow or a canary;
-`promote` makes it active, `discard` deletes it; every process sees these as a new version.
-"""
+`promote` makes it active, `discard` deletes it; every process sees these as a new version."""
 from __future__ import annotations
 
 import logging
@@ -68,15 +67,15 @@ from store.backend import POSTGRESQL, Backend, parse_location, redact_url
 from store.bots import BotInfo, rollback_target
 from store.directory.backend import DirectoryBackend
 from store.errors import StoreUnavailable, UnknownVersion
+from store.processes import ServingProcesses
 from store.snapshot import Snapshots, StoreSnapshot
 from store.sources import checkpoint_head, labels_arg, slim_head
 
 log = logging.getLogger(__name__)
 
 # NOTE: a test seam. Called with the name of each registration step so tests can simulate a
-# crash (`os._exit`) or a failure between steps: "written", "renamed", "rows_added" for a
-# directory store; "written" (blobs inserted) and "rows_added" (registry rows and NOTIFY, before
-# COMMIT) for PostgreSQL.
+# crash (`os._exit`) or a failure between steps: "written", "renamed", "rows_added" for a dir
+# store; "written" (blobs inserted), "rows_added" (rows and NOTIFY, before COMMIT) for PostgreSQL.
 _fault_hook: Callable[[str], None] | None = None
 
 
@@ -100,9 +99,9 @@ def open_store(location: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
 
     Args:
         location: a directory path (SQLite registry and head files; nothing is created until
-            the first registration), or `postgresql://user[:password]@host[:port]/dbname`
-            (also `postgres://`, and any libpq URI parameter) for a store shared by many
-            machines. Any other `scheme://` is refused.
+            the first registration or serving process), or
+            `postgresql://user[:password]@host[:port]/dbname` (also `postgres://`, and any libpq
+            URI parameter) for a store shared by many machines. Any other `scheme://` is refused.
         heads_memory_mb, pinned: see `HeadStore`.
     Raises:
         InvalidStoreLocation: an unsupported scheme or a malformed URL; nothing is created.
@@ -111,8 +110,7 @@ def open_store(location: str | os.PathLike, *, heads_memory_mb: float = 2048.0,
 
 
 class HeadStore:
-    """The bots of one store: registration, lookup from a snapshot with a resident LRU, and
-    change detection.
+    """The bots of one store: registration, lookups (a snapshot, a resident LRU), changes.
 
     Thread-safe: the event loop, the batch thread and executor threads may call it concurrently.
     Several processes (on several machines, for PostgreSQL) may open the same store; writes are
@@ -130,7 +128,7 @@ class HeadStore:
 
     Attributes:
         location: what was opened (a path, or the URL as given, password included).
-        kind: "sqlite" or "postgresql".
+        kind: "sqlite" or "postgresql". processes: the serving processes (`store.leases`).
         root, heads_dir: the store directory and its `heads/` (None for PostgreSQL).
     """
 
@@ -152,6 +150,7 @@ class HeadStore:
                                     published=self._published, log=log)
         self._loads_lock = threading.Lock()
         self._loading: dict[tuple[str, int], threading.Lock] = {}
+        self.processes = ServingProcesses(self._backend.leases, self._backend.describe())
 
     @property
     def pinned(self) -> frozenset[str]:
@@ -583,8 +582,9 @@ class HeadStore:
         return self._cache.stats()
 
     def close(self) -> None:
-        """Stop the refresher, close the registry connections (and the PostgreSQL listener)
-        and drop resident heads. Idempotent; a lookup after it raises RuntimeError."""
+        """Leave `processes`, stop the refresher, close the registry connections (and the
+        PostgreSQL listener), drop resident heads. Idempotent; a lookup after it: RuntimeError."""
+        self.processes.leave()
         self._snapshots.close()
         self._backend.close()
         self._cache.clear()

@@ -2,7 +2,9 @@
 
     TABLES          bots, versions, history, tenants, tenant_limits, api_keys, owners, audit,
                     candidates (both backends); state, blobs (PostgreSQL only: its writer lock
-                    and change counter, and the tensors that a directory store keeps as files)
+                    and change counter, and the tensors that a directory store keeps as files);
+                    serving_processes (the serving processes' leases, `store.leases`: in the
+                    schema of PostgreSQL, in a file of its own in a directory store)
     create_statements(dialect, prefix="")   the CREATE statements of one dialect
     GROWING_CHECKS, stale_check(...)        checks whose allowed values grow with the code
     rebuild_statements(table)               SQLite: a table made again under its new checks
@@ -24,7 +26,11 @@ without an owners row belongs to `accounts.tenants.DEFAULT_TENANT` (no row is re
 that write, readers take the missing tables as empty.
 
 Candidates (`accounts.candidates`) came the same way: the table `candidates` is created empty at
-the next write of an older store, and until then readers take a bot to have no candidate.
+the next write of an older store, and until then readers take a bot to have no candidate. So did
+`serving_processes`, created by a serving process's first lease (PostgreSQL:
+`store.pg.schema.ensure_schema`; a directory store: in `processes.sqlite`, made then beside the
+registry, so that the leases' writes every few seconds move neither the registry's
+`PRAGMA data_version`, which would make every process read its rows again, nor its writer lock).
 
 One migration rewrites something: the checks on `audit.action` and `history.action` list
 `AUDIT_ACTIONS` and `ACTIONS`, so a store written before an action existed ("tenant_set", with
@@ -220,7 +226,18 @@ TABLES: tuple[Table, ...] = (
     ), primary_key=("bot_id",),
         foreign_keys=(ForeignKey(("bot_id",), "bots", on_delete_cascade=True),
                       ForeignKey(("bot_id", "version"), "versions", on_delete_cascade=True))),
+    # The lease of each serving process (`store.leases`): renewed every few seconds, live while
+    # `seen` (seconds since the epoch, by the clock of the database or of the store's machine)
+    # is within the TTL. A directory store keeps it in processes.sqlite (`LEASE_TABLE`).
+    Table("serving_processes", (
+        Column("id", KEY),
+        Column("host", TEXT),
+        Column("pid", INT),
+        Column("started", TEXT),
+        Column("seen", REAL),
+    ), primary_key=("id",), dialects=frozenset({POSTGRESQL})),
 )
+LEASE_TABLE = TABLES[-1]
 
 
 @dataclass(frozen=True)
@@ -284,6 +301,11 @@ def _create_table(d: Dialect, table: Table, prefix: str, name: str | None = None
                 + (" ON DELETE CASCADE" if fk.on_delete_cascade else ""))
     body = ",\n    ".join(lines)
     return f"CREATE TABLE IF NOT EXISTS {prefix}{name or table.name} (\n    {body}\n)"
+
+
+def lease_statements(dialect: str) -> list[str]:
+    """The CREATE statement of `LEASE_TABLE` in `dialect` (SQLite: in processes.sqlite)."""
+    return [_create_table(DIALECTS[dialect], LEASE_TABLE, "")]
 
 
 def _create_indexes(table: Table, prefix: str) -> list[str]:

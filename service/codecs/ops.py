@@ -145,14 +145,17 @@ READINESS_SCHEMA = {
                                  "preloaded": {"type": "integer", "minimum": 0},
                                  "preload_skipped": {"type": "integer", "minimum": 0}}},
         "store": {"type": "object", "additionalProperties": False,
-                  "required": ["kind", "read", "snapshot_age_s"],
+                  "required": ["kind", "read", "snapshot_age_s", "serving_processes"],
                   "description": "the store requests are served from: its kind, whether its "
                                  "snapshot (bots, owners, keys, limits, candidates) was read, "
-                                 "and seconds since it was last confirmed current (it grows "
-                                 "while the store cannot be read)",
+                                 "seconds since it was last confirmed current (it grows "
+                                 "while the store cannot be read), and the processes serving "
+                                 "it (live leases; outside Ray each enforces 1/N of a "
+                                 "tenant's quota)",
                   "properties": {"kind": {"type": "string", "enum": ["sqlite", "postgresql"]},
                                  "read": {"type": "boolean"},
-                                 "snapshot_age_s": {"type": "number", "minimum": 0}}},
+                                 "snapshot_age_s": {"type": "number", "minimum": 0},
+                                 "serving_processes": {"type": "integer", "minimum": 1}}},
         "replica": {"type": "object",
                     "description": "under Ray (`serve --ray`): the model replica that answered "
                                    "(its Ray id and process id)",

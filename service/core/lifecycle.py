@@ -496,7 +496,8 @@ class Lifecycle:
                                 "heads": heads,
                                 "store": {"kind": self._store.kind, "read": snapshot.is_read,
                                           "snapshot_age_s": round(
-                                              self._store.snapshot_age_s(), 3)}}
+                                              self._store.snapshot_age_s(), 3),
+                                          "serving_processes": self._store.processes.count()}}
         if r.error:
             body["error"] = r.error
         if self.identity:

@@ -243,8 +243,10 @@ class Metrics:
         self.store_snapshot_age = Gauge(
             "store_snapshot_age_seconds", "seconds since the snapshot of the store this process "
             "serves from (bots, owners, keys, limits, candidates) was last confirmed current; "
-            "grows while the store cannot be read", namespace=ns, registry=r,
-        )
+            "grows while the store cannot be read", namespace=ns, registry=r)
+        self.store_serving_processes = Gauge(
+            "store_serving_processes", "processes serving this store, by their live leases (one "
+            "quota share each outside Ray)", namespace=ns, registry=r)
         self.preloaded_heads = Gauge(
             "preloaded_heads", "heads loaded before ready by --preload (most recently "
             "registered bots); evictable", namespace=ns, registry=r,
@@ -507,9 +509,11 @@ class Metrics:
         """Read the admission budget in use at scrape time."""
         self.inflight_bytes.set_function(read)
 
-    def bind_store_snapshot_age(self, read: Callable[[], float]) -> None:
-        """Read the age of the store's snapshot at scrape time (`HeadStore.snapshot_age_s`)."""
-        self.store_snapshot_age.set_function(read)
+    def bind_store(self, age: Callable[[], float], processes: Callable[[], float]) -> None:
+        """Read the age of the store's snapshot (`HeadStore.snapshot_age_s`) and its serving
+        processes (`HeadStore.processes.count`) at scrape time."""
+        self.store_snapshot_age.set_function(age)
+        self.store_serving_processes.set_function(processes)
 
     def bind_queue_depth(self, read: Callable[[], float]) -> None:
         """Read the queue depth at scrape time (e.g. `lambda: batcher.queue_depth`)."""

@@ -47,6 +47,7 @@ GAUGES = {
     "multihead_pinned_heads": PER_REPLICA,
     "multihead_preloaded_heads": PER_REPLICA,
     "multihead_store_snapshot_age_seconds": PER_REPLICA,
+    "multihead_store_serving_processes": PER_REPLICA,
     # Each replica measured its own trunk alone (the same machine: alike, not the same).
     "multihead_trunk_alone_seconds": PER_REPLICA,
     "multihead_tenant_counter": PER_REPLICA,

@@ -7,11 +7,11 @@
   mixes the tenants without a label of their own);
 - a series with a `bot` label: only its own tenant's bots (never `bot="other"`);
 - a series with neither: only the machine's facts (`MACHINE`): the trunk in use and its time
-  per batch alone, the store snapshot's age, and under Ray the replicas answering. Every other
-  process-wide figure (requests by route, latency and batch histograms, queue depth, bytes in
-  flight, feature cache hits, resident heads, trunk batches) counts every tenant's traffic
-  together: a tenant would read the others' volume as the total minus its own. Those are the
-  operator's.
+  per batch alone, the store snapshot's age, the processes serving the store (their count says
+  nothing of any tenant), and under Ray the replicas answering. Every other process-wide figure
+  (requests by route, latency and batch histograms, queue depth, bytes in flight, feature cache
+  hits, resident heads, trunk batches) counts every tenant's traffic together: a tenant would
+  read the others' volume as the total minus its own. Those are the operator's.
 
 A family left without a sample is left out. Under Ray the ingress applies the same `Scope`
 after merging the replicas' texts (the replica that checked the caller puts it on its
@@ -37,6 +37,7 @@ MACHINE = frozenset({
     f"{NAMESPACE}_trunk_info",
     f"{NAMESPACE}_trunk_alone_seconds",
     f"{NAMESPACE}_store_snapshot_age_seconds",
+    f"{NAMESPACE}_store_serving_processes",
     f"{NAMESPACE}_metrics_replicas",
     f"{NAMESPACE}_metrics_replicas_missing",
 })

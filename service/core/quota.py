@@ -22,8 +22,20 @@ image after it: the decodes not started yet are cancelled and given back).
 
 A tenant without a rate has no bucket (unlimited). Limits are read on every call, so a change
 (`multihead tenants set`) applies at the next request: the tokens are kept, capped at the new
-burst. With N processes sharing the traffic (Ray replicas), each divides rate and burst by N
-(`divisor`). Memory: one small bucket per tenant with a rate that called recently; a bucket
+burst.
+
+Several processes: a tenant's quota is the whole service's, so with N processes sharing the
+traffic each enforces rate / N and burst / N (rounded up, at least 1: `divisor`). Under Ray N is
+the replica count (`Settings.quota_divisor`); otherwise it is the processes serving the same
+store, counted by their leases (`store.leases`: `HeadStore.processes.count`, from memory,
+renewed every 2 s), so that N `multihead serve` processes on one store directory or PostgreSQL
+database hold a tenant to its quota, not to N times it. The divisor is read at every call: when
+it changes, each bucket follows at its next call (its tokens capped at the new burst). What it
+implies: a tenant whose traffic reaches only one of N processes gets rate / N (as under Ray):
+put a load balancer that spreads every tenant's requests in front of them. A process that died
+is counted until its lease expires (10 s): the others' shares are then smaller, never larger.
+
+Memory: one small bucket per tenant with a rate that called recently; a bucket
 that has refilled to its burst is dropped (a new one is the same).
 """
 from __future__ import annotations
@@ -60,17 +72,18 @@ class Quotas:
     Args:
         limits: `limits(tenant) -> (rate, burst)`: images per second (None: unlimited) and
             bucket size (None: `default_burst(rate)`), as configured for the whole service.
-        divisor: processes sharing one tenant's traffic; each enforces rate / divisor and
-            burst / divisor (rounded up, at least 1).
+        divisor: processes sharing one tenant's traffic, or a function returning it (read at
+            every call: cheap, from memory; below 1 counts as 1); each enforces rate / divisor
+            and burst / divisor (rounded up, at least 1).
         clock: monotonic seconds (tests pass a fake one).
     """
 
-    def __init__(self, limits: Limits, *, divisor: int = 1,
+    def __init__(self, limits: Limits, *, divisor: int | Callable[[], int] = 1,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not isinstance(divisor, int) or divisor < 1:
+        if not callable(divisor) and (not isinstance(divisor, int) or divisor < 1):
             raise ValueError(f"divisor must be an int >= 1, got {divisor!r}")
         self._limits = limits
-        self._divisor = divisor
+        self._divisor = divisor if callable(divisor) else (lambda: divisor)
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
@@ -83,7 +96,8 @@ class Quotas:
             return None
         if burst is None:
             burst = default_burst(rate)
-        return rate / self._divisor, max(1, math.ceil(burst / self._divisor))
+        divisor = max(1, self._divisor())
+        return rate / divisor, max(1, math.ceil(burst / divisor))
 
     def _bucket(self, tenant: str, rate: float, burst: int, now: float) -> _Bucket:
         bucket = self._buckets.get(tenant)

@@ -70,6 +70,9 @@ class Service:
         # path (keys, owners, limits, active versions) reads only the snapshot, which a
         # background thread keeps current (store.snapshot).
         self.store.watch()
+        # This process serves the store: its lease counts it among the store's serving
+        # processes, the quota divisor outside Ray (store.leases, service.core.quota).
+        self.store.processes.join()
         self.auth = Authenticator(settings.auth, settings.admin_token,
                                   keys=self.store.key_table, mark_used=self.store.mark_used)
         # The open WebSockets by the key that opened them: closed when it is revoked.
@@ -83,7 +86,7 @@ class Service:
         self.trimmer = memory.Trimmer()
         self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=self.trimmer)
         self.metrics.bind_inflight_bytes(lambda: self.inflight.used_bytes)
-        self.metrics.bind_store_snapshot_age(self.store.snapshot_age_s)
+        self.metrics.bind_store(self.store.snapshot_age_s, self.store.processes.count)
         threads = Threads()
         # The comparison of each bot's candidate with its live version, in this process.
         candidate_stats = CandidateStats()

@@ -289,8 +289,9 @@ class Settings:
         "a tenant's quota in images per second when its own is unset: an image up to "
         "640x480 RGB 8-bit costs 1, a larger or deeper one its decoded bytes / 640x480x3 "
         "(429 rate_limited + Retry-After beyond it; a feature-cache hit costs nothing); unset: "
-        "no quota. Under --ray each replica enforces rate / replicas (max-replicas when "
-        "autoscaling)",
+        "no quota. N processes serving one store each enforce rate / N and burst / N: the "
+        "processes with a live lease on the store, or under --ray the replicas (max-replicas "
+        "when autoscaling)",
         above=0, at_most=1_000_000)
     tenant_burst: int | None = setting(
         None,
@@ -415,8 +416,9 @@ class Settings:
     @property
     def quota_divisor(self) -> int:
         """The processes sharing one tenant's traffic, each enforcing rate / this: the Ray
-        replicas (the most of the autoscaling range, so the sum never passes the rate), else 1.
-        """
+        replicas (the most of the autoscaling range, so the sum never passes the rate), else 1
+        (outside Ray the service divides by the store's serving processes instead:
+        `service.core.tenancy`, `store.leases`)."""
         if not self.ray:
             return 1
         d = self.deployment

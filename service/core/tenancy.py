@@ -24,9 +24,10 @@ class Tenancy:
     """The tenants of one process's store.
 
     Args:
-        settings: the serve defaults of every limit a tenant leaves unset, and the quota
-            divisor (processes sharing one tenant's traffic).
-        store: the store.
+        settings: the serve defaults of every limit a tenant leaves unset, and under Ray the
+            quota divisor (the replicas sharing one tenant's traffic).
+        store: the store; outside Ray its serving processes (`HeadStore.processes`, counted
+            from memory) are the quota divisor (`service.core.quota`).
         threads: where the store is read and written, off the event loop.
     """
 
@@ -46,7 +47,9 @@ class Tenancy:
         self._registrations_lock = threading.Lock()
         self._table: dict | None = None
         self._filled: dict[str, TenantLimits] = {}
-        self.quotas = Quotas(self.rate, divisor=settings.quota_divisor)
+        # Under Ray the replica count; else the processes serving this store, as last counted.
+        self.quotas = Quotas(self.rate, divisor=(
+            settings.quota_divisor if settings.ray else store.processes.count))
 
     # -- limits (from memory: called per request and per batch row) --------------------------------
 

@@ -7,6 +7,7 @@ version directories under one store directory. Built like the PostgreSQL backend
     bots.py       the bots part: registry rows, each write one transaction under the writer lock
     blobs.py      the blobs part: one immutable directory per version
     accounts.py   the accounts part: `accounts.rows` in the registry's transactions
+    leases.py     the leases part: the serving processes' leases, in processes.sqlite
 
 The on-disk format of one head version (checkpoint, labels, manifest) is `heads.files`, which
 the PostgreSQL backend uses too when it reads a head out of a checkpoint.

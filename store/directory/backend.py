@@ -5,6 +5,7 @@ Layout of a store directory (default `checkpoints/`):
     <root>/registry.sqlite           bot_id -> active version, versions, history, tenants,
                                      keys, audit (WAL)
     <root>/registry.lock             flock serialising writers across processes
+    <root>/processes.sqlite          the serving processes' leases (`store.directory.leases`)
     <root>/heads/<bot_id>/v<N>/      one immutable head version (see `heads.files`)
     <root>/trunk/                    the trunk checkpoint (not ours)
 
@@ -26,6 +27,7 @@ from store.backend import SQLITE, Backend
 from store.directory.accounts import DirectoryAccounts
 from store.directory.blobs import DirectoryBlobs
 from store.directory.bots import DirectoryBots
+from store.directory.leases import DirectoryLeases
 from store.directory.registry import Registry
 
 REGISTRY_NAME = "registry.sqlite"
@@ -51,6 +53,7 @@ class DirectoryBackend(Backend):
         self.heads_dir = self.blobs.heads_dir
         self.bots = DirectoryBots(self.registry, self.blobs)
         self.accounts = DirectoryAccounts(self.registry, self.bots, self.blobs)
+        self.leases = DirectoryLeases(self.root)
 
     def describe(self) -> str:
         return str(self.root)
@@ -63,4 +66,5 @@ class DirectoryBackend(Backend):
         pass  # nobody tells a directory store of a change: the data version is polled
 
     def close(self) -> None:
+        self.leases.close()
         self.registry.close()

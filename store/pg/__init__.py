@@ -10,6 +10,7 @@ directory backend (`store.directory`, with `heads.files`):
     bots.py       the bots part: registry rows
     blobs.py      the blobs part: float32 tensors and labels, each with its sha256
     accounts.py   the accounts part: `accounts.rows` in the same transactions
+    leases.py     the leases part: the serving processes' leases (no change_seq, no NOTIFY)
     pool.py       pooled connections, and what a lost connection means for a read or a write
     listener.py   the LISTEN/NOTIFY thread, and the change counter `data_version` is made of
     schema.py     the schema, its tables rendered from `store.schema`

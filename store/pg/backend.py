@@ -11,6 +11,7 @@ from store.pg.accounts import PgAccounts
 from store.pg.blobs import PgBlobs
 from store.pg.bots import PgBots
 from store.pg.database import Database
+from store.pg.leases import PgLeases
 from store.pg.listener import Changes, Listener
 from store.pg.pool import Pool
 
@@ -36,6 +37,7 @@ class PgBackend(Backend):
         self.blobs = PgBlobs(db)
         self.bots = PgBots(db, self.blobs)
         self.accounts = PgAccounts(db, self.bots)
+        self.leases = PgLeases(db)
 
     def describe(self) -> str:
         return self._where

@@ -18,6 +18,9 @@ one row of `state`, and creating them once, by the first writer.
                                                    (`_stale_checks`)
     candidates(bot_id, version, mode, percent,     the candidate of a bot (`accounts.candidates`),
                created)                            likewise added
+    serving_processes(id, host, pid, started,      the serving processes' leases
+                      seen)                        (`store.leases`), likewise added, by the
+                                                   first beat as well as by a writer
 """
 from __future__ import annotations
 

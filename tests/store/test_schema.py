@@ -18,17 +18,28 @@ from accounts.tenants import AUDIT_ACTIONS, TenantLimits
 from heads import files
 from store import open_store
 from store.backend import POSTGRESQL, SQLITE
-from store.schema import BIGINT, DIALECTS, SERIAL, TABLES, create_statements, stale_check, tables
+from store.schema import (
+    BIGINT,
+    DIALECTS,
+    LEASE_TABLE,
+    SERIAL,
+    TABLES,
+    Table,
+    create_statements,
+    stale_check,
+    tables,
+)
 from tests.support.heads import pg_execute, random_head, store_digest, tree_digest
 
 # -- introspection ---------------------------------------------------------------------------
 
 
-def expected_schema(dialect: str) -> dict:
-    """What `store.schema` says a store of `dialect` has, in the shape the introspection gives."""
+def expected_schema(dialect: str, of: list[Table] | None = None) -> dict:
+    """What `store.schema` says a store of `dialect` has (only the tables `of` if given), in the
+    shape the introspection gives."""
     d = DIALECTS[dialect]
     out = {}
-    for t in tables(dialect):
+    for t in tables(dialect) if of is None else of:
         out[t.name] = {
             # (name, declared type, nullable, default, identity)
             "columns": [(c.name, d.types[BIGINT if c.type == SERIAL else c.type], c.nullable,
@@ -125,7 +136,8 @@ def pg_schema(url: str) -> dict:
 def test_the_description_holds_both_backends_tables_with_their_constraints():
     assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history",
                                         "tenants", "tenant_limits", "tenant_storage_limits",
-                                        "api_keys", "owners", "audit", "candidates"]
+                                        "api_keys", "owners", "audit", "candidates",
+                                        "serving_processes"]
     assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history", "tenants",
                                                 "tenant_limits", "tenant_storage_limits",
                                                 "api_keys", "owners", "audit", "candidates"]
@@ -138,6 +150,12 @@ def test_the_description_holds_both_backends_tables_with_their_constraints():
 def test_a_directory_store_has_the_described_tables(store):
     store.register("acme", *random_head(3, seed=1))
     assert sqlite_schema(store.root / "registry.sqlite") == expected_schema(SQLITE)
+
+
+def test_a_directory_stores_leases_have_the_described_table_in_a_file_of_their_own(store):
+    store.processes.join()
+    assert sqlite_schema(store.root / "processes.sqlite") == expected_schema(
+        SQLITE, [LEASE_TABLE])
 
 
 @pytest.mark.postgresql
@@ -276,8 +294,10 @@ def _old_rows(insert_version, insert_bot, insert_history) -> None:
 
 # The tables tenants added: a store of 42dd771 gains them, empty, at its first write.
 TENANT_TABLES = ("tenants", "tenant_limits", "api_keys", "owners", "audit")
-# ... and the tables added since (candidates, storage limits).
+# ... and the tables added since (candidates, storage limits; and PostgreSQL's leases, which a
+# directory store keeps in processes.sqlite: test_leases.py).
 ADDED_TABLES = (*TENANT_TABLES, "candidates", "tenant_storage_limits")
+PG_ADDED_TABLES = (*ADDED_TABLES, "serving_processes")
 
 
 def _in_the_default_tenant(s) -> None:
@@ -405,7 +425,7 @@ def test_a_postgresql_store_written_by_42dd771_opens_unchanged(pg_url):
     # The DDL of 42dd771 and the description make the same tables, constraint for constraint
     # (but for the tables tenants added).
     assert pg_schema(pg_url) == {t: v for t, v in expected_schema(POSTGRESQL).items()
-                                 if t not in ADDED_TABLES}
+                                 if t not in PG_ADDED_TABLES}
 
     _works_with_the_new_code(pg_url)
     assert pg_schema(pg_url) == expected_schema(POSTGRESQL)

@@ -25,6 +25,7 @@ def _busy() -> Metrics:
     m.set_pinned_bots(["a2", "g1"])
     m.set_trunk(device="cpu", runtime="tf", precision="fp32")
     m.bind_tenant_state(lambda: {"acme": (1, 2.0), "globex": (3, 4.0), "initech": (5, 6.0)})
+    m.bind_store(lambda: 0.1, lambda: 2)
     return m
 
 
@@ -44,7 +45,9 @@ def test_a_tenant_keeps_its_own_series_and_the_machines_facts_only():
     names = {sample for _, sample, _ in _samples(mine)}
     assert {"multihead_bot_requests_total", "multihead_tenant_images_total",
             "multihead_tenant_queued_rows", "multihead_candidate_images_total",
-            "multihead_pinned_bot", "multihead_trunk_info"} <= names
+            "multihead_pinned_bot", "multihead_trunk_info",
+            # Facts of the machine: no tenant's traffic moves them.
+            "multihead_store_snapshot_age_seconds", "multihead_store_serving_processes"} <= names
     assert not names & {"multihead_requests_total", "multihead_batch_size_count",
                         "multihead_queue_depth", "multihead_resident_heads"}
 

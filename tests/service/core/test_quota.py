@@ -84,6 +84,46 @@ def test_processes_sharing_a_tenant_each_enforce_their_part():
         quotas({}, divisor=0)
 
 
+def test_a_divisor_that_changes_is_followed_at_the_next_call():
+    clock, processes = FakeClock(), [1]
+    q = Quotas(lambda tenant: (8.0, 8), divisor=lambda: processes[0], clock=clock)
+    assert q.limits_of("t") == (8.0, 8)
+    q.take("t", 2)
+    assert q.tokens("t") == pytest.approx(6.0)
+    processes[0] = 2  # a second process joined: half each, the tokens capped at the new burst
+    assert q.limits_of("t") == (4.0, 4)
+    assert q.tokens("t") == pytest.approx(4.0)
+    q.take("t", 4)
+    with pytest.raises(RateLimited) as refused:
+        q.take("t", 1)
+    assert refused.value.retry_after_s == pytest.approx(1 / 4.0)  # at the halved rate
+    clock.advance(0.5)
+    assert q.tokens("t") == pytest.approx(2.0)
+    processes[0] = 1  # it left: the whole quota again, refilling at the whole rate
+    clock.advance(0.5)
+    assert q.tokens("t") == pytest.approx(6.0)
+    assert q.limits_of("t") == (8.0, 8)
+    processes[0] = 0  # never below one share
+    assert q.limits_of("t") == (8.0, 8)
+
+
+def test_the_service_divides_by_the_stores_serving_processes_outside_ray(tmp_path):
+    from service.core.settings import Deployment, Settings
+    from service.core.tenancy import Tenancy
+    from store import open_store
+
+    settings = Settings(store=str(tmp_path), tenant_rate=10.0, tenant_burst=4)
+    with open_store(tmp_path) as a, open_store(tmp_path) as b:
+        tenancy = Tenancy(settings, b, threads=None)
+        assert tenancy.quotas.limits_of("default") == (10.0, 4)  # b does not serve (yet)
+        a.processes.join()
+        b.processes.join()  # its first beat counts a's lease
+        assert tenancy.quotas.limits_of("default") == (5.0, 2)
+        # Under Ray the replicas divide (the leases count them too, but the range is the rule).
+        ray = settings.replace(ray=True, deployment=Deployment(replicas=3))
+        assert Tenancy(ray, b, threads=None).quotas.limits_of("default") == (10.0 / 3, 2)
+
+
 def test_full_buckets_are_dropped():
     clock = FakeClock()
     q = quotas({f"t{i}": (100.0, 1) for i in range(600)}, clock=clock)

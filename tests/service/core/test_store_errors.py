@@ -22,8 +22,17 @@ def test_a_lost_replica_is_503_with_retry_after():
     assert error_status(ReplicaLost("gone")) == (503, "replica_lost", {"Retry-After": "1"})
 
 
+class _Processes:
+    def join(self):
+        pass
+
+    def count(self):
+        return 1
+
+
 class _Store:
     pinned = frozenset()
+    processes = _Processes()
 
     def __init__(self, exc):
         self.exc = exc
