@@ -53,6 +53,16 @@ Limits = Callable[[str], tuple[float | None, int | None]]
 _PRUNE_EVERY = 256  # calls between sweeps of full buckets
 
 
+# What a refusal raises: refuse(tenant, seconds until the bucket holds the request, the rate
+# this process enforces) -> the error (RateLimited or a subclass).
+Refuse = Callable[[str, float, float], RateLimited]
+
+
+def _over_quota(tenant: str, wait: float, rate: float) -> RateLimited:
+    return RateLimited(wait, f"tenant '{tenant}' is over its quota of {rate:g} images/s; "
+                             f"retry after {wait:.2f} s")
+
+
 def default_burst(rate: float) -> int:
     """The burst of a rate without one: one second of it, at least one image."""
     return max(1, math.ceil(rate))
@@ -76,15 +86,18 @@ class Quotas:
             every call: cheap, from memory; below 1 counts as 1); each enforces rate / divisor
             and burst / divisor (rounded up, at least 1).
         clock: monotonic seconds (tests pass a fake one).
+        refuse: the error a refusal raises (default: RateLimited, "over its quota").
     """
 
     def __init__(self, limits: Limits, *, divisor: int | Callable[[], int] = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 refuse: Refuse | None = None) -> None:
         if not callable(divisor) and (not isinstance(divisor, int) or divisor < 1):
             raise ValueError(f"divisor must be an int >= 1, got {divisor!r}")
         self._limits = limits
         self._divisor = divisor if callable(divisor) else (lambda: divisor)
         self._clock = clock
+        self._refuse = refuse or _over_quota
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
         self._calls = 0
@@ -109,11 +122,6 @@ class Quotas:
             bucket.stamp = now
         return bucket
 
-    def _refuse(self, tenant: str, need: float, tokens: float, rate: float) -> RateLimited:
-        wait = (need - tokens) / rate
-        return RateLimited(wait, f"tenant '{tenant}' is over its quota of {rate:g} images/s; "
-                                 f"retry after {wait:.2f} s")
-
     def take(self, tenant: str, n: int) -> None:
         """Takes `n` tokens if the bucket holds min(n, burst) now, else raises RateLimited
         (taking nothing)."""
@@ -126,7 +134,7 @@ class Quotas:
             bucket = self._bucket(tenant, rate, burst, now)
             need = min(n, burst)
             if bucket.tokens < need:
-                raise self._refuse(tenant, need, bucket.tokens, rate)
+                raise self._refuse(tenant, (need - bucket.tokens) / rate, rate)
             bucket.tokens -= n
             self._calls += 1
             if self._calls % _PRUNE_EVERY == 0:

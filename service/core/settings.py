@@ -325,7 +325,8 @@ class Settings:
         120,
         "registrations (new versions, candidates) a tenant makes through this server per "
         "minute when its own is unset, whoever registers (429 registration_rate + "
-        "Retry-After beyond it; a bucket of one minute's worth, per process); unset: no bound",
+        "Retry-After beyond it; a bucket of one minute's worth, divided between the processes "
+        "serving the store as quotas are); unset: no bound",
         at_least=1, at_most=1_000_000)
     metrics_top_tenants: int = setting(
         20, "busiest tenants that get their own /metrics label; the rest are 'other'",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import time
+from collections.abc import Callable
 
 from accounts.tenants import OPERATOR as OPERATOR_ACTOR
 from accounts.tenants import ApiKey, AuditRecord, TenantInfo, TenantLimits
@@ -31,7 +31,8 @@ class Tenancy:
         threads: where the store is read and written, off the event loop.
     """
 
-    def __init__(self, settings: Settings, store: HeadStore, threads: Threads) -> None:
+    def __init__(self, settings: Settings, store: HeadStore, threads: Threads, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._threads = threads
         # Fair sharing: each tenant's settings from the store (read from memory, re-read when
@@ -42,14 +43,14 @@ class Tenancy:
             max_bots=settings.tenant_max_bots, max_versions=settings.tenant_max_versions,
             max_head_bytes=settings.tenant_max_head_bytes,
             registrations_per_minute=settings.tenant_registrations_per_minute)
-        # Registrations per minute: {tenant: (tokens, at)}, a bucket of one minute's worth.
-        self._registrations: dict[str, tuple[float, float]] = {}
-        self._registrations_lock = threading.Lock()
         self._table: dict | None = None
         self._filled: dict[str, TenantLimits] = {}
         # Under Ray the replica count; else the processes serving this store, as last counted.
-        self.quotas = Quotas(self.rate, divisor=(
-            settings.quota_divisor if settings.ray else store.processes.count))
+        divisor = settings.quota_divisor if settings.ray else store.processes.count
+        self.quotas = Quotas(self.rate, divisor=divisor, clock=clock)
+        # Registrations per minute: a bucket of one minute's worth per tenant, divided alike.
+        self.registrations = Quotas(self._registration_rate, divisor=divisor, clock=clock,
+                                    refuse=_registration_refused)
 
     # -- limits (from memory: called per request and per batch row) --------------------------------
 
@@ -85,25 +86,16 @@ class Tenancy:
         registration's transaction: `HeadStore.register(defaults=...)`)."""
         return self._defaults
 
-    def take_registration(self, tenant: str, *, now: float | None = None) -> None:
-        """Count one registration of `tenant` against its registrations_per_minute (a token
-        bucket holding one minute's worth, refilled continuously; per process). Raises
-        RegistrationRateLimited (429 + Retry-After) when the bucket is empty."""
+    def _registration_rate(self, tenant: str) -> tuple[float | None, int | None]:
         per_minute = self.limits(tenant).registrations_per_minute
-        if per_minute is None:
-            return
-        now = time.monotonic() if now is None else now
-        rate = per_minute / 60.0
-        with self._registrations_lock:
-            tokens, at = self._registrations.get(tenant, (float(per_minute), now))
-            tokens = min(float(per_minute), tokens + (now - at) * rate)
-            if tokens < 1.0:
-                self._registrations[tenant] = (tokens, now)
-                wait = (1.0 - tokens) / rate
-                raise RegistrationRateLimited(
-                    wait, f"tenant {tenant!r} is at its registrations_per_minute="
-                          f"{per_minute}: retry after {math.ceil(wait)} s")
-            self._registrations[tenant] = (tokens - 1.0, now)
+        return (None, None) if per_minute is None else (per_minute / 60.0, per_minute)
+
+    def take_registration(self, tenant: str) -> None:
+        """Count one registration of `tenant` against its registrations_per_minute: a token
+        bucket holding one minute's worth, refilled continuously, divided between the
+        processes serving the store as the quotas are. Raises RegistrationRateLimited (429 +
+        Retry-After) when the bucket is empty."""
+        self.registrations.take(tenant, 1)
 
     # -- tenants, keys, audit (the operator's; a manage key reads its tenant's audit) --------------
 
@@ -143,3 +135,9 @@ class Tenancy:
                     limit: int = 1000) -> list[AuditRecord]:
         return await self._threads.blocking(functools.partial(
             self._store.audit, tenant=tenant, since=since, limit=limit))
+
+
+def _registration_refused(tenant: str, wait: float, rate: float) -> RegistrationRateLimited:
+    return RegistrationRateLimited(
+        wait, f"tenant {tenant!r} is at its registrations_per_minute={rate * 60:g} in this "
+              f"process: retry after {math.ceil(wait)} s")

@@ -107,14 +107,36 @@ def test_the_registration_bucket_holds_a_minutes_worth_per_tenant(any_store):
 
     s = any_store
     s.add_tenant("acme", limits=TenantLimits(registrations_per_minute=3))
+    now = [100.0]
     tenancy = Tenancy(Settings(store="unused", tenant_registrations_per_minute=None), s,
-                      threads=None)
+                      threads=None, clock=lambda: now[0])
     for _ in range(3):
-        tenancy.take_registration("acme", now=100.0)
+        tenancy.take_registration("acme")
     with pytest.raises(RegistrationRateLimited) as refused:
-        tenancy.take_registration("acme", now=100.0)
+        tenancy.take_registration("acme")
     assert refused.value.retry_after_s == pytest.approx(20.0)  # 3/min: one every 20 s
     assert error_status(refused.value) == (429, "registration_rate", {"Retry-After": "20"})
-    tenancy.take_registration("acme", now=120.0)  # refilled one
+    now[0] = 120.0
+    tenancy.take_registration("acme")  # refilled one
     for _ in range(50):
-        tenancy.take_registration("globex", now=100.0)  # no bound by default: fine
+        tenancy.take_registration("globex")  # no bound by default: fine
+
+
+def test_the_registration_bucket_is_divided_between_the_stores_serving_processes(any_store):
+    """Two processes serving one store (two leases): each allows half a minute's worth
+    (rounded up), so together they allow the tenant's registrations per minute, not twice."""
+    from service.core.errors import RegistrationRateLimited
+    from service.core.settings import Settings
+    from service.core.tenancy import Tenancy
+
+    s = any_store
+    s.add_tenant("acme", limits=TenantLimits(registrations_per_minute=4))
+    now = [100.0]
+    s.processes.count = lambda: 2  # as two live leases count
+    tenancy = Tenancy(Settings(store="unused", tenant_registrations_per_minute=None), s,
+                      threads=None, clock=lambda: now[0])
+    for _ in range(2):
+        tenancy.take_registration("acme")
+    with pytest.raises(RegistrationRateLimited) as refused:
+        tenancy.take_registration("acme")
+    assert refused.value.retry_after_s == pytest.approx(30.0)  # 2/min here: one every 30 s
