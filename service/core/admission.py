@@ -12,11 +12,11 @@ is refused with 429 `inflight_share` (InflightShareExceeded, Retry-After). A ten
 share that finds the budget full makes room by pushing out the newest pushable reservation of
 the tenant most over its share: a request whose body is not read yet (from its admission to
 the end of `read_body`: it fails with the 429 at its next chunk, and HTTP closes its
-connection) or an open WebSocket (closed with
-1013, `inflight_share`). A request whose body is read holds bytes that are in memory until its
-answer: it is not pushed out; when only such holders are over their shares, the newcomer gets
-503 `overloaded`. NOTE: a reservation pushed out gives its bytes back at once, while the buffer
-of a declared length lives until its next chunk arrives (or the body's rate limit ends it).
+connection) or an open WebSocket (closed with 1013, `inflight_share`). A request whose body is
+read holds bytes that are in memory until its answer: it is not pushed out; when only such
+holders are over their shares, the newcomer gets 503 `overloaded`. NOTE: a reservation pushed
+out gives its bytes back at once, while the buffer of a declared length lives until its next
+chunk arrives (or the body's rate limit ends it).
 Requests without a tenant (the operator's, anyone's with --auth none) count under "".
 """
 from __future__ import annotations
@@ -63,7 +63,8 @@ class ByteBudget:
 
     def held(self, tenant: str) -> int:
         """The bytes `tenant` holds now."""
-        return self._shares.held(tenant)
+        with self._lock:
+            return self._shares.held(tenant)
 
     def _full(self) -> Overloaded:
         return Overloaded(RETRY_AFTER_S, f"server busy: {self._shares.used} of "

@@ -288,7 +288,8 @@ class Rpcs:
             name: what metrics and logs call the call: the name of the REST endpoint it
                 corresponds to (`oip_infer`, ...; see `Endpoint.name`); its access rule is
                 that endpoint's.
-            message: the request message; None when it was not read (`gate.Credentials`).
+            message: the request message; None when the gate refused the call without
+                parsing it (`gate`): then it takes no place among the calls nor bytes.
         """
         method = _rpc_method.get() or f"/{name}"
         incoming = Incoming("grpc", "GRPC", name, method, metadata(context), method.lstrip("/"),
@@ -299,10 +300,11 @@ class Rpcs:
         def admit(held: Reservation) -> None:
             if self.draining:
                 raise ShuttingDown("the server is shutting down and accepts no new calls")
-            call.tenant = held.tenant
-            for push in self.calls.take(call.tenant, call, 1, call.push_out):
-                push()
-            held.take(message.ByteSize() if message is not None else 0)
+            if message is not None:  # else refused by the gate, unread: no place taken
+                call.tenant = held.tenant
+                for push in self.calls.take(call.tenant, call, 1, call.push_out):
+                    push()
+                held.take(message.ByteSize())
             budget = client_budget_s(context)
             if budget is not None and budget <= 0:
                 raise DeadlineExceeded("the call's deadline passed before it started")
