@@ -9,7 +9,8 @@
   access rule, and the routing key for canaries (`X-Multihead-Route-Key`), read from the
   request's headers or metadata; skipped for a request no endpoint matched;
 - admission (`service.core.admission`): the bytes the request holds in the process's in-flight
-  budget (`Service.inflight`) until its answer is built (a body's declared length, a gRPC
+  budget (`Service.inflight`), under its caller's tenant (`tenant_of`: its share of the
+  budget), until its answer is built (a body's declared length, a gRPC
   message's size, a WebSocket's largest message for the socket's whole life), taken by the
   transport's `admit` step; the transport's own refusals (gRPC's drain, what Ray's ingress
   refused) are raised there too, after the caller: a caller without the right gets 401/403
@@ -123,6 +124,12 @@ def caller_of(service: Service, access: str, headers: Mapping[str, str]) -> Call
                           route_key=headers.get(ROUTE_KEY_METADATA))
 
 
+def tenant_of(caller: Caller | None) -> str:
+    """The tenant a request's bytes and calls count under: its key's, else "" (the operator,
+    anyone with --auth none, a request without a caller)."""
+    return getattr(caller, "tenant", None) or ""
+
+
 def record(metrics: Metrics, label: str, status: int, start_s: float | None) -> str:
     """Counts one answered request (`requests_total`, and `request_seconds` from `start_s`, a
     `time.perf_counter()` reading taken when the transport got it) and returns the value of
@@ -181,7 +188,7 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
     if "bot_id" in incoming.params:
         logs.note(bots=(incoming.params["bot_id"],))
     caller = None if access is None else caller_of(service, access, incoming.headers)
-    with Reservation(service.inflight) as held:
+    with Reservation(service.inflight, tenant_of(caller)) as held:
         if admit is not None:
             admit(held)
         return await step(caller, held)

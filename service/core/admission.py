@@ -1,37 +1,57 @@
-"""Admission before work: a server-wide budget of request bytes in flight.
+"""Admission before work: a process-wide budget of request bytes in flight, shared by tenants.
 
 A transport asks the budget before it reads a body: a request whose declared length does not
-fit is refused (Overloaded: 503 + Retry-After) while its bytes are still on the wire; a
-chunked body is counted as it streams. What was admitted is released when the request's answer
-is done, so memory is bounded by the budget, not by what clients send. No web framework here.
+fit is refused while its bytes are still on the wire; a chunked body is counted as it streams.
+What was admitted is released when the request's answer is done, so memory is bounded by the
+budget, not by what clients send. No web framework here.
+
+The budget (`max_inflight_bytes`) is divided like the queue and the sockets
+(`service.core.shares.Shares`): a tenant holding bytes may hold at most its weighted share
+(`Tenancy.weight`) among the tenants holding bytes and itself (alone: all of it); beyond it it
+is refused with 429 `inflight_share` (InflightShareExceeded, Retry-After). A tenant within its
+share that finds the budget full makes room by pushing out the newest pushable reservation of
+the tenant most over its share: a request whose body is not read yet (from its admission to
+the end of `read_body`: it fails with the 429 at its next chunk, and HTTP closes its
+connection) or an open WebSocket (closed with 1013, `inflight_share`). A request whose body is
+read holds bytes that are in memory until its answer: it is not pushed out; when only such
+holders are over their shares, the newcomer gets 503 `overloaded`. NOTE: a reservation pushed
+out gives its bytes back at once, while the buffer of a declared length lives until its next
+chunk arrives (or the body's rate limit ends it).
+Requests without a tenant (the operator's, anyone's with --auth none) count under "".
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
-from service.core.errors import BadRequest, Overloaded, PayloadTooLarge
+from service.core.errors import BadRequest, InflightShareExceeded, Overloaded, PayloadTooLarge
 from service.core.memory import TRIM_AFTER_BYTES
+from service.core.shares import Shares
 
 # What a refused client is told to wait: a body admitted is usually served within a second.
 RETRY_AFTER_S = 1.0
 
 
 class ByteBudget:
-    """Bytes reserved by requests in flight, at most `limit_bytes`. Thread-safe.
+    """Bytes reserved by requests in flight, at most `limit_bytes`, shared by tenants
+    (`service.core.shares.Shares`: see the module doc). Thread-safe.
 
     Args:
+      weight: a tenant's weight (`Tenancy.weight`); None: every tenant weighs the same.
       on_burst_end: called (outside the lock) when a release leaves the bytes in flight at
         least `burst_bytes` below their peak since the last call and at most half of it: a
         burst of large bodies is over (`service.core.memory.Trimmer` gives their memory back).
     """
 
-    def __init__(self, limit_bytes: int, *, on_burst_end: Callable[[], object] | None = None,
+    def __init__(self, limit_bytes: int, *, weight: Callable[[str], float] | None = None,
+                 on_burst_end: Callable[[], object] | None = None,
                  burst_bytes: int = TRIM_AFTER_BYTES) -> None:
         if limit_bytes < 1:
             raise ValueError("limit_bytes must be >= 1")
         self.limit_bytes = int(limit_bytes)
-        self._used = 0
+        self._shares = Shares(self.limit_bytes, weight or (lambda tenant: 1.0),
+                              over_share=_over_share, full=self._full)
         self._peak = 0  # since the last burst end
         self._on_burst_end = on_burst_end
         self._burst_bytes = burst_bytes
@@ -39,45 +59,109 @@ class ByteBudget:
 
     @property
     def used_bytes(self) -> int:
-        return self._used
+        return self._shares.used
 
-    def reserve(self, n: int) -> None:
-        """Takes `n` bytes, or raises Overloaded (nothing taken)."""
+    def held(self, tenant: str) -> int:
+        """The bytes `tenant` holds now."""
         with self._lock:
-            if self._used + n > self.limit_bytes:
-                raise Overloaded(RETRY_AFTER_S, f"server busy: {self._used} of "
-                                 f"{self.limit_bytes} request bytes in flight; retry after "
-                                 f"{RETRY_AFTER_S:.0f} s")
-            self._used += n
-            self._peak = max(self._peak, self._used)
+            return self._shares.held(tenant)
 
-    def release(self, n: int) -> None:
+    def _full(self) -> Overloaded:
+        return Overloaded(RETRY_AFTER_S, f"server busy: {self._shares.used} of "
+                          f"{self.limit_bytes} request bytes in flight; retry after "
+                          f"{RETRY_AFTER_S:.0f} s")
+
+    def reserve(self, n: int, tenant: str = "", holder: object = None) -> None:
+        """Takes `n` bytes for `holder` of `tenant`, or raises (nothing taken): the tenant's
+        share (InflightShareExceeded), the budget (Overloaded). The holders pushed out to make
+        room are told (`Reservation.push_out`), outside the lock."""
         with self._lock:
-            self._used -= n
-            assert self._used >= 0, "released more than reserved"
+            pushed = self._shares.take(tenant, holder, n)
+            self._peak = max(self._peak, self._shares.used)
+        for push in pushed:
+            push()
+
+    def pushable(self, tenant: str, holder: object, push: Callable[[], object] | None) -> None:
+        """`holder` may be pushed out from now on, by `push` (None: no longer)."""
+        with self._lock:
+            self._shares.pushable(tenant, holder, push)
+
+    def release(self, n: int | None = None, tenant: str = "", holder: object = None) -> None:
+        """Gives back `n` bytes of `holder` (None: all it holds; nothing once pushed out)."""
+        with self._lock:
+            self._shares.release(tenant, holder, n)
+            used = self._shares.used
             ended = (self._on_burst_end is not None
-                     and self._peak - self._used >= self._burst_bytes
-                     and 2 * self._used <= self._peak)
+                     and self._peak - used >= self._burst_bytes
+                     and 2 * used <= self._peak)
             if ended:
-                self._peak = self._used
+                self._peak = used
         if ended:
             self._on_burst_end()
 
 
-class Reservation:
-    """The bytes one request holds; `take` adds to them, `close` gives them all back."""
+def _over_share(tenant: str, held: int, share: int) -> InflightShareExceeded:
+    return InflightShareExceeded(RETRY_AFTER_S, (
+        f"tenant '{tenant}' has {held} request bytes in flight, its share is {share} now; "
+        f"retry after {RETRY_AFTER_S:.0f} s"))
 
-    def __init__(self, budget: ByteBudget) -> None:
+
+class Reservation:
+    """The bytes one request holds for its tenant; `take` adds to them, `close` gives them all
+    back. While `pushable` (a body being read, an open WebSocket) it may be pushed out to make
+    room for a tenant within its share: its bytes are given back at once, and its next `take`
+    or `check` raises InflightShareExceeded."""
+
+    def __init__(self, budget: ByteBudget, tenant: str = "") -> None:
         self._budget = budget
+        self.tenant = tenant
         self.bytes = 0
+        self.pushed: InflightShareExceeded | None = None
+        self._on_push: Callable[[], object] | None = None
 
     def take(self, n: int) -> None:
-        self._budget.reserve(n)
+        self.check()
+        self._budget.reserve(n, self.tenant, self)
         self.bytes += n
+
+    def check(self) -> None:
+        """Raises InflightShareExceeded once pushed out."""
+        if self.pushed is not None:
+            raise self.pushed
+
+    def allow_push(self, on_push: Callable[[], object] | None = None) -> None:
+        """From now on the reservation may be pushed out; `on_push` is then called (on the
+        thread that made the room: e.g. to close a WebSocket)."""
+        self._on_push = on_push
+        self._budget.pushable(self.tenant, self, self.push_out)
+
+    def forbid_push(self) -> None:
+        """No longer pushed out (its bytes are in memory until the answer)."""
+        self._budget.pushable(self.tenant, self, None)
+        self._on_push = None
+
+    @contextlib.contextmanager
+    def pushable(self, on_push: Callable[[], object] | None = None) -> Iterator[None]:
+        """`allow_push` within it."""
+        self.allow_push(on_push)
+        try:
+            yield
+        finally:
+            self.forbid_push()
+
+    def push_out(self) -> None:
+        """Pushed out (the budget has forgotten its bytes already)."""
+        self.bytes = 0
+        self.pushed = InflightShareExceeded(RETRY_AFTER_S, (
+            f"tenant '{self.tenant}' is over its share of the request bytes in flight: this "
+            "request made room for a tenant within its share; retry later"))
+        self.pushed.pushed_out = True
+        if self._on_push is not None:
+            self._on_push()
 
     def close(self) -> None:
         if self.bytes:
-            self._budget.release(self.bytes)
+            self._budget.release(None, self.tenant, self)
             self.bytes = 0
 
     def __enter__(self) -> Reservation:
@@ -107,18 +191,30 @@ async def read_body(chunks: AsyncIterator[bytes], length: int | None, limit: int
     With a declared `length` (already admitted by `admit`) the chunks fill ONE buffer of that
     size in place (growing a buffer and copying it peaks at about 3x the body); a different
     length is BadRequest. Without one (chunked), each chunk is counted against the budget as it
-    arrives and the body is cut at `limit` (413).
+    arrives and the body is cut at `limit` (413). Until it has read the body, the reservation
+    may be pushed out (from its admission: `Reservation.allow_push`): the next chunk is then
+    InflightShareExceeded.
     """
+    held.allow_push()
+    try:
+        held.check()
+        return await _read(chunks, length, limit, held)
+    finally:
+        held.forbid_push()
+
+
+async def _read(chunks: AsyncIterator[bytes], length: int | None, limit: int,
+                held: Reservation) -> bytes | bytearray:
     if length is not None:
         body = bytearray(length)
-        view, filled = memoryview(body), 0
-        async for chunk in chunks:
-            if filled + len(chunk) > length:
-                view.release()
-                raise BadRequest(f"body longer than its Content-Length of {length}")
-            view[filled:filled + len(chunk)] = chunk
-            filled += len(chunk)
-        view.release()
+        filled = 0
+        with memoryview(body) as view:
+            async for chunk in chunks:
+                if filled + len(chunk) > length:
+                    raise BadRequest(f"body longer than its Content-Length of {length}")
+                held.check()
+                view[filled:filled + len(chunk)] = chunk
+                filled += len(chunk)
         if filled != length:
             raise BadRequest(f"body of {filled} bytes, its Content-Length says {length}")
         return body

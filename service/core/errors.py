@@ -95,6 +95,21 @@ class SocketShareExceeded(Overloaded):
     socket was closed to make room for a tenant within its share (429 + Retry-After)."""
 
 
+class InflightShareExceeded(Overloaded):
+    """A tenant's request bytes in flight would pass its weighted share of
+    `max_inflight_bytes`, or its request (a body being read, a WebSocket) was pushed out to
+    make room for a tenant within its share (429 + Retry-After; `pushed_out`: HTTP closes the
+    connection, the rest of the body unread)."""
+
+    pushed_out = False
+
+
+class CallShareExceeded(Overloaded):
+    """A tenant's gRPC calls in flight would pass its weighted share of `max_grpc_calls`, or
+    its call was pushed out to make room for a tenant within its share (RESOURCE_EXHAUSTED,
+    429 on the REST side, + retry-after)."""
+
+
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its rows reached the trunk."""
 
@@ -143,6 +158,8 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     f"{__name__}.RegistrationRateLimited": (429, "registration_rate", "RESOURCE_EXHAUSTED"),
     f"{__name__}.QueueShareExceeded": (429, "queue_share", "RESOURCE_EXHAUSTED"),
     f"{__name__}.SocketShareExceeded": (429, "socket_share", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.InflightShareExceeded": (429, "inflight_share", "RESOURCE_EXHAUSTED"),
+    f"{__name__}.CallShareExceeded": (429, "call_share", "RESOURCE_EXHAUSTED"),
     f"{__name__}.ShuttingDown": (503, "shutting_down", "UNAVAILABLE"),
     f"{__name__}.ReplicaLost": (503, "replica_lost", "UNAVAILABLE"),
     f"{__name__}.NotReady": (503, "not_ready", "UNAVAILABLE"),

@@ -84,7 +84,8 @@ class Service:
         # memory of a burst of large bodies goes back to the OS when it is over; so does what
         # the trunk's build freed, once ready (service.core.memory).
         self.trimmer = memory.Trimmer()
-        self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=self.trimmer)
+        self.inflight = ByteBudget(settings.max_inflight_bytes, on_burst_end=self.trimmer,
+                                   weight=lambda tenant: self.tenancy.weight(tenant))
         self.metrics.bind_inflight_bytes(lambda: self.inflight.used_bytes)
         self.metrics.bind_store(self.store.snapshot_age_s, self.store.processes.count)
         threads = Threads()

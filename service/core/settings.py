@@ -192,7 +192,10 @@ class Settings:
         256 * MIB,
         "budget of request bytes in flight across all requests (bodies being read or "
         "served, plus each open WebSocket's message size); a request that does not fit is "
-        "refused with 503 + Retry-After BEFORE its body is read")
+        "refused with 503 + Retry-After BEFORE its body is read. A tenant holding bytes holds "
+        "at most its weighted share of it among the tenants holding bytes (429 inflight_share "
+        "beyond it), and one within its share pushes out an unread body or a WebSocket of a "
+        "tenant over its share when it is full")
     max_ws_message_bytes: int = setting(
         4 * MIB,
         "largest WebSocket message (one image), in bytes; each open socket holds this much "
@@ -218,6 +221,12 @@ class Settings:
         "share of them among the tenants with sockets open (429 socket_share beyond it), and "
         "one within its share closes the newest socket of a tenant over its share when all "
         "are taken", at_least=1)
+    max_grpc_calls: int = setting(
+        64,
+        "most gRPC calls in flight at once in this process; a tenant runs at most its "
+        "weighted share of them among the tenants with calls in flight (RESOURCE_EXHAUSTED "
+        "call_share beyond it), and one within its share cancels the newest call of a tenant "
+        "over its share when all are taken", at_least=1)
     max_image_pixels: int = setting(
         40_000_000, "largest decoded image, in pixels (413 beyond; decompression-bomb guard)",
         at_least=1)

@@ -12,7 +12,8 @@ itself (a tenant alone may open them all).
   `overloaded`).
 
 A socket without a tenant (the operator's, anyone's with --auth none) counts under the tenant
-"" with the default weight. Everything here runs on the event loop serving the sockets.
+"" with the default weight. The shares are `service.core.shares.Shares` (one socket, one
+unit). Everything here runs on the event loop serving the sockets.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from service.core.admission import RETRY_AFTER_S
 from service.core.errors import Overloaded, SocketShareExceeded
+from service.core.shares import Shares
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +31,18 @@ log = logging.getLogger(__name__)
 CLOSE_TRY_LATER = 1013
 CLOSE_REASON = json.dumps({"error": "closed to make room for a tenant within its share of "
                                     "the sockets", "code": "socket_share", "status": 429})
-assert len(CLOSE_REASON.encode()) <= 123, CLOSE_REASON
+# A socket pushed out of the in-flight bytes (`service.core.admission`): the same, for them.
+BYTES_CLOSE_REASON = json.dumps({"error": "closed to make room for a tenant within its "
+                                          "share of bytes", "code": "inflight_share",
+                                 "status": 429})
+assert max(len(CLOSE_REASON.encode()), len(BYTES_CLOSE_REASON.encode())) <= 123
 
 Close = Callable[[], Awaitable[None]]
 
 
 class SocketShares:
-    """The open sockets of one process by tenant (see the module doc).
+    """The open sockets of one process by tenant (see the module doc): one socket is one of
+    the capacity's units in a `service.core.shares.Shares`.
 
     Args:
         capacity: the most sockets open at once (`max_websockets`).
@@ -44,24 +51,21 @@ class SocketShares:
 
     def __init__(self, capacity: int, weight: Callable[[str], float]) -> None:
         self.capacity = capacity
-        self._weight = weight
-        self._open: dict[str, dict[object, Close]] = {}  # tenant -> {socket: close}, in order
+        self._shares = Shares(capacity, weight, over_share=_over_share, full=lambda: Overloaded(
+            RETRY_AFTER_S, f"server busy: {capacity} WebSockets open; "
+                           f"retry after {RETRY_AFTER_S:.0f} s"), alone_over_share=True)
 
     @property
     def open_count(self) -> int:
-        return sum(len(sockets) for sockets in self._open.values())
+        return self._shares.used
 
     def count(self, tenant: str) -> int:
-        return len(self._open.get(tenant, ()))
+        return self._shares.held(tenant)
 
     def share(self, tenant: str, newcomer: str | None = None) -> int:
         """`tenant`'s weighted share of the capacity among the tenants with sockets open,
         itself and `newcomer`; at least one socket."""
-        active = {t for t, sockets in self._open.items() if sockets} | {tenant}
-        if newcomer is not None:
-            active.add(newcomer)
-        total = sum(self._weight(t) for t in active)
-        return max(1, int(self.capacity * self._weight(tenant) / total))
+        return self._shares.share(tenant, newcomer)
 
     def admit(self, tenant: str, socket: object, close: Close) -> Close | None:
         """Registers `socket` of `tenant` (its `close` closes it with CLOSE_TRY_LATER), or
@@ -72,37 +76,17 @@ class SocketShares:
             SocketShareExceeded: `tenant` has its share open already.
             Overloaded: every socket is taken and no tenant is over its share.
         """
-        mine, share = self.count(tenant), self.share(tenant)
-        if mine + 1 > share:
-            raise SocketShareExceeded(RETRY_AFTER_S, (
-                f"tenant '{tenant}' has {mine} WebSockets open, its share is {share} now; "
-                "close one or retry later"))
-        pushed = None
-        if self.open_count + 1 > self.capacity:
-            pushed = self._push_out(tenant)
-            if pushed is None:
-                raise Overloaded(RETRY_AFTER_S, f"server busy: {self.capacity} WebSockets open; "
-                                 f"retry after {RETRY_AFTER_S:.0f} s")
-        self._open.setdefault(tenant, {})[socket] = close
-        return pushed
+        pushed = self._shares.take(tenant, socket, 1, close)
+        if not pushed:
+            return None
+        log.info("a WebSocket was closed to make room for tenant %r (its share)", tenant)
+        return pushed[0]
 
     def release(self, tenant: str, socket: object) -> None:
-        sockets = self._open.get(tenant)
-        if sockets is not None:
-            sockets.pop(socket, None)
-            if not sockets:
-                del self._open[tenant]
+        self._shares.release(tenant, socket)
 
-    def _push_out(self, newcomer: str) -> Close | None:
-        """Unregisters the newest socket of the tenant most over its share (counting
-        `newcomer` as active); returns its close, None when no tenant is over."""
-        over = [(len(sockets) - self.share(t, newcomer), t) for t, sockets in self._open.items()
-                if t != newcomer]
-        excess, tenant = max(over, default=(0, ""))
-        if excess <= 0:
-            return None
-        socket, close = self._open[tenant].popitem()  # the newest (insertion order)
-        self.release(tenant, socket)  # drops the tenant's entry when it was its last
-        log.info("WebSocket of tenant %r closed to make room for tenant %r (its share)",
-                 tenant, newcomer)
-        return close
+
+def _over_share(tenant: str, mine: int, share: int) -> SocketShareExceeded:
+    return SocketShareExceeded(RETRY_AFTER_S, (
+        f"tenant '{tenant}' has {mine} WebSockets open, its share is {share} now; "
+        "close one or retry later"))

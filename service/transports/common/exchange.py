@@ -127,11 +127,13 @@ class IncomingBody:
 
     def admit(self, held: Reservation) -> None:
         """The admission step (`service.codecs.pipeline`): a malformed Content-Length is 400,
-        a declared length over the limit 413, one that does not fit the budget 503
-        (`admission.admit`); the bytes stay held by `held`."""
+        a declared length over the limit 413, one that does not fit the budget 503 (or 429
+        beyond the tenant's share: `admission.admit`); the bytes stay held by `held`, which
+        may be pushed out until the body is read."""
         self._length = content_length(self._headers)
         admission.admit(self._length, self._limit, held)
         self._held = held
+        held.allow_push()  # until the body is read (`admission.read_body`)
 
     async def read(self) -> bytes | bytearray:
         """The whole body (`admission.read_body`: in place for a declared length, counted as

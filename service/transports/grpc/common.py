@@ -15,10 +15,17 @@ trailing metadata):
   the RPC's REST twin (`Service.caller`); the handler gets the `Service` as that caller sees
   it (another tenant's bot is NOT_FOUND, as an unknown one), with the call's routing key for
   canaries (the `x-multihead-route-key` metadata, as HTTP's `X-Multihead-Route-Key` header);
-- admission: the request message's bytes are taken from the process's in-flight byte budget
-  (`Service.inflight`, shared with HTTP) until the answer is built; when they do not fit, the
-  call fails with RESOURCE_EXHAUSTED (gRPC has already received the message by then: its size is
-  bounded before that by the server's max_receive_message_length = `max_body_bytes`);
+- admission: the call takes its place among the calls in flight in this process
+  (`max_grpc_calls`), shared by tenants like the sockets (`service.core.shares.Shares`): a
+  tenant with calls in flight runs at most its weighted share of them (RESOURCE_EXHAUSTED,
+  code `call_share`, with `retry-after`), and a tenant within its share that finds them all
+  taken cancels the newest call of the tenant most over its share (which fails with
+  `call_share`); only when no tenant is over its share is the call refused `overloaded`. Then
+  the request message's bytes are taken from the process's in-flight byte budget
+  (`Service.inflight`, shared with HTTP, by tenant: `service.core.admission`) until the answer
+  is built; when they do not fit, the call fails with RESOURCE_EXHAUSTED (gRPC has already
+  received the message by then: its size is bounded before that by the method's receive limit:
+  `gate.MessageCaps`);
 - the client's deadline: grpc cancels the handler when it passes (or when the client cancels),
   which withdraws the request's rows still queued for the trunk (a batch already running has
   its result dropped), and the client gets DEADLINE_EXCEEDED; a call whose deadline has passed
@@ -45,7 +52,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -56,9 +63,16 @@ from service.codecs import pipeline
 from service.codecs.base import error_answer
 from service.codecs.pipeline import Incoming
 from service.codecs.routes import ENDPOINTS
-from service.core.admission import Reservation
-from service.core.errors import DeadlineExceeded, ShuttingDown, grpc_status
+from service.core.admission import RETRY_AFTER_S, Reservation
+from service.core.errors import (
+    CallShareExceeded,
+    DeadlineExceeded,
+    Overloaded,
+    ShuttingDown,
+    grpc_status,
+)
 from service.core.logs import RequestLog
+from service.core.shares import Shares
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.caller import Caller
@@ -190,8 +204,56 @@ class GrpcOutcome:
         return answer
 
 
+class Call:
+    """One call's place among the calls in flight (`Rpcs.calls`): its handler's task, and
+    whether it was pushed out to make room for a tenant within its share."""
+
+    __slots__ = ("tenant", "task", "pushed")
+
+    def __init__(self) -> None:
+        self.tenant = ""  # the caller's, once admitted
+        self.task: asyncio.Future | None = None
+        self.pushed = False
+
+    def push_out(self) -> None:
+        self.pushed = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def run(self, work: Coroutine[Any, Any, M]) -> M:
+        """`work` in a task of its own, which `push_out` cancels: then CallShareExceeded."""
+        if self.pushed:
+            work.close()  # never started
+            raise _pushed(self.tenant)
+        self.task = asyncio.ensure_future(work)
+        try:
+            return await self.task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.pushed and (current is None or not current.cancelling()):
+                raise _pushed(self.tenant) from None
+            raise
+
+
+def _pushed(tenant: str) -> CallShareExceeded:
+    return CallShareExceeded(RETRY_AFTER_S, (
+        f"tenant '{tenant}' is over its share of the gRPC calls in flight: this call made "
+        "room for a tenant within its share; retry later"))
+
+
+def _over_share(tenant: str, held: int, share: int) -> CallShareExceeded:
+    return CallShareExceeded(RETRY_AFTER_S, (
+        f"tenant '{tenant}' has {held} gRPC calls in flight, its share is {share} now; "
+        f"retry after {RETRY_AFTER_S:.0f} s"))
+
+
 class Rpcs:
-    """Runs the RPCs of one process's gRPC services over its `Service` (see the module doc)."""
+    """Runs the RPCs of one process's gRPC services over its `Service` (see the module doc).
+
+    Attributes:
+        calls: the calls in flight by tenant (`service.core.shares.Shares`, one call one
+            unit of `max_grpc_calls`).
+    """
 
     def __init__(self, service: Service) -> None:
         self.service = service
@@ -199,6 +261,11 @@ class Rpcs:
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
+        capacity = service.settings.max_grpc_calls
+        self.calls = Shares(capacity, service.tenancy.weight, over_share=_over_share,
+                            full=lambda: Overloaded(RETRY_AFTER_S, (
+                                f"server busy: {capacity} gRPC calls in flight; retry after "
+                                f"{RETRY_AFTER_S:.0f} s")))
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuses new calls from now on; waits up to `timeout_s` for the calls in flight to
@@ -221,22 +288,29 @@ class Rpcs:
             name: what metrics and logs call the call: the name of the REST endpoint it
                 corresponds to (`oip_infer`, ...; see `Endpoint.name`); its access rule is
                 that endpoint's.
-            message: the request message; None when it was not read (`gate.Credentials`).
+            message: the request message; None when the gate refused the call without
+                parsing it (`gate`): then it takes no place among the calls nor bytes.
         """
         method = _rpc_method.get() or f"/{name}"
         incoming = Incoming("grpc", "GRPC", name, method, metadata(context), method.lstrip("/"),
                             context.peer(), attributes=lambda: _span_attributes(method))
 
+        call = Call()
+
         def admit(held: Reservation) -> None:
             if self.draining:
                 raise ShuttingDown("the server is shutting down and accepts no new calls")
-            held.take(message.ByteSize() if message is not None else 0)
+            if message is not None:  # else refused by the gate, unread: no place taken
+                call.tenant = held.tenant
+                for push in self.calls.take(call.tenant, call, 1, call.push_out):
+                    push()
+                held.take(message.ByteSize())
             budget = client_budget_s(context)
             if budget is not None and budget <= 0:
                 raise DeadlineExceeded("the call's deadline passed before it started")
 
         async def step(caller: Caller, held: Reservation) -> M:
-            return await handle(caller)
+            return await call.run(handle(caller))
 
         self.in_flight += 1
         self._idle.clear()
@@ -244,6 +318,7 @@ class Rpcs:
             return await pipeline.run(self.service, incoming, step, GrpcOutcome(context),
                                       access=ACCESS[name], admit=admit)
         finally:
+            self.calls.release(call.tenant, call)
             self.in_flight -= 1
             if not self.in_flight:
                 self._idle.set()

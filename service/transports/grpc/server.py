@@ -24,9 +24,11 @@ call that needs a credential and has none accepted with UNAUTHENTICATED before i
 read. Message size: `max_body_bytes` is the largest request message (beyond it gRPC answers
 RESOURCE_EXHAUSTED before any handler runs): what ModelInfer and Predict need for
 `max_images_per_request` images within the REST body limit; grpc has one receive limit per
-server, not per method, and the other RPCs' small messages are read only once the credential
-check has let them through. The generated code comes from the packages of the
-`grpc` extra (`tritonclient`, `tensorflow-serving-api`).
+server, not per method, so `gate.MessageCaps` (the next interceptor) caps every other RPC's
+message at `gate.SMALL_MESSAGE_BYTES` before it is parsed (RESOURCE_EXHAUSTED,
+`payload_too_large`). Calls in flight: at most `max_grpc_calls`, by tenant (`common.Rpcs`).
+The generated code comes from the packages of the `grpc` extra (`tritonclient`,
+`tensorflow-serving-api`).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ import grpc
 from backbone.tfimport import import_tensorflow
 from service.core.errors import ServiceError
 from service.transports.grpc.common import MethodNames, Rpcs
-from service.transports.grpc.gate import Credentials
+from service.transports.grpc.gate import Credentials, MessageCaps
 
 if TYPE_CHECKING:  # pragma: no cover
     from service.core.service import Service
@@ -109,7 +111,8 @@ class GrpcServer:
                              f"installed): {EXTRA_HINT}")
         # The credentials first: a call refused there never has its message read.
         self.credentials = Credentials(self._rpcs, self._names)
-        self._server = grpc.aio.server(interceptors=[self.credentials, MethodNames()], options=[
+        self._server = grpc.aio.server(interceptors=[
+            self.credentials, MessageCaps(self._rpcs, self._names), MethodNames()], options=[
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             # Without it a second server could bind the same port on Linux, silently.
             ("grpc.so_reuseport", 0),

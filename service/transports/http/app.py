@@ -16,9 +16,11 @@ server of the app must be made with; unless the settings' `cancel_on_disconnect`
 request's rows still queued for the trunk are withdrawn, its in-flight bytes given back, and
 metrics count it with status 499 (`CLIENT_CLOSED`, as gRPC does); a WebSocket whose connection
 closes while its image waits likewise (a close frame alone is read once the image is answered).
-A client too slow to send its request is answered 408 `request_timeout` and its connection
-closed: its head within `header_timeout_s` (`timeouts`), its body at `body_min_rate_bytes_s`
-after `body_grace_s` (`common.exchange.paced`).
+A request pushed out of the in-flight bytes before its body is read, for a tenant within its
+share (429 `inflight_share`, `service.core.admission`), has its connection closed. So has a
+client too slow to send its request, answered 408 `request_timeout`: its head within
+`header_timeout_s` (`timeouts`), its body at `body_min_rate_bytes_s` after `body_grace_s`
+(`common.exchange.paced`).
 The listeners given to `create_app` (the gRPC server, when the command that serves has a
 `grpc_port`) run over the same `Service` and start and stop with it: they stop accepting when
 HTTP does, and drain within the same timeout.
@@ -38,7 +40,7 @@ from service.codecs.pipeline import UNMATCHED, Incoming
 from service.codecs.routes import ENDPOINTS
 from service.core import admission
 from service.core.admission import Reservation
-from service.core.errors import INTERNAL_MESSAGE
+from service.core.errors import INTERNAL_MESSAGE, InflightShareExceeded
 from service.core.logs import REQUEST_ID_HEADER, RequestLog
 from service.core.service import Service
 from service.core.settings import Settings
@@ -82,8 +84,12 @@ class HttpOutcome:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.unread: web.StreamResponse | None = None  # pushed out while reading its body
 
     def error(self, exc: Exception) -> web.StreamResponse:
+        if isinstance(exc, InflightShareExceeded) and exc.pushed_out:  # its body is unread
+            self.unread = to_response(error_reply(exc))
+            return self.unread
         if not isinstance(exc, web.HTTPException):
             return to_response(error_reply(exc))
         if exc.status < 400:  # a redirect: sent as aiohttp made it
@@ -103,8 +109,8 @@ class HttpOutcome:
 
     async def done(self, answer: web.StreamResponse, req: RequestLog,
                    timing: str | None) -> web.StreamResponse:
-        if answer.status == REQUEST_TIMEOUT:  # a body too slow: the rest is not waited for
-            answer.force_close()
+        if answer.status == REQUEST_TIMEOUT or answer is self.unread:
+            answer.force_close()  # a body too slow, or refused unread: not waited for
         if not answer.prepared:  # a socket has sent its headers
             answer.headers[REQUEST_ID_HEADER] = req.request_id
             if timing is not None:
@@ -131,7 +137,7 @@ def _handler(endpoint: Endpoint):
             async def open_stream(caller, held: Reservation) -> web.StreamResponse:
                 return await ws.serve(service, endpoint, caller, request, build_request(
                     request.method, request.path, request.match_info, request.query.items(),
-                    request.headers.items()))
+                    request.headers.items()), held)
 
             # NOTE: an open socket may be receiving a message of up to its size limit at any
             # time: it holds that much of the in-flight budget for its whole life.

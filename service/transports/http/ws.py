@@ -7,8 +7,10 @@ life); the stream is opened (its checks answer JSON errors before the upgrade), 
 answers 101 with the socket's `X-Request-Id`, and `stream.relay` answers each message in order
 (`stream.answer_message`: a request scope per message). A tenant opens at most its share of
 `max_websockets` (`service.core.sockets`: 429 `socket_share` before the upgrade; a socket
-pushed out for a tenant within its share is closed with 1013). A message over `max_ws_message_bytes`
-or a protocol error closes the socket with its close code (aiohttp's: 1009, 1002, ...). A
+pushed out for a tenant within its share is closed with 1013; so is one whose reservation of
+the in-flight bytes is pushed out, `service.core.admission`, with the code `inflight_share`).
+A message over `max_ws_message_bytes` or a protocol error closes the socket with its close
+code (aiohttp's: 1009, 1002, ...). A
 socket whose connection closes while a message waits for the trunk is cancelled by aiohttp
 (`app.server_options`), which withdraws the message's rows; a close frame alone is read once
 the message before it is answered.
@@ -20,6 +22,7 @@ no message comes.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -28,6 +31,7 @@ from aiohttp import web
 from service.codecs import stream
 from service.codecs.base import Endpoint, Request
 from service.core import sockets
+from service.core.admission import Reservation
 from service.core.connections import CLOSE_POLICY, CLOSE_REASON
 from service.core.logs import REQUEST_ID_HEADER, current
 
@@ -45,9 +49,10 @@ def is_upgrade(request: web.Request) -> bool:
 
 
 async def serve(service: Service, endpoint: Endpoint, caller: Caller, request: web.Request,
-                neutral: Request) -> web.WebSocketResponse:
+                neutral: Request, held: Reservation) -> web.WebSocketResponse:
     """Opens the stream of `endpoint` for `caller`, upgrades, and answers its messages until
-    the socket closes."""
+    the socket closes; `held` is its reservation of the in-flight bytes, which may be pushed
+    out once the socket is open (closed with 1013, `inflight_share`)."""
     session = await endpoint.stream(caller, neutral)
     ws = web.WebSocketResponse(max_msg_size=service.settings.max_ws_message_bytes,
                                heartbeat=HEARTBEAT_S)
@@ -71,7 +76,14 @@ async def serve(service: Service, endpoint: Endpoint, caller: Caller, request: w
         if pushed is not None:
             await pushed()
         await ws.prepare(request)
-        return await _relay(service, socket, session, ws, connections, principal)
+        closing: list[asyncio.Task] = []
+
+        def pushed_out() -> None:  # its bytes made room for a tenant within its share: 1013
+            closing.append(asyncio.get_running_loop().create_task(ws.close(
+                code=sockets.CLOSE_TRY_LATER, message=sockets.BYTES_CLOSE_REASON.encode())))
+
+        with held.pushable(pushed_out):
+            return await _relay(service, socket, session, ws, connections, principal)
     finally:
         service.sockets.release(tenant, ws)
 

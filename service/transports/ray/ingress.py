@@ -7,7 +7,10 @@ replicas). A request no endpoint matches goes to a replica too (without its body
 answers 404/405 and counts it: the replicas hold the metrics. So does a request the ingress
 refuses itself (a body over `max_body_bytes`, the byte budget full, a lost replica): its
 refusal goes to a replica (without the body) to be answered and counted; only with no replica
-answering within PROBE_TIMEOUT_S does the ingress answer it uncounted. When a model replica
+answering within PROBE_TIMEOUT_S does the ingress answer it uncounted. The ingress's budget is
+one for all tenants (everything counts under ""): it holds no key table and the replica checks
+the credential after the body is read, so the tenant is not known when a body is admitted
+here; the replicas' budgets are shared by tenant (`service.core.admission`). When a model replica
 dies with requests in flight, a request that is safe to repeat (everything but the admin
 writes) is retried once on another replica, and the rest get 503 `replica_lost` + Retry-After
 (counted by another replica), never a bare 500.

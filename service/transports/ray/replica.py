@@ -157,6 +157,7 @@ async def _message(service: Service, endpoint: Endpoint, request: Request,
     with Reservation(service.inflight) as held:
         async def opened() -> Session:
             caller = pipeline.caller_of(service, endpoint.access, request.headers)
+            held.tenant = pipeline.tenant_of(caller)  # nothing held yet: counted under it
             held.take(len(delivery.data))
             return await endpoint.stream(caller, request)
 
