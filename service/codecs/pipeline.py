@@ -42,6 +42,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from service.core import logs
 from service.core.admission import Reservation
 from service.core.candidates import ROUTE_KEY_METADATA
+from service.core.errors import (
+    CallShareExceeded,
+    InflightShareExceeded,
+    SocketShareExceeded,
+    error_status,
+)
 from service.core.logs import RequestLog, request_scope
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,6 +130,11 @@ def caller_of(service: Service, access: str, headers: Mapping[str, str]) -> Call
                           route_key=headers.get(ROUTE_KEY_METADATA))
 
 
+# The refusals of a tenant beyond its share of what one process holds at once (bytes in flight,
+# open WebSockets, gRPC calls), counted per tenant in `tenant_refusals_total` by their codes.
+SHARE_REFUSALS = (InflightShareExceeded, SocketShareExceeded, CallShareExceeded)
+
+
 def tenant_of(caller: Caller | None) -> str:
     """The tenant a request's bytes and calls count under: its key's, else "" (the operator,
     anyone with --auth none, a request without a caller)."""
@@ -188,7 +199,13 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
     if "bot_id" in incoming.params:
         logs.note(bots=(incoming.params["bot_id"],))
     caller = None if access is None else caller_of(service, access, incoming.headers)
-    with Reservation(service.inflight, tenant_of(caller)) as held:
-        if admit is not None:
-            admit(held)
-        return await step(caller, held)
+    tenant = tenant_of(caller)
+    try:
+        with Reservation(service.inflight, tenant) as held:
+            if admit is not None:
+                admit(held)
+            return await step(caller, held)
+    except SHARE_REFUSALS as exc:  # a tenant's share of what a process holds at once: counted
+        if tenant:
+            service.metrics.observe_refusal(tenant, error_status(exc)[1])
+        raise

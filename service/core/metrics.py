@@ -27,10 +27,11 @@ from prometheus_client import (
 
 OTHER = "other"
 NAMESPACE = "multihead"
-# Why a tenant's request was refused (`Metrics.observe_refusal`): its token bucket was empty, it
-# already held its share of the queue, or the queue as a whole was full. A closed set: each one
-# is a series per labelled tenant.
-REFUSAL_CODES = ("rate_limited", "queue_share", "overloaded")
+# Why a tenant's request was refused (`Metrics.observe_refusal`), a closed set (a series each per
+# labelled tenant): its quota, its share of the queue, the queue full, or its share of the
+# process's bytes in flight, WebSockets or gRPC calls.
+REFUSAL_CODES = ("rate_limited", "queue_share", "overloaded", "inflight_share", "socket_share",
+                 "call_share")
 
 # Seconds: from a cached-feature request (~1 ms) to a full CPU batch of 16 (several seconds).
 LATENCY_BUCKETS_S = (
@@ -270,9 +271,7 @@ class Metrics:
         )
         self.tenant_refusals_total = Counter(
             "tenant_refusals", f"requests refused per tenant by error code: "
-            f"{', '.join(REFUSAL_CODES)} ({tenants})", ["tenant", "code"],
-            namespace=ns, registry=r,
-        )
+            f"{', '.join(REFUSAL_CODES)} ({tenants})", ["tenant", "code"], namespace=ns, registry=r)
         self.tenant_queued_rows = Gauge(
             "tenant_queued_rows", f"rows waiting in the batcher queue per tenant ({tenants}: "
             "their sum)", ["tenant"], namespace=ns, registry=r,

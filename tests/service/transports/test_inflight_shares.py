@@ -19,6 +19,7 @@ from tests.backbone.helpers import encode
 from tests.support.builders import random_head
 from tests.support.fakes import FakeTrunk
 from tests.support.polling import until
+from tests.support.prometheus import metric
 from tests.support.servers import ThreadedServer, make_settings
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,6 +89,9 @@ async def test_a_tenant_over_its_share_of_bytes_is_refused_and_pushed_out_for_an
         assert inflight.held("acme") == len(BODY)
         # acme holds its share (half): another of its bodies is refused before it is read.
         assert await _status(_post(session, server, tokens, "acme")) == (429, "inflight_share")
+        refusals = metric(server.app[SERVICE].render_metrics()[0].decode(),
+                          'multihead_tenant_refusals_total{tenant="acme",code="inflight_share"}')
+        assert refusals >= 1  # the refusal (and the push-out, when its answer was sent)
         gate.set()
         assert await globex == (200, None)
         outcomes = await asyncio.gather(*acme)
