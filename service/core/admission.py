@@ -14,7 +14,9 @@ the tenant most over its share: a request whose body is not read yet (from its a
 the end of `read_body`: it fails with the 429 at its next chunk, and HTTP closes its
 connection) or an open WebSocket (closed with 1013, `inflight_share`). A request whose body is
 read holds bytes that are in memory until its answer: it is not pushed out; when only such
-holders are over their shares, the newcomer gets 503 `overloaded`. NOTE: a reservation pushed
+holders are over their shares, the newcomer gets 503 `overloaded`. A tenant alone that would
+pass the whole budget is refused with 429 `inflight_share` too: what fills it is its own; only
+requests without a tenant find the server full (503 `overloaded`). NOTE: a reservation pushed
 out gives its bytes back at once, while the buffer of a declared length lives until its next
 chunk arrives (or the body's rate limit ends it).
 Requests without a tenant (the operator's, anyone's with --auth none) count under "".
@@ -51,7 +53,8 @@ class ByteBudget:
             raise ValueError("limit_bytes must be >= 1")
         self.limit_bytes = int(limit_bytes)
         self._shares = Shares(self.limit_bytes, weight or (lambda tenant: 1.0),
-                              over_share=_over_share, full=self._full)
+                              over_share=_over_share, full=self._full,
+                              alone_over_share=bool)
         self._peak = 0  # since the last burst end
         self._on_burst_end = on_burst_end
         self._burst_bytes = burst_bytes

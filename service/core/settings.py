@@ -192,10 +192,10 @@ class Settings:
         256 * MIB,
         "budget of request bytes in flight across all requests (bodies being read or "
         "served, plus each open WebSocket's message size); a request that does not fit is "
-        "refused with 503 + Retry-After BEFORE its body is read. A tenant holding bytes holds "
-        "at most its weighted share of it among the tenants holding bytes (429 inflight_share "
-        "beyond it), and one within its share pushes out an unread body or a WebSocket of a "
-        "tenant over its share when it is full")
+        "refused BEFORE its body is read: 429 inflight_share + Retry-After for a tenant beyond "
+        "its weighted share of it among the tenants holding bytes (alone: all of it), 503 "
+        "overloaded for a request without a tenant; one within its share pushes out an unread "
+        "body or a WebSocket of a tenant over its share when it is full")
     max_ws_message_bytes: int = setting(
         4 * MIB,
         "largest WebSocket message (one image), in bytes; each open socket holds this much "

@@ -48,13 +48,14 @@ class Shares:
         full: `full() -> Exception`, the refusal when no room can be made.
         floor: no share is below it (one socket, one call).
         alone_over_share: a tenant alone that would pass the capacity is refused with
-            `over_share` (True) or finds the server full (False).
+            `over_share` (True) or finds the server full (False); or a function of the
+            tenant saying which.
     """
 
     def __init__(self, capacity: int, weight: Callable[[str], float], *,
                  over_share: Callable[[str, int, int], Exception],
                  full: Callable[[], Exception], floor: int = 1,
-                 alone_over_share: bool = False) -> None:
+                 alone_over_share: bool | Callable[[str], bool] = False) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = int(capacity)
@@ -63,7 +64,8 @@ class Shares:
         self._over_share = over_share
         self._full = full
         self._floor = floor
-        self._alone_over_share = alone_over_share
+        self._alone_over_share = (alone_over_share if callable(alone_over_share)
+                                  else (lambda tenant: alone_over_share))
         self._held: dict[str, dict[object, Holding]] = {}  # tenant -> {holder: ...}, in order
 
     def held(self, tenant: str) -> int:
@@ -96,7 +98,7 @@ class Shares:
         """
         mine, share = self.held(tenant), self.share(tenant)
         if (mine and mine + amount > share
-                and (share < self.capacity or self._alone_over_share)):
+                and (share < self.capacity or self._alone_over_share(tenant))):
             raise self._over_share(tenant, mine, share)
         victims: list[tuple[str, object]] = []
         if self.used + amount > self.capacity:

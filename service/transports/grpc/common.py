@@ -20,7 +20,8 @@ trailing metadata):
   tenant with calls in flight runs at most its weighted share of them (RESOURCE_EXHAUSTED,
   code `call_share`, with `retry-after`), and a tenant within its share that finds them all
   taken cancels the newest call of the tenant most over its share (which fails with
-  `call_share`); only when no tenant is over its share is the call refused `overloaded`. Then
+  `call_share`); only when no tenant is over its share is the call refused `overloaded` (a
+  tenant alone that would pass them all gets `call_share`: its own calls fill them). Then
   the request message's bytes are taken from the process's in-flight byte budget
   (`Service.inflight`, shared with HTTP, by tenant: `service.core.admission`) until the answer
   is built; when they do not fit, the call fails with RESOURCE_EXHAUSTED (gRPC has already
@@ -265,7 +266,7 @@ class Rpcs:
         self.calls = Shares(capacity, service.tenancy.weight, over_share=_over_share,
                             full=lambda: Overloaded(RETRY_AFTER_S, (
                                 f"server busy: {capacity} gRPC calls in flight; retry after "
-                                f"{RETRY_AFTER_S:.0f} s")))
+                                f"{RETRY_AFTER_S:.0f} s")), alone_over_share=bool)
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuses new calls from now on; waits up to `timeout_s` for the calls in flight to

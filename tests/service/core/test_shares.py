@@ -111,3 +111,18 @@ def test_the_byte_budget_refuses_a_tenant_beyond_its_share_and_pushes_out_a_body
     read.close()
     reading.close()
     assert budget.used_bytes == 0
+
+
+def test_a_tenant_alone_filling_the_byte_budget_is_told_its_share_requests_without_one_busy():
+    """What fills the budget is a keyed tenant's own: 429 inflight_share (a clear 4xx for a
+    hostile tenant); requests without a tenant (operator, --auth none) find the server busy."""
+    budget = ByteBudget(100, weight=lambda tenant: 1.0)
+    with Reservation(budget, "a") as mine:
+        mine.take(90)
+        with pytest.raises(InflightShareExceeded):
+            mine.take(20)
+    with Reservation(budget, "") as anyone:
+        anyone.take(90)
+        with pytest.raises(Overloaded) as info:
+            anyone.take(20)
+        assert not isinstance(info.value, InflightShareExceeded)
