@@ -539,37 +539,43 @@ def struct_len(data: bytes) -> bytes:
 # -- 11. feature-cache probe --------------------------------------------------------------------
 
 
-def _timing_names(header: str | None) -> tuple[str, ...]:
-    """The metric names of a Server-Timing header, sorted ("decode;dur=3, total;dur=9" ->
-    ("decode", "total"))."""
-    return tuple(sorted(part.split(";")[0].strip() for part in (header or "").split(",")
-                        if part.strip()))
+CACHE_HITS = "multihead_feature_cache_hits_total"
+
+
+async def _cache_hits(session, world: World) -> float:
+    """The server's feature-cache hits so far (the operator's /metrics)."""
+    from bench.prometheus import value
+
+    async with session.get(f"{world.url}/metrics",
+                           headers=Tokens.header(world.tokens.operator)) as resp:
+        return value(await resp.text(), CACHE_HITS) or 0.0
 
 
 async def cache_probe(world: World, duration_s: float) -> Outcome:
-    """A sends the image B was answered for last: A's answer must look like a miss (the same
-    Server-Timing entries as for an image nobody sent), never like a hit."""
+    """A sends the image B was answered for last (still in the feature cache, were it shared),
+    then an image nobody sent: none of A's requests may hit the cache (B's own loop never
+    does: it sends more distinct images than the cache holds), so the server's hit count
+    must not move. (A hit would show to A in its answer's time and its Server-Timing.)"""
     out = Outcome()
     fresh = iter(range(10_000, 10**9))
     async with _session(Tokens.header(world.tokens.a_infer)) as session:
-        async def ask(image: bytes) -> tuple[str, tuple[str, ...]]:
+        async def ask(image: bytes) -> None:
             async with session.post(f"{world.url}/classify/{A_BOT}", data=image,
                                     headers={"Content-Type": "image/jpeg"}) as resp:
-                return await _label(resp), _timing_names(resp.headers.get("Server-Timing"))
+                out.add(await _label(resp))
 
         async def one() -> None:
             from bench.hostile.world import tiny_jpeg
 
-            label, miss = await ask(tiny_jpeg(next(fresh)))
-            out.add(label)
-            b_image = world.jpegs[int(time.perf_counter() * 1000) % len(world.jpegs)]
-            label, probe = await ask(b_image)
-            out.add(label)
-            if label == "200" and miss and probe != miss:
-                out.violations.append(f"A's answer for B's image shows {probe}, a miss {miss}")
+            await ask(world.b_last())
+            await ask(tiny_jpeg(next(fresh)))
             await asyncio.sleep(0.1)
 
+        before = await _cache_hits(session, world)
         await _loop(duration_s, 1, one)
+        hits = await _cache_hits(session, world) - before
+    if hits:
+        out.violations.append(f"A's requests hit the feature cache {hits:.0f} time(s)")
     return out
 
 

@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -128,6 +128,8 @@ class World:
     jpegs: Sequence[bytes]  # B's closed loop's images, in turn
     scratch: Path
     options: dict = field(default_factory=lambda: dict(SERVER_OPTIONS))
+    # The image of B's latest answered request (`Victim.last_image`, set by `run_phase`).
+    b_last: Callable[[], bytes] = lambda: b""
 
     def a_images(self, n: int) -> list[bytes]:
         """A's images: small distinct JPEG uploads (never B's)."""
@@ -280,6 +282,7 @@ def run_phase(world: World, victim: Victim, name: str, seconds: float, attack=No
     for `seconds` (and until A's last call is answered); the server's RSS sampled meanwhile."""
     from bench.memory import RssSampler
 
+    world.b_last = victim.last_image
     mark = victim.mark()
     start = time.perf_counter()
     with RssSampler(world.pid, 0.05) as sampler:
