@@ -30,7 +30,7 @@ from bench.load import ServerProcess, free_port, make_jpegs
 from bench.memory import settle_rss
 from bench.stats import rss_bytes
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.subprocess]  # a `multihead serve` process
 ATTACK_S = 3.0
 ALONE_S = 2.0
 VICTIM_IMAGES = 8  # B's distinct images: more than the server's feature cache holds
