@@ -16,7 +16,6 @@ from bench.hostile.world import World
 MIB = 1 << 20
 
 
-
 @dataclass
 class Outcome:
     """What A got (`answers`: label -> count) and what went wrong beyond A's answers."""
@@ -56,6 +55,8 @@ class Attack:
 
 
 def client_of(headers: dict[str, str] | None = None, limit: int = 0):
+    """An aiohttp session (the benchmark's: no connection limit, 300 s timeout) sending
+    `headers` (a credential) with every request."""
     from bench.load import client_session
 
     return client_session(limit=limit, headers=headers)
@@ -72,13 +73,14 @@ async def label_of(resp) -> str:
 
 
 def form(images: list[bytes], content_types: list[str] | None = None):
+    """A multipart body of `images`, each an `image` part (JPEG unless `content_types` says)."""
     import aiohttp
 
-    form = aiohttp.FormData()
+    body = aiohttp.FormData()
     for i, data in enumerate(images):
-        form.add_field("image", data, filename=f"{i}",
+        body.add_field("image", data, filename=f"{i}",
                        content_type=(content_types or ["image/jpeg"] * len(images))[i])
-    return form
+    return body
 
 
 async def loop(duration_s: float, clients: int, one: Callable[[], Awaitable[None]]) -> None:
