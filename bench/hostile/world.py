@@ -48,21 +48,23 @@ SERVER_OPTIONS: dict = {
     "tenant-max-bots": 4,
     "tenant-registrations-per-minute": 6,
     "request-timeout-s": 60,
+    "heads-memory-mb": 64,  # the store's heads take well under 1 MiB
 }
 
-# Decoded bytes per pixel at most while an image is decoded and converted (16-bit RGBA as
-# 32-bit ints in PIL, then its 8-bit RGB copy), for the memory bound.
-DECODE_BYTES_PER_PIXEL = 8
+# Bytes per pixel at most while one image is decoded (`backbone.preprocess`): a 16-bit
+# grayscale PNG is held as Pillow's 2 bytes a pixel, then float32 gray (4), its scaled and
+# clipped copies (4 + 4) and the float32 RGB array of the whole image (12), before the crop.
+DECODE_BYTES_PER_PIXEL = 26
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 DEFAULT_PREPROCESS_THREADS = 2
 DEFAULT_HEADS_MEMORY_MB = 2048
 
 
 def rss_bound(idle_rss: int, options: dict) -> int:
-    """The most the server's RSS may reach under attack: its RSS when idle (trunk loaded and
-    warm) plus the budgets its settings give: the in-flight request bytes, the images being
-    decoded (each decode thread one image of at most max-image-pixels) and the heads'
-    memory budget."""
+    """The most the server's RSS may reach under attack: its RSS when idle (after `warm_up`:
+    the trunk's working memory at a full batch is in it) plus the budgets its settings give:
+    the in-flight request bytes, the images being decoded (each decode thread one image of at
+    most max-image-pixels, `DECODE_BYTES_PER_PIXEL`) and the heads' memory budget."""
     pixels = int(options.get("max-image-pixels", DEFAULT_MAX_IMAGE_PIXELS))
     threads = int(options.get("preprocess-threads", DEFAULT_PREPROCESS_THREADS))
     heads = int(options.get("heads-memory-mb", DEFAULT_HEADS_MEMORY_MB)) * MIB
@@ -195,6 +197,24 @@ def head_upload(labels: Sequence[str], scratch: Path, name: str,
     return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
+def warm_up(world: World, images: int = 16) -> None:
+    """`images` distinct one-image requests of B at once (a full trunk batch at serve's default
+    batch size), so that the trunk's working memory is part of the idle RSS."""
+    from bench.load import client_session
+
+    async def run() -> None:
+        headers = {**Tokens.header(world.tokens.b_infer), "Content-Type": "image/jpeg"}
+        async with client_session(headers=headers) as session:
+            async def one(i: int) -> None:
+                async with session.post(f"{world.url}/classify/{B_BOT}",
+                                        data=tiny_jpeg(1000 + i)) as resp:
+                    await resp.read()
+
+            await asyncio.gather(*(one(i) for i in range(images)))
+
+    asyncio.run(run())
+
+
 # -- B's closed loop ----------------------------------------------------------------------------
 
 
@@ -212,8 +232,8 @@ class Sample:
 class Victim:
     """B's closed loop in a thread of its own (its own event loop, so that A's client work
     never delays B's): one client sending one-image classifications to `B_BOT`, B's images in
-    turn, until stopped. `samples` holds every request; `mark()` / `since(mark)` cut them into
-    phases."""
+    turn, until stopped. `samples` holds every answered request; `sent_in(start, end)` cuts them
+    into phases."""
 
     def __init__(self, url: str, token: str, jpegs: Sequence[bytes]) -> None:
         self.url, self.token, self.jpegs = url, token, list(jpegs)
@@ -251,11 +271,18 @@ class Victim:
         self._stop.set()
         self._thread.join(120)
 
-    def mark(self) -> int:
-        return len(self.samples)
+    def sent_in(self, start: float, end: float) -> list[Sample]:
+        """The requests sent in [start, end) and answered."""
+        return [s for s in list(self.samples) if start <= s.start < end]
 
-    def since(self, mark: int) -> list[Sample]:
-        return list(self.samples[mark:])
+    def answered_after(self, moment: float, timeout_s: float) -> None:
+        """Waits until every request sent before `moment` is answered (the loop has sent one
+        after it), at most `timeout_s`."""
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline and not self._stop.is_set():
+            if self.samples and self.samples[-1].start >= moment:
+                return
+            time.sleep(0.02)
 
     def last_image(self) -> bytes:
         """The image of B's latest finished request."""
@@ -277,13 +304,15 @@ class Phase:
     seconds: float = 0.0
 
 
-def run_phase(world: World, victim: Victim, name: str, seconds: float, attack=None) -> Phase:
+def run_phase(world: World, victim: Victim, name: str, seconds: float, attack=None,
+              drain_s: float = 120.0) -> Phase:
     """B's loop (running) measured for `seconds` alone (attack None), or while `attack` runs
-    for `seconds` (and until A's last call is answered); the server's RSS sampled meanwhile."""
+    for `seconds` (and until A's last call is answered); the server's RSS sampled meanwhile.
+    B's requests of the phase are those SENT in it: once it ends, B's request in flight is
+    waited for (up to `drain_s`), so a request stalled past the phase still counts."""
     from bench.memory import RssSampler
 
     world.b_last = victim.last_image
-    mark = victim.mark()
     start = time.perf_counter()
     with RssSampler(world.pid, 0.05) as sampler:
         if attack is None:
@@ -291,4 +320,6 @@ def run_phase(world: World, victim: Victim, name: str, seconds: float, attack=No
             outcome = None
         else:
             outcome = asyncio.run(attack.run(world, seconds))
-    return Phase(name, victim.since(mark), outcome, sampler.peak, time.perf_counter() - start)
+        end = time.perf_counter()
+        victim.answered_after(end, drain_s)
+    return Phase(name, victim.sent_in(start, end), outcome, sampler.peak, end - start)

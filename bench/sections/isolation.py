@@ -9,7 +9,8 @@ server's start to its end. Measured: B alone for `plan.isolation_alone_s`, then 
 `bench.hostile.attacks.ATTACKS` from A for `plan.isolation_s` (the same attacks the
 hostile-tenant suite, tests/hostile, runs for 3 s each), one after another; per phase B's
 requests (latency of those sent in it), their statuses, A's answers and the server's RSS peak
-(VmRSS sampled every 50 ms) against the bound its settings give (`rss_bound`).
+(VmRSS sampled every 50 ms) against the bound its settings give (`rss_bound`: the RSS after a
+full trunk batch, before B starts, plus the in-flight, decode and heads budgets).
 
 Targets: per attack B's p50 <= 1.5 x and p99 <= 3 x its p50 / p99 alone (`isolation_<attack>_p50`,
 `_p99`); none of B's requests answered other than 200 (`isolation_b_non_200`); none of A's
@@ -82,6 +83,7 @@ def run(context: Context) -> IsolationResult:
         make_store,
         rss_bound,
         run_phase,
+        warm_up,
     )
     from bench.load import free_port
     from bench.memory import settle_rss
@@ -104,10 +106,11 @@ def run(context: Context) -> IsolationResult:
         world = World(server.url, f"127.0.0.1:{grpc_port}", server.pid, tokens,
                       context.jpegs[:VICTIM_IMAGES], context.tmp / "isolation-scratch",
                       options)
-        victim = Victim(world.url, tokens.b_infer, world.jpegs).start()
-        run_phase(world, victim, "warm-up", 3.0)
+        warm_up(world, plan.max_batch_size)
         result.rss_idle = asyncio.run(settle_rss(server.pid, 1.0))
         result.rss_bound = rss_bound(result.rss_idle, options)
+        victim = Victim(world.url, tokens.b_infer, world.jpegs).start()
+        run_phase(world, victim, "warm-up", 3.0)
         say(f"isolation: B alone for {plan.isolation_alone_s:.0f} s ...")
         result.alone = victim_stats(run_phase(world, victim, "alone",
                                               plan.isolation_alone_s).samples)
@@ -143,8 +146,8 @@ def render(result: IsolationResult, results: Results) -> str:
            f"one through the trunk); alone {fmt(result.alone_s)} s ({alone.get('requests')} "
            f"requests), then beside each attack of A for {fmt(result.attack_s)} s. A has a "
            f"quota of {fmt(result.a_rate)} images/s. RSS: idle {mb(result.rss_idle)}, bound "
-           f"{mb(result.rss_bound)} (idle + the in-flight budget + the decode threads' largest "
-           "images + the heads' budget).", ""]
+           f"{mb(result.rss_bound)} (idle after a full trunk batch + the in-flight budget + the "
+           "decode threads' largest images + the heads' budget).", ""]
     rows = []
     for name, a in result.attacks.items():
         b = a.get("b") or {}

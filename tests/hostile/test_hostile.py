@@ -25,6 +25,7 @@ from bench.hostile.world import (
     make_store,
     rss_bound,
     run_phase,
+    warm_up,
 )
 from bench.load import ServerProcess, free_port, make_jpegs
 from bench.memory import settle_rss
@@ -55,9 +56,10 @@ def served(trunk_checkpoint, serving_graph_cache, tmp_path_factory):
     try:
         world = World(server.url, f"127.0.0.1:{grpc_port}", server.pid, tokens,
                       make_jpegs(VICTIM_IMAGES, (320, 240)), tmp / "scratch", options)
+        warm_up(world)
+        idle = asyncio.run(settle_rss(server.pid, 0.3))
         victim = Victim(world.url, tokens.b_infer, world.jpegs).start()
         alone = run_phase(world, victim, "alone", ALONE_S)
-        idle = asyncio.run(settle_rss(server.pid, 0.3))
         yield world, victim, alone, rss_bound(idle, options)
     finally:
         if victim is not None:
