@@ -8,6 +8,9 @@ the set of labels A may get; anything else (a 5xx above all) is a failure, as is
 The suite (tests/hostile) asserts exactly that; the bench section `isolation` prints the answers
 beside B's latency.
 
+The attacks on connections (slow uploads, a WebSocket flood, a key revoked under an open
+socket) are in `bench.hostile.connections`.
+
 `ATTACKS` is the list both run, in this order. `PENDING` holds attacks whose defence is not on
 main yet (they fail today): neither runs them; move one into `ATTACKS` once it holds.
 """
@@ -39,7 +42,7 @@ from bench.hostile.world import (
     huge_png,
 )
 
-# -- 1. decode bomb -----------------------------------------------------------------------------
+# -- decode bomb ----------------------------------------------------------------------------------
 
 CORRUPT = b"\xff\xd8\xff\xe0" + b"\0" * 2000  # a JPEG's start, then nothing decodable
 HUGE_PER_REQUEST = 3
@@ -61,7 +64,7 @@ async def decode_bomb(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- 3. labels and answers ----------------------------------------------------------------------
+# -- labels and answers ---------------------------------------------------------------------------
 
 BAD_LABELS = (["cat", "\x07" * MIB], ["cat", "red\x1b[31m"], ["cat", "x" * 300])
 ANSWER_BOMB_IMAGES = 32
@@ -96,7 +99,7 @@ async def huge_labels(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- 4. classification flood --------------------------------------------------------------------
+# -- classification flood -------------------------------------------------------------------------
 
 FLOOD_CLIENTS = 16
 FLOOD_IMAGES = 4
@@ -121,7 +124,7 @@ async def classification_flood(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- 7. metrics and readiness -------------------------------------------------------------------
+# -- metrics and readiness ------------------------------------------------------------------------
 
 
 async def metrics_probe(world: World, duration_s: float) -> Outcome:
@@ -142,7 +145,7 @@ async def metrics_probe(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- 8. probing B's bot ids ---------------------------------------------------------------------
+# -- probing B's bot ids --------------------------------------------------------------------------
 
 
 async def bot_probe(world: World, duration_s: float) -> Outcome:
@@ -181,7 +184,7 @@ async def bot_probe(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- 9. registrations ---------------------------------------------------------------------------
+# -- registrations --------------------------------------------------------------------------------
 
 
 async def registration_flood(world: World, duration_s: float) -> Outcome:
@@ -203,7 +206,7 @@ async def registration_flood(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- 10. gRPC -----------------------------------------------------------------------------------
+# -- gRPC -----------------------------------------------------------------------------------------
 
 GRPC_CLIENTS = 16
 
@@ -242,7 +245,7 @@ async def grpc_attack(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- 11. feature-cache probe --------------------------------------------------------------------
+# -- feature-cache probe --------------------------------------------------------------------------
 
 
 CACHE_HITS = "multihead_feature_cache_hits_total"
