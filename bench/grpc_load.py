@@ -115,6 +115,42 @@ class Clients:
         await self._channel.close()
 
 
+class InferChannel:
+    """A grpc.aio channel for KServe v2 ModelInfer calls that may be refused: `infer(model,
+    images, token)` gives the call's status name ("OK", "UNAUTHENTICATED", ...), never raises
+    for a refusal. The hostile tenant's gRPC attack (`bench.hostile.attacks`) uses it; an
+    async context manager."""
+
+    def __init__(self, grpc_address: str) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        self._grpc, self._pb = grpc, service_pb2
+        self._channel = grpc.aio.insecure_channel(grpc_address, options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self._infer = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelInfer
+
+    async def infer(self, model: str, images: Sequence[bytes], token: str | None,
+                    timeout_s: float = 60.0) -> str:
+        request = self._pb.ModelInferRequest(model_name=model)
+        request.inputs.add(name="image_bytes", datatype="BYTES", shape=[len(images)])
+        # A raw BYTES input: each element's length (4 bytes, little-endian), then its bytes.
+        request.raw_input_contents.append(b"".join(len(i).to_bytes(4, "little") + i
+                                                   for i in images))
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        try:
+            await self._infer(request, metadata=metadata, timeout=timeout_s)
+        except self._grpc.RpcError as exc:
+            return exc.code().name
+        return "OK"
+
+    async def __aenter__(self) -> InferChannel:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._channel.close()
+
+
 async def _timed(send: Send, bot: str, data: bytes, records: list[Record]) -> None:
     start = time.perf_counter()
     try:

@@ -54,6 +54,8 @@ class Plan:
     cancellation_batch_size: int = 8
     cancellation_warmup_s: float = 10.0  # load before each 16-client window
     cancellation_s: float = 30.0  # each 16-client load's window
+    isolation_alone_s: float = 15.0  # the isolation section's victim alone
+    isolation_s: float = 12.0  # each attack of the isolation section
     seed: int = 0
     max_batch_size: int = 16
     max_wait_ms: float | None = None  # None: the server's default
@@ -68,6 +70,7 @@ class Plan:
                       overload_uploads=100, soak_s=60.0,
                       fairness_warmup_s=5.0, fairness_s=20.0, quota_s=10.0,
                       cancellation_warmup_s=5.0, cancellation_s=15.0,
+                      isolation_alone_s=8.0, isolation_s=6.0,
                       int8_samples=32, int8_held_out=32)
         values.update(overrides)
         return cls(**values)

@@ -14,6 +14,8 @@ with a `SECTION`, and list it here.
     overload   N concurrent 10 MB uploads: RSS start/peak/after, refused vs answered
     fairness   one tenant's flood vs quiet tenants, fair vs fifo scheduler; a tenant's quota
     cancellation  16 clients, 8 giving up after 2 x the median: with vs without cancellation
+    isolation  a hostile tenant's attacks vs another tenant's closed loop: its p50/p99 alone
+               and under each attack, every answer a clear one
     soak       minutes of mixed valid and hostile traffic: RSS must stay flat
     replicas   Ray Serve, 1 vs 2 replicas, PostgreSQL vs SQLite store
 """
@@ -26,6 +28,7 @@ from bench.sections import (
     fairness,
     fanout,
     grpc,
+    isolation,
     overload,
     replicas,
     scale,
@@ -38,7 +41,7 @@ from bench.sections.base import Section
 SECTIONS: tuple[Section, ...] = (
     trunk.SECTION, service.SECTION, fanout.SECTION, grpc.SECTION, scale.SECTION,
     coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION,
-    cancellation.SECTION, soak.SECTION, replicas.SECTION)
+    cancellation.SECTION, isolation.SECTION, soak.SECTION, replicas.SECTION)
 NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 # Folders of the suite itself, not of a source folder.
-OWN = {"support", "data", "docs", "fuzz", "architecture", "scaleout"}
+OWN = {"support", "data", "docs", "fuzz", "architecture", "scaleout", "hostile"}
 
 
 def unmirrored(tests: Path, repo: Path) -> list[str]:

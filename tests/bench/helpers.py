@@ -154,6 +154,29 @@ def _cancellation() -> dict:
     }
 
 
+def isolation_targets() -> int:
+    """The isolation section's targets: p50 and p99 per attack, and three more."""
+    from bench.hostile.attacks import ATTACKS
+
+    return 2 * len(ATTACKS) + 3
+
+
+def _isolation() -> dict:
+    """B alone at 40 ms p50 / 80 ms p99; under every attack 50 / 160 ms (1.25 x, 2 x), only
+    200s; A's answers as allowed; RSS 1.5 GB of a 4 GB bound."""
+    from bench.hostile.attacks import ATTACKS
+
+    b = {"requests": 100, "statuses": {"200": 100}, "p50_ms": 50.0, "p99_ms": 160.0}
+    return {"image": "640×480 JPEG", "runtime": "openvino-fp32", "attack_s": 12.0,
+            "alone_s": 15.0, "a_rate": 4.0, "rss_idle": 1_000_000_000,
+            "rss_bound": 4_000_000_000,
+            "alone": {"requests": 300, "statuses": {"200": 300}, "p50_ms": 40.0,
+                      "p99_ms": 80.0},
+            "attacks": {a.name: {"text": a.text, "answers": {"429 rate_limited": 5},
+                                 "failures": [], "b": dict(b), "rss_peak": 1_500_000_000,
+                                 "seconds": 12.0} for a in ATTACKS}}
+
+
 def passing_results() -> dict:
     """Results in which every target passes, with distinctive numbers. The service's servers
     ran `serve`'s default, the OpenVINO int8 trunk, whose batch-16 rate is the raw trunk it is
@@ -260,6 +283,7 @@ def passing_results() -> dict:
                      "after_over_start": 0.0099},
         "fairness": _fairness(),
         "cancellation": _cancellation(),
+        "isolation": _isolation(),
         "soak": {"duration_s": 300.0, "clients": 8, "requests": 4321,
                  "statuses": {"200": 2100, "400": 2221}, "rss_start_bytes": 1_000_000_000,
                  "rss_end_bytes": 1_010_000_000, "rss_max_bytes": 1_050_000_000,
