@@ -61,7 +61,8 @@ def _int8_files(root: Path) -> frozenset[str]:
 # run first: a worker that starts one late leaves the other idle at the end. The INT8 files
 # are one unit of work (`pytest_xdist_make_scheduler`); the rest follow in collection order.
 SLOW_FIRST = (
-    "tests/cli/test_demo.py", "tests/backbone/test_int8.py", "tests/backbone/test_trunk.py",
+    "tests/cli/test_demo.py", "tests/hostile/test_hostile.py", "tests/backbone/test_int8.py",
+    "tests/backbone/test_trunk.py",
     "tests/backbone/test_runners.py", "tests/cli/test_admin.py",
     "tests/accounts/test_tenants.py", "tests/backbone/test_compat.py",
     "tests/backbone/test_preprocess.py", "tests/service/transports/test_app.py",

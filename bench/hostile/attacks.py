@@ -11,8 +11,7 @@ beside B's latency.
 The attacks on connections (slow uploads, a WebSocket flood, a key revoked under an open
 socket) are in `bench.hostile.connections`.
 
-`ATTACKS` is the list both run, in this order. `PENDING` holds attacks whose defence is not on
-main yet (they fail today): neither runs them; move one into `ATTACKS` once it holds.
+`ATTACKS` is the list both run, in this order.
 """
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ from bench.hostile.connections import (
     WS_SOCKETS,
     revoked_key,
     slow_uploads,
-    slow_uploads_20mb,
     websocket_flood,
 )
 from bench.hostile.world import (
@@ -288,7 +286,7 @@ async def cache_probe(world: World, duration_s: float) -> Outcome:
     return out
 
 
-# -- pending: per-tenant share of the in-flight bytes -------------------------------------------
+# -- the in-flight bytes -------------------------------------------------------------------------
 
 INFLIGHT_BODIES = 30
 INFLIGHT_BODY_BYTES = 10 * MIB
@@ -296,8 +294,8 @@ INFLIGHT_BODY_BYTES = 10 * MIB
 
 async def inflight_bytes(world: World, duration_s: float) -> Outcome:
     """Many large bodies at once from A (`INFLIGHT_BODIES` of 10 MB, sent at full speed): A is
-    to be held to its share of --max-inflight-bytes (429), B never refused (503) for A's use.
-    PENDING: per-tenant shares of the in-flight bytes are not on main yet."""
+    held to its share of --max-inflight-bytes (429 inflight_share), B never refused for A's
+    use."""
     out = Outcome()
     body = b"\xff\xd8" + b"\0" * (INFLIGHT_BODY_BYTES - 2)
     async with client_of(Tokens.header(world.tokens.a_infer)) as session:
@@ -344,18 +342,14 @@ ATTACKS: tuple[Attack, ...] = (
            (_labels("429 rate_limited", "429 queue_share"),)),
     Attack("slow_uploads", f"{SLOW_CONNECTIONS} connections trickling a "
            f"{SLOW_DECLARED / 1e6:.0f} MB body",
-           _labels("408 request_timeout", "closed"), slow_uploads,
+           _labels("408 request_timeout", "closed", "429 inflight_share"), slow_uploads,
            (_labels("408 request_timeout", "closed"),)),
+    Attack("inflight_bytes", f"{INFLIGHT_BODIES} bodies of 10 MB at once",
+           _labels("400 invalid_image", "429 inflight_share", "429 rate_limited"),
+           inflight_bytes, (_labels("429 inflight_share"),)),
     Attack("decode_bomb", "a corrupt image and three 36-megapixel 16-bit PNGs a request",
            _labels("400", "413", "429 rate_limited", "429 queue_share"), decode_bomb,
            (_labels("400 invalid_image", "413 image_too_large", "429 rate_limited"),)),
 )
 
-PENDING: tuple[Attack, ...] = (
-    Attack("inflight_bytes", f"{INFLIGHT_BODIES} bodies of 10 MB at once",
-           _labels("200", "400", "429"), inflight_bytes),
-    Attack("slow_uploads_20mb", f"{SLOW_CONNECTIONS} connections trickling a 20 MB body",
-           _labels("408 request_timeout", "closed", "429"), slow_uploads_20mb),
-)
-
-BY_NAME = {a.name: a for a in ATTACKS + PENDING}
+BY_NAME = {a.name: a for a in ATTACKS}

@@ -13,10 +13,9 @@ from bench.hostile.world import A_BOT, B_BOT, Tokens, World
 # -- slow uploads ----------------------------------------------------------------------------
 
 SLOW_CONNECTIONS = 40
-# Declared per connection: 40 of them fit the in-flight budget (256 MiB) together. 20 MB each
-# do not: `slow_uploads_20mb`, pending (A's requests beyond the budget are 503 until A has a
-# share of it).
-SLOW_DECLARED = 6_000_000
+# Declared per connection, as the issue's attack: 40 of them (800 MB) pass the in-flight budget
+# (256 MiB): A's connections beyond it are refused before their bodies (429 inflight_share).
+SLOW_DECLARED = 20_000_000
 
 
 async def _slow_upload(world: World, token: str, end: float, out: Outcome,
@@ -78,12 +77,6 @@ async def slow_uploads(world: World, duration_s: float,
 
     await asyncio.gather(*(connection() for _ in range(SLOW_CONNECTIONS)))
     return out
-
-
-async def slow_uploads_20mb(world: World, duration_s: float) -> Outcome:
-    """`slow_uploads` with 20 MB declared per connection (800 MB together, over the in-flight
-    budget). PENDING: A's connections beyond the budget are refused 503, not 429."""
-    return await slow_uploads(world, duration_s, 20_000_000)
 
 
 # -- WebSocket flood -------------------------------------------------------------------------

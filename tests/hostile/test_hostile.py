@@ -10,8 +10,7 @@ is still up and its RSS (/proc/<pid>/status) stayed within the bound its setting
 (`bench.hostile.world.rss_bound`). No timing is asserted: B's latency under each attack is the
 bench section `isolation`'s (`multihead bench --sections isolation --check`).
 
-One server for the module, attacks one after another, about 3 s each. The attacks that do not
-hold on main yet (`PENDING`) are not run here: see their docstrings.
+One server for the module, attacks one after another, about 3 s each.
 """
 from __future__ import annotations
 
