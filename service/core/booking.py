@@ -6,12 +6,17 @@ rows without checking again; `Batcher.submit` and a `submit_many` without a book
 queue at once. The room counts the rows queued and the rows booked, against:
 
 - `max_queue_rows` for all (503 `Overloaded` beyond it, with the time the queue needs to drain
-  as Retry-After);
+  as Retry-After; 429 `QueueShareExceeded` for a tenant with rows waiting already: what fills
+  the queue is then also its own);
 - a tenant's own `max_queued`, under either scheduler, and under `fair` its weighted share of
   the queue (`service.core.fair.TenantQueue.share`): 429 `QueueShareExceeded` beyond them, once
   the tenant has rows waiting;
 - a tenant within its share is never refused for another's flood: when the queue is full, the
-  newest requests of the tenants most over their shares are pushed out instead (`push_out`).
+  newest requests of the tenants most over their shares are pushed out instead (`push_out`):
+  a request still decoding (its booking: newer than its tenant's queued rows) first, then the
+  queued ones. A booking pushed out gives its room back at once and fails its request with
+  QueueShareExceeded when it would queue (`Booking.use`); its decodes not started yet are
+  cancelled (`Booking.on_push`).
 
 No asyncio here beyond failing the futures of the rows pushed out; the `Batcher` says when a
 booking released may let a waiting batch go (`on_release`).
@@ -31,12 +36,16 @@ class Booking:
     queued (`Batcher.submit_many(..., booking=)`) or the booking is released (leaving its
     `with` block, or `release()`). Released twice or after use: nothing happens."""
 
-    __slots__ = ("rows", "tenant", "_room")
+    __slots__ = ("rows", "tenant", "_room", "pushed", "on_push")
 
     def __init__(self, room: QueueRoom, rows: int, tenant: str = "") -> None:
         self.rows = rows
         self.tenant = tenant
         self._room: QueueRoom | None = room
+        # Set when pushed out to make room for a tenant within its share: what `use` raises.
+        self.pushed: QueueShareExceeded | None = None
+        # Called when pushed out (the holder cancels the work not started yet).
+        self.on_push: Callable[[], object] | None = None
 
     @property
     def held(self) -> bool:
@@ -46,23 +55,35 @@ class Booking:
         """Gives the room back (the rows will not come) and lets a waiting batch re-evaluate."""
         room, self._room = self._room, None
         if room is not None:
-            room.unbook(self.rows, self.tenant)
+            room.unbook(self, self.rows, self.tenant)
             room.on_release()
+
+    def push(self, error: QueueShareExceeded) -> None:
+        """Pushed out: the room goes back now, `use` raises `error`. For the room only."""
+        room, self._room = self._room, None
+        self.pushed = error
+        if room is not None:
+            room.unbook(self, self.rows, self.tenant)
+        if self.on_push is not None:
+            self.on_push()
 
     def use(self, room: QueueRoom, rows: int) -> None:
         """The booked rows are being queued now: the room passes from the booking to the
         queue (no await between this and the rows entering the queue). For the batcher only.
 
         Raises:
+            QueueShareExceeded: the booking was pushed out (`push`).
             RuntimeError: the booking was released or used, or is another batcher's; or more
                 rows than booked are queued.
         """
+        if self.pushed is not None:
+            raise self.pushed
         if self._room is not room:
             raise RuntimeError("this booking was released, used, or is another batcher's")
         if rows > self.rows:
             raise RuntimeError(f"{rows} rows queued on a booking of {self.rows}")
         self._room = None
-        room.unbook(self.rows, self.tenant)
+        room.unbook(self, self.rows, self.tenant)
 
     def __enter__(self) -> Booking:
         return self
@@ -94,6 +115,7 @@ class QueueRoom:
         self.on_release = on_release
         self.booked = 0  # rows of the bookings held
         self.tenant_booked: collections.Counter[str] = collections.Counter()
+        self._bookings: dict[Booking, None] = {}  # the bookings held, oldest first
         self._max_queued = max_queued
         self._retry_after_s = retry_after_s
 
@@ -122,7 +144,7 @@ class QueueRoom:
         if q.fair:
             share = q.share(tenant, self.max_queue_rows, self.max_batch_size,
                             self.tenant_booked)
-            # A tenant alone has the whole queue as its share: full, the server is (503 below).
+            # A tenant alone has the whole queue as its share: it is full (below).
             if mine and mine + n > share and share < self.max_queue_rows:
                 raise QueueShareExceeded(self._retry_after_s(), (
                     f"tenant '{tenant}' has {mine} images waiting, its share of the queue is "
@@ -130,13 +152,20 @@ class QueueRoom:
         if len(q) + self.booked + n > self.max_queue_rows and share is not None:
             self.push_out(tenant, len(q) + self.booked + n - self.max_queue_rows)
         if len(q) + self.booked + n > self.max_queue_rows:
+            if tenant and mine:  # a tenant's own images fill what it may use: its 429
+                raise QueueShareExceeded(self._retry_after_s(), (
+                    f"tenant '{tenant}' has {mine} images waiting and the queue is full; "
+                    "retry when they are served"))
             raise Overloaded(retry_after_s=self._retry_after_s())
         self.booked += n
         self.tenant_booked[tenant] += n
-        return Booking(self, n, tenant)
+        booking = Booking(self, n, tenant)
+        self._bookings[booking] = None
+        return booking
 
-    def unbook(self, n: int, tenant: str = "") -> None:
-        """Gives back the room of `n` booked rows of `tenant` (used, or released)."""
+    def unbook(self, booking: Booking, n: int, tenant: str = "") -> None:
+        """Gives back the room of `booking`'s `n` rows of `tenant` (used, released, pushed)."""
+        self._bookings.pop(booking, None)
         self.booked -= n
         self.tenant_booked[tenant] -= n
         if self.tenant_booked[tenant] <= 0:
@@ -144,18 +173,28 @@ class QueueRoom:
 
     def push_out(self, tenant: str, need: int) -> None:
         """Makes room for `need` rows of `tenant` (within its share) by failing the newest
-        queued requests of the tenants most over their shares, with QueueShareExceeded."""
+        requests of the tenants most over their shares, with QueueShareExceeded: a tenant's
+        booking (decoding, its newest) before its queued requests."""
         q = self.queue
         while need > 0:
             victims = q.victims(tenant, self.max_queue_rows, self.max_batch_size,
                                 self.tenant_booked)
-            newest = next((e for e in map(q.newest_of, victims) if e is not None), None)
-            if newest is None:
+            for victim in victims:
+                booking = next((b for b in reversed(self._bookings) if b.tenant == victim),
+                               None)
+                newest = q.newest_of(victim) if booking is None else None
+                if booking is not None or newest is not None:
+                    break
+            else:
                 return
-            request = [e for e in newest.request if e.queued]
             error = QueueShareExceeded(self._retry_after_s(), (
-                f"tenant '{newest.tenant}' is over its share of the queue: its newest images "
+                f"tenant '{victim}' is over its share of the queue: its newest images "
                 "made room for a tenant within its share; retry later"))
+            if booking is not None:
+                need -= booking.rows
+                booking.push(error)
+                continue
+            request = [e for e in newest.request if e.queued]
             q.remove_many(request)
             for e in request:
                 e.queued = False

@@ -533,12 +533,17 @@ class Engine:
                             self.decode_pool.schedule(tenant, c, decode, inputs[i])
                             for i, c in zip(misses, cost)]
                         due = 0
+                        # Pushed out of the queue for a tenant within its share: the decodes
+                        # not started yet never run (the gather ends, cancelled).
+                        booking.on_push = lambda: [f.cancel() for f in futures]
                         try:
                             images = await asyncio.gather(*map(asyncio.wrap_future, futures))
                         except BaseException:
-                            # One failed (or the request went away): the decodes not started
-                            # yet never run, and are not charged.
+                            # One failed (or the request went away, or was pushed out): the
+                            # decodes not started yet never run, and are not charged.
                             due = sum(c for c, f in zip(cost, futures) if f.cancel())
+                            if booking.pushed is not None:
+                                raise booking.pushed from None
                             raise
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None

@@ -221,10 +221,10 @@ class TenantQueue:
                 booked: Mapping[str, int] = {}) -> list[str]:  # noqa: B006 - read only
         """The other tenants over their share (counting `tenant` as active), most over first."""
         over = []
-        for t in self.rows:
+        for t in {**self.rows, **booked}:  # queued or booked (decoding)
             if t == tenant:
                 continue
-            excess = self.rows[t] + booked.get(t, 0) - self.share(t, capacity, floor, {
+            excess = self.rows.get(t, 0) + booked.get(t, 0) - self.share(t, capacity, floor, {
                 **booked, tenant: booked.get(tenant, 0) + 1})
             if excess > 0:
                 over.append((-excess, t))

@@ -302,27 +302,35 @@ async def test_the_batcher_serves_quiet_tenants_in_the_next_batch_under_fair_onl
     assert await _flood_then_quiet("fifo") == ["noisy"] * 4
 
 
-async def test_a_flooder_over_its_share_gets_429_and_booked_rows_are_never_pushed_out():
+async def test_a_flooder_over_its_share_gets_429_and_its_booked_rows_make_room_for_another():
     b = Batcher(lambda rows: [r.payload for r in rows], max_batch_size=2, max_wait_ms=60_000,
                 max_queue_rows=8)
     await b.start()
     alone = b.book(8, "noisy")
-    with pytest.raises(Overloaded) as refused:  # alone, its share is the queue: the server is full
+    with pytest.raises(QueueShareExceeded, match="queue is full"):  # alone: its own rows fill it
         b.book(1, "noisy")
-    assert type(refused.value) is Overloaded
     alone.release()
-    noisy = b.book(6, "noisy")
+    older = b.book(2, "noisy")
+    noisy = b.book(4, "noisy")
     quiet = b.book(1, "quiet")  # now two tenants with images waiting: shares of 4 each
     with pytest.raises(QueueShareExceeded, match="noisy"):
         b.book(1, "noisy")
     quiet_more = b.book(1, "quiet")  # within its share: the last slot
-    # Rows booked are being decoded by their callers: they cannot be pushed out, so with the
-    # whole queue booked the server as a whole is full (503), for every tenant.
-    with pytest.raises(Overloaded) as refused:
-        b.book(1, "quiet")
-    assert type(refused.value) is Overloaded
-    for booking in (noisy, quiet, quiet_more):
+    cancelled = []
+    noisy.on_push = lambda: cancelled.append("noisy")
+    # The whole queue is booked (being decoded): quiet, within its share, pushes out the
+    # newest booking of noisy (over its share): its room comes back at once, its decodes not
+    # started are cancelled, and it fails with 429 when it would queue; noisy's older booking
+    # stays.
+    last = b.book(1, "quiet")
+    assert cancelled == ["noisy"] and noisy.pushed is not None and older.pushed is None
+    with pytest.raises(QueueShareExceeded, match="noisy"):
+        await b.submit_many(range(4), group="g", booking=noisy, tenant="noisy")
+    noisy.release()  # pushed: nothing to give back twice
+    assert b._room.booked == 2 + 3
+    for booking in (older, quiet, quiet_more, last):
         booking.release()
+    assert b._room.booked == 0
     await b.close()
 
 
