@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.core.batcher import Batcher
-from service.core.errors import Overloaded, QueueShareExceeded
+from service.core.errors import QueueShareExceeded
 from service.core.fair import TenantQueue, safe_weight
 from tests.support.fakes import FakeClock
 
