@@ -63,13 +63,18 @@ DEFAULT_HEADS_MEMORY_MB = 2048
 def rss_bound(idle_rss: int, options: dict) -> int:
     """The most the server's RSS may reach under attack: its RSS when idle (after `warm_up`:
     the trunk's working memory at a full batch is in it) plus the budgets its settings give:
-    the in-flight request bytes, the images being decoded (each decode thread one image of at
-    most max-image-pixels, `DECODE_BYTES_PER_PIXEL`) and the heads' memory budget."""
+    the in-flight request bytes, the images being decoded (the heavy lane's thread one image
+    of at most max-image-pixels, each ordinary decode thread one of at most the heavy lane's
+    cost, `DECODE_BYTES_PER_PIXEL` a pixel) and the heads' memory budget."""
     pixels = int(options.get("max-image-pixels", DEFAULT_MAX_IMAGE_PIXELS))
     threads = int(options.get("preprocess-threads", DEFAULT_PREPROCESS_THREADS))
     heads = int(options.get("heads-memory-mb", DEFAULT_HEADS_MEMORY_MB)) * MIB
+    from service.core.decoding import HEAVY_DECODE_COST
+
+    # The most pixels an ordinary decode thread holds: the lane's cost in 8-bit gray.
+    ordinary = min(pixels, int(HEAVY_DECODE_COST * 640 * 480 * 3))
     return (idle_rss + int(options["max-inflight-bytes"])
-            + threads * pixels * DECODE_BYTES_PER_PIXEL + heads)
+            + (pixels + threads * ordinary) * DECODE_BYTES_PER_PIXEL + heads)
 
 
 # -- the store ----------------------------------------------------------------------------------

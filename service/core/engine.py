@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import logging
@@ -37,7 +38,7 @@ from service.core.batcher import Batcher
 from service.core.booking import Booking
 from service.core.candidates import CandidateStats, Comparison, Route, compare, route_for, route_key
 from service.core.cores import Cores
-from service.core.decoding import FairDecodePool, cost_of
+from service.core.decoding import HEAVY_DECODE_COST, FairDecodePool, cost_of, in_heavy_lane
 from service.core.errors import (
     BadRequest,
     Overloaded,
@@ -306,9 +307,11 @@ class Engine:
         self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
         self.cache = FeatureCache(settings.feature_cache_size)
         # Decodes taken in the tenants' weighted fair order of decode cost (`decoding`).
+        # Heavy decodes (huge images) in a lane of their own at the lowest CPU priority.
         self.decode_pool = FairDecodePool(settings.preprocess_threads, weight=weight,
                                           scheduler=settings.scheduler,
-                                          thread_name_prefix="multihead-decode")
+                                          thread_name_prefix="multihead-decode",
+                                          heavy_cost=HEAVY_DECODE_COST)
         # Digests, cache lookups and the heads of fully cached requests: light work that must
         # not queue behind decodes waiting for the trunk's batch (`Cores`).
         self.light_pool = concurrent.futures.ThreadPoolExecutor(
@@ -395,8 +398,9 @@ class Engine:
         return Looked(digest, key, cached, 0.0 if cached is not None else 1.0)
 
     def _decode(self, data: bytes) -> np.ndarray:
-        """Decode + preprocess of one encoded image (a cache miss). Decode pool thread."""
-        with self.cores.decode():
+        """Decode + preprocess of one encoded image (a cache miss). Decode pool thread; in the
+        heavy lane (lowest CPU priority) the trunk does not wait for it."""
+        with contextlib.nullcontext() if in_heavy_lane() else self.cores.decode():
             start = time.perf_counter()
             image = preprocess(data, max_pixels=self.settings.max_image_pixels)
             self.metrics.decode_seconds.observe(time.perf_counter() - start)

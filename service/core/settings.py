@@ -269,7 +269,8 @@ class Settings:
         "Prefer the environment variable: flags show up in `ps`",
         check=_token, secret=True)
     preprocess_threads: int = setting(
-        2, "threads decoding and preprocessing images", at_least=1)
+        2, "threads decoding and preprocessing images (plus one thread at the lowest CPU "
+        "priority for the images above 8 x 640x480 RGB 8-bit)", at_least=1)
     own_cores: bool = setting(
         True,
         "a CPU trunk runs alone on the cores: images are decoded between trunk batches, "

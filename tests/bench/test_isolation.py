@@ -114,4 +114,8 @@ def test_the_memory_bound_is_idle_plus_the_settings_budgets():
     options = {**SERVER_OPTIONS, "max-image-pixels": 1000, "preprocess-threads": 3,
                "heads-memory-mb": 10}
     assert rss_bound(5, options) == (5 + SERVER_OPTIONS["max-inflight-bytes"]
-                                     + 3 * 1000 * DECODE_BYTES_PER_PIXEL + 10 * MIB)
+                                     + (1 + 3) * 1000 * DECODE_BYTES_PER_PIXEL + 10 * MIB)
+    # The heavy lane's one image of max-image-pixels; the ordinary threads' at most cost 8.
+    big = {**options, "max-image-pixels": 40_000_000}
+    assert rss_bound(0, big) == (SERVER_OPTIONS["max-inflight-bytes"] + 10 * MIB
+                                 + (40_000_000 + 3 * 8 * 640 * 480 * 3) * DECODE_BYTES_PER_PIXEL)
