@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -201,14 +201,33 @@ def _open(data: bytes | bytearray, *, max_pixels: int, draft: bool) -> Image.Ima
 
 
 def _to_rgb(image: Image.Image) -> np.ndarray:
-    mode = image.mode
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        gray = np.asarray(image, dtype=np.float32) / 65535.0
-        return np.repeat(np.clip(gray, 0.0, 1.0)[:, :, None], 3, axis=2)
-    if mode == "F":
-        gray = np.clip(np.asarray(image, dtype=np.float32), 0.0, 1.0)
-        return np.repeat(gray[:, :, None], 3, axis=2)
+    """The whole image as RGB [H, W, 3]: uint8, or float32 in [0, 1] for the deep modes
+    (grey, repeated on the three channels)."""
+    if image.mode in _DEEP_MODES:
+        return np.repeat(_unit(image.mode)(np.asarray(image))[:, :, None], 3, axis=2)
     return np.asarray(image)  # RGB (`_open`)
+
+
+def _unit(mode: str) -> Callable[[np.ndarray], np.ndarray]:
+    """A deep mode's grey values -> float32 in [0, 1] (16-bit and 32-bit integers / 65535)."""
+    def unit(pixels: np.ndarray) -> np.ndarray:
+        grey = pixels.astype(np.float32)
+        if mode != "F":
+            grey = grey / 65535.0
+        return np.clip(grey, 0.0, 1.0)
+
+    return unit
+
+
+def _deep_to_input(image: Image.Image) -> np.ndarray:
+    """`preprocess_array(_to_rgb(image))` of a deep-mode (grey) image, bit for bit, without
+    converting the whole image: the crop and the resize gather the 4 x 299 x 299 pixels they
+    read from the grey values as decoded, and only those are scaled (`_unit`). A 36-megapixel
+    16-bit PNG is then its decode plus milliseconds, not 400 MB of float arrays."""
+    grey = np.asarray(image)
+    resized = resize_bilinear(central_crop(grey[:, :, None]), pixel=_unit(image.mode))
+    out = ((resized - 0.5) * 2.0).astype(np.float32, copy=False)
+    return np.repeat(out, 3, axis=2)
 
 
 def central_crop(image: np.ndarray, fraction: float = CENTRAL_FRACTION) -> np.ndarray:
@@ -227,20 +246,26 @@ def _axis_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, 
     return lower.astype(np.int64), upper, (src - lower).astype(np.float32)
 
 
+def _as_float32(pixels: np.ndarray) -> np.ndarray:
+    return pixels.astype(np.float32)
+
+
 def resize_bilinear(image: np.ndarray, height: int = IMAGE_SIZE,
-                    width: int = IMAGE_SIZE) -> np.ndarray:
+                    width: int = IMAGE_SIZE, *,
+                    pixel: Callable[[np.ndarray], np.ndarray] = _as_float32) -> np.ndarray:
     """`tf.compat.v1.image.resize_bilinear` (legacy sampling) of [H, W, C] -> float32.
 
     The four neighbours are gathered in the input's dtype (uint8 is 4x less to move) and
-    only then converted; the lerps run in float32 in TF's order (columns, then rows).
+    only then converted (`pixel`: to float32, or any elementwise map to float32 that the
+    caller would otherwise apply to the whole image first); the lerps run in float32 in TF's
+    order (columns, then rows).
     """
     top, bottom, dy = _axis_weights(image.shape[0], height)
     left, right, dx = _axis_weights(image.shape[1], width)
     upper, lower = image[top], image[bottom]
     dx = dx[None, :, None]
-    top_left, top_right = upper[:, left].astype(np.float32), upper[:, right].astype(np.float32)
-    bottom_left = lower[:, left].astype(np.float32)
-    bottom_right = lower[:, right].astype(np.float32)
+    top_left, top_right = pixel(upper[:, left]), pixel(upper[:, right])
+    bottom_left, bottom_right = pixel(lower[:, left]), pixel(lower[:, right])
     rows_top = top_left + (top_right - top_left) * dx
     rows_bottom = bottom_left + (bottom_right - bottom_left) * dx
     return rows_top + (rows_bottom - rows_top) * dy[:, None, None]
@@ -301,7 +326,9 @@ def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
       InvalidImage / ImageTooLarge: see `decode_image`.
     """
     image = _open(data, max_pixels=max_pixels, draft=True)
-    if not exact and image.mode == "RGB":
+    if image.mode in _DEEP_MODES:
+        return _deep_to_input(image)
+    if not exact:
         _, _, crop_h, crop_w = _crop_box(image.height, image.width)
         if min(crop_h, crop_w) >= IMAGE_SIZE:
             return _downscale_8bit(image)

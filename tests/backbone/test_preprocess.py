@@ -235,3 +235,33 @@ def test_peek_of_a_non_image_is_invalid(data):
 def test_decode_cost_follows_pixels_and_bit_depth(header, cost):
     assert decode_cost(header) == pytest.approx(cost)
     assert REFERENCE_DECODE_BYTES == 640 * 480 * 3
+
+
+def _whole_image_reference(image: Image.Image) -> np.ndarray:
+    """What a deep-mode image was before the gather-first route: the whole image scaled to
+    [0, 1] as float32, repeated on three channels, then `preprocess_array`."""
+    grey = np.asarray(image, dtype=np.float32)
+    if image.mode != "F":
+        grey = grey / 65535.0
+    return preprocess_array(np.repeat(np.clip(grey, 0.0, 1.0)[:, :, None], 3, axis=2))
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+def test_deep_images_are_resized_from_the_pixels_read_bit_for_bit(mode):
+    """A deep (16-bit, 32-bit, float) grey image takes only the pixels the crop and resize read
+    (a 36-megapixel one is no longer 400 MB of float arrays): the same floats as scaling the
+    whole image first, out-of-range values (mode I, F) clipped alike."""
+    from backbone.preprocess import _deep_to_input
+
+    rng = np.random.default_rng(3)
+    if mode == "I;16":
+        image = Image.fromarray(rng.integers(0, 65536, (517, 401), dtype=np.uint16))
+    elif mode == "I":
+        image = Image.fromarray(rng.integers(-9000, 90000, (517, 401)).astype(np.int32), "I")
+    else:
+        image = Image.fromarray(rng.uniform(-0.5, 1.5, (517, 401)).astype(np.float32), "F")
+    assert image.mode == mode
+    np.testing.assert_array_equal(_deep_to_input(image), _whole_image_reference(image))
+    png = encode(image) if mode == "I;16" else None
+    if png is not None:  # through preprocess, as a request's 16-bit PNG
+        np.testing.assert_array_equal(preprocess(png), _whole_image_reference(image))
