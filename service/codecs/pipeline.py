@@ -45,6 +45,7 @@ from service.core.candidates import ROUTE_KEY_METADATA
 from service.core.errors import (
     CallShareExceeded,
     InflightShareExceeded,
+    RateLimited,
     SocketShareExceeded,
     error_status,
 )
@@ -130,6 +131,13 @@ def caller_of(service: Service, access: str, headers: Mapping[str, str]) -> Call
                           route_key=headers.get(ROUTE_KEY_METADATA))
 
 
+# The endpoints a tenant's empty bucket refuses before their bodies are read
+# (`Tenancy.refuse_early`): those that take images of its quota (the gRPC twins carry the same
+# names), and a bot's registration.
+REFUSED_EARLY = {**dict.fromkeys(("classify", "classify_many", "oip_infer", "oip_infer_version",
+                                  "tfs_predict", "tfs_predict_version"), "images"),
+                 "put_bot": "registrations"}
+
 # The refusals of a tenant beyond its share of what one process holds at once (bytes in flight,
 # open WebSockets, gRPC calls), counted per tenant in `tenant_refusals_total` by their codes.
 SHARE_REFUSALS = (InflightShareExceeded, SocketShareExceeded, CallShareExceeded)
@@ -200,6 +208,14 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
         logs.note(bots=(incoming.params["bot_id"],))
     caller = None if access is None else caller_of(service, access, incoming.headers)
     tenant = tenant_of(caller)
+    kind = REFUSED_EARLY.get(incoming.route)
+    if tenant and kind is not None:
+        try:
+            service.tenancy.refuse_early(tenant, kind)
+        except RateLimited as exc:
+            if kind == "images":
+                service.metrics.observe_refusal(tenant, error_status(exc)[1])
+            raise
     try:
         with Reservation(service.inflight, tenant) as held:
             if admit is not None:

@@ -122,9 +122,17 @@ class Quotas:
             bucket.stamp = now
         return bucket
 
-    def take(self, tenant: str, n: int) -> None:
+    def take(self, tenant: str, n: float) -> None:
         """Takes `n` tokens if the bucket holds min(n, burst) now, else raises RateLimited
         (taking nothing)."""
+        self._take(tenant, n, n)
+
+    def check(self, tenant: str, n: float = 1.0) -> None:
+        """Raises what `take(tenant, n)` would raise now, taking nothing: a request refused
+        before its body is read when the bucket cannot hold even `n`."""
+        self._take(tenant, n, 0.0)
+
+    def _take(self, tenant: str, n: float, taken: float) -> None:
         limits = self.limits_of(tenant)
         if limits is None:
             return
@@ -135,7 +143,7 @@ class Quotas:
             need = min(n, burst)
             if bucket.tokens < need:
                 raise self._refuse(tenant, (need - bucket.tokens) / rate, rate)
-            bucket.tokens -= n
+            bucket.tokens -= taken
             self._calls += 1
             if self._calls % _PRUNE_EVERY == 0:
                 self._prune(now)

@@ -90,6 +90,13 @@ class Tenancy:
         per_minute = self.limits(tenant).registrations_per_minute
         return (None, None) if per_minute is None else (per_minute / 60.0, per_minute)
 
+    def refuse_early(self, tenant: str, kind: str) -> None:
+        """Before a request's body is read: raises the refusal its tenant's bucket would give
+        it anyway, when it cannot hold even one more (`kind`: "images", the quota; or
+        "registrations"). A flood of requests refused anyway then costs the server their
+        heads, not their bodies. Takes nothing."""
+        (self.quotas if kind == "images" else self.registrations).check(tenant, 1.0)
+
     def take_registration(self, tenant: str) -> None:
         """Count one registration of `tenant` against its registrations_per_minute: a token
         bucket holding one minute's worth, refilled continuously, divided between the

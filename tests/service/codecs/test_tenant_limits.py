@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from service.transports.http.app import create_app
-from tests.service.codecs.test_auth import OPERATOR_TOKEN, OTHER, OWN, World
+from tests.backbone.helpers import encode, pattern
+from tests.service.codecs.test_auth import OPERATOR_TOKEN, OTHER, OTHER_BOT, OWN, World
 from tests.support.heads import stored_entries
 from tests.support.servers import ThreadedServer, make_settings
 
@@ -120,3 +121,51 @@ async def test_registrations_per_minute_answers_429_with_retry_after(world):
             assert (await put_bot(world, "other_manage", new_id(OTHER)))[0] in OK
     finally:
         await set_limits(world, OWN, registrations_per_minute=None)
+
+
+async def head_only(world: World, credential: str, method: str, path: str) -> tuple[int, str]:
+    """(status, code) of a request that declares a 50 kB body and never sends it: answered
+    only by a refusal made before the body is read (else the body's rate limit ends it, 408)."""
+    import asyncio
+    import json
+    from urllib.parse import urlsplit
+
+    url = urlsplit(str(world.server.url))
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    auth = world.headers[credential]["Authorization"]
+    writer.write((f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
+                  "Content-Type: multipart/form-data; boundary=b\r\n"
+                  "Content-Length: 50000\r\n\r\n").encode())
+    await writer.drain()
+    try:
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)).decode("latin-1")
+        length = next(int(h.split(":", 1)[1]) for h in head.split("\r\n")
+                      if h.lower().startswith("content-length:"))
+        body = json.loads(await reader.readexactly(length))
+        return int(head.split(" ")[1]), body["code"]
+    finally:
+        writer.close()
+
+
+async def test_an_empty_bucket_refuses_before_the_body_is_read(world):
+    """A tenant whose bucket cannot hold one more (images of its quota, or registrations) is
+    refused from the request's head: a flood of requests refused anyway costs the server their
+    heads, not their bodies. Another tenant's requests are read as ever."""
+    bot = new_id("acme")
+    await set_limits(world, OWN, registrations_per_minute=1, rate=0.001, burst=1)
+    try:
+        assert (await put_bot(world, "own_manage", bot))[0] == 201  # the minute's one
+        assert await head_only(world, "own_manage", "PUT", f"/bots/{bot}") == (
+            429, "registration_rate")
+        async with aiohttp.ClientSession(headers=world.headers["own_infer"]) as session:
+            form = aiohttp.FormData()
+            form.add_field("image", encode(pattern(77, size=(64, 48)), "JPEG"),
+                           filename="x.jpg", content_type="image/jpeg")
+            async with session.post(f"{world.server.url}/classify/{bot}", data=form) as resp:
+                assert resp.status == 200, await resp.text()  # the burst's one image
+        for path in (f"/classify/{bot}", f"/v2/models/{bot}/infer"):
+            assert await head_only(world, "own_infer", "POST", path) == (429, "rate_limited")
+        # globex's bodies are still read (and, never sent whole, timed out: 408).
+        assert (await head_only(world, "other_infer", "POST", f"/classify/{OTHER_BOT}"))[0] == 408
+    finally:
+        await set_limits(world, OWN, registrations_per_minute=None, rate=None, burst=None)

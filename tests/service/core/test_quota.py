@@ -36,6 +36,21 @@ def test_the_burst_passes_then_the_rate():
     q.take("t", 1)  # honouring Retry-After is accepted
 
 
+def test_a_check_takes_nothing_and_refuses_what_a_take_of_one_would():
+    clock = FakeClock()
+    q = quotas({"t": (2.0, 2)}, clock=clock)
+    q.check("t")
+    q.check("t")
+    assert q.tokens("t") == 2  # checked twice, nothing taken
+    q.take("t", 2)
+    with pytest.raises(RateLimited) as refused:
+        q.check("t")
+    assert refused.value.retry_after_s == pytest.approx(0.5)
+    clock.advance(0.5)
+    q.check("t")
+    q.check("free")  # no rate: never refused
+
+
 def test_a_refusal_takes_nothing_and_its_retry_after_is_enough():
     clock = FakeClock()
     q = quotas({"t": (3.0, 10)}, clock=clock)
