@@ -208,15 +208,15 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
         logs.note(bots=(incoming.params["bot_id"],))
     caller = None if access is None else caller_of(service, access, incoming.headers)
     tenant = tenant_of(caller)
-    kind = REFUSED_EARLY.get(incoming.route)
-    if tenant and kind is not None:
-        try:
-            service.tenancy.refuse_early(tenant, kind)
-        except RateLimited as exc:
-            if kind == "images":
-                service.metrics.observe_refusal(tenant, error_status(exc)[1])
-            raise
     try:
+        kind = REFUSED_EARLY.get(incoming.route)
+        if tenant and kind is not None:
+            try:
+                service.tenancy.refuse_early(tenant, kind)
+            except RateLimited as exc:
+                if kind == "images":
+                    service.metrics.observe_refusal(tenant, error_status(exc)[1])
+                raise
         with Reservation(service.inflight, tenant) as held:
             if admit is not None:
                 admit(held)
@@ -224,4 +224,7 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
     except SHARE_REFUSALS as exc:  # a tenant's share of what a process holds at once: counted
         if tenant:
             service.metrics.observe_refusal(tenant, error_status(exc)[1])
+        raise
+    except RateLimited as exc:  # its quota or registrations: answered late (`RefusalPacer`)
+        await service.pacer.pace(tenant, exc.retry_after_s)
         raise

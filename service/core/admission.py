@@ -23,9 +23,10 @@ Requests without a tenant (the operator's, anyone's with --auth none) count unde
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from service.core.errors import BadRequest, InflightShareExceeded, Overloaded, PayloadTooLarge
 from service.core.memory import TRIM_AFTER_BYTES
@@ -229,3 +230,42 @@ async def _read(chunks: AsyncIterator[bytes], length: int | None, limit: int,
         held.take(len(chunk))
         parts.append(chunk)
     return b"".join(parts)
+
+
+# The longest a rate refusal is held before it is answered (seconds), and how many of one
+# tenant's refusals are held at once (beyond: answered at once).
+PACE_MAX_S = 1.0
+PACE_MAX_HELD = 64
+
+
+class RefusalPacer:
+    """A tenant's rate refusals (429 `rate_limited`, `registration_rate`) answered late: after
+    min(Retry-After, PACE_MAX_S). A client that honours Retry-After loses nothing (it would
+    not have sent before then); a client that floods is paced by its own concurrency instead
+    of taking the event loop from the other tenants with refusals (measured on 2 cores: a
+    closed-loop flood of refusals answered at once reached 1,400 a second and tripled another
+    tenant's p50). At most PACE_MAX_HELD refusals of a tenant are held at once; a request
+    without a tenant is never held. On the event loop only.
+
+    Args:
+        sleep: `await sleep(seconds)` (tests pass their own).
+    """
+
+    def __init__(self, *, max_s: float = PACE_MAX_S, max_held: int = PACE_MAX_HELD,
+                 sleep: Callable[[float], Awaitable[object]] | None = None) -> None:
+        self.max_s = max_s
+        self.max_held = max_held
+        self._sleep = sleep or asyncio.sleep
+        self.held: dict[str, int] = {}
+
+    async def pace(self, tenant: str, retry_after_s: float) -> None:
+        """Waits before `tenant`'s refusal is answered (see the class doc)."""
+        if not tenant or self.held.get(tenant, 0) >= self.max_held:
+            return
+        self.held[tenant] = self.held.get(tenant, 0) + 1
+        try:
+            await self._sleep(max(0.0, min(retry_after_s, self.max_s)))
+        finally:
+            self.held[tenant] -= 1
+            if not self.held[tenant]:
+                del self.held[tenant]

@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from service.core import logs, memory
-from service.core.admission import ByteBudget
+from service.core.admission import ByteBudget, RefusalPacer
 from service.core.auth import Authenticator
 from service.core.bots import Bots
 from service.core.caller import Caller, Core
@@ -93,6 +93,7 @@ class Service:
         candidate_stats = CandidateStats()
         self.tenancy = Tenancy(settings, self.store, threads)
         self.sockets = SocketShares(settings.max_websockets, self.tenancy.weight)
+        self.pacer = RefusalPacer()  # a tenant's rate refusals answered late
         self.bots = Bots(self.store, pinned, threads, candidate_stats)
 
         def engine_for(trunk) -> Engine:

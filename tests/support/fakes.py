@@ -20,6 +20,7 @@ import numpy as np
 from backbone.spec import FEATURE_DIM
 from heads import Head, HeadLoadError, UnknownBot, top_indices
 from service.codecs.base import Request
+from service.core.admission import RefusalPacer
 from service.core.auth import ANONYMOUS, Authenticator, Principal
 from service.core.engine import Images, Prediction, check_image_count
 from service.core.errors import HeadUnavailable, NotReady
@@ -109,6 +110,7 @@ class FakeService:
     broken: set[str] = dataclasses.field(default_factory=set)  # heads that fail to load
     classified: list[tuple[Images, list[str], int]] = dataclasses.field(default_factory=list)
     blocking: list[str] = dataclasses.field(default_factory=list)
+    pacer: RefusalPacer = dataclasses.field(default_factory=RefusalPacer)
 
     principal: Principal = ANONYMOUS
     route_key: str | None = None  # the last call's (its header)

@@ -1,0 +1,43 @@
+"""`RefusalPacer`: a tenant's rate refusals answered after min(Retry-After, its bound), at most
+so many held per tenant, never a request without a tenant (a fake sleep: no timing)."""
+from __future__ import annotations
+
+import asyncio
+
+from service.core.admission import RefusalPacer
+
+
+class Sleeps:
+    """A sleep that records its seconds and waits until released."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+        await self.release.wait()
+
+
+async def test_a_refusal_waits_its_retry_after_up_to_the_bound():
+    sleeps = Sleeps()
+    sleeps.release.set()
+    pacer = RefusalPacer(max_s=1.0, sleep=sleeps)
+    await pacer.pace("acme", 0.25)
+    await pacer.pace("acme", 30.0)
+    assert sleeps.seconds == [0.25, 1.0] and pacer.held == {}
+
+
+async def test_at_most_so_many_of_a_tenants_refusals_are_held_and_none_without_a_tenant():
+    sleeps = Sleeps()
+    pacer = RefusalPacer(max_held=2, sleep=sleeps)
+    held = [asyncio.ensure_future(pacer.pace("acme", 5.0)) for _ in range(2)]
+    other = asyncio.ensure_future(pacer.pace("globex", 5.0))
+    await asyncio.sleep(0)
+    assert pacer.held == {"acme": 2, "globex": 1}
+    await asyncio.wait_for(pacer.pace("acme", 5.0), 1)  # the third: answered at once
+    await asyncio.wait_for(pacer.pace("", 5.0), 1)  # no tenant: never held
+    assert len(sleeps.seconds) == 3
+    sleeps.release.set()
+    await asyncio.gather(*held, other)
+    assert pacer.held == {}
