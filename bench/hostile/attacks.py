@@ -316,7 +316,7 @@ ATTACKS: tuple[Attack, ...] = (
     Attack("metrics", "A's metrics key reads /metrics and /readyz", _labels("200"),
            metrics_probe, (_labels("200"),)),
     Attack("bot_probe", "A asks about B's bot and an unknown one on every bot route",
-           _labels("404 unknown_bot", "429 registration_rate"), bot_probe,
+           _labels("404 unknown_bot", "429 registration_rate", "429 rate_limited"), bot_probe,
            (_labels("404 unknown_bot"),)),
     Attack("cache_probe", "A sends the images B sends (feature cache per tenant)",
            _labels("200", "429 rate_limited"), cache_probe, (_labels("200"),)),
