@@ -118,8 +118,9 @@ def load(snapshot: Snapshot, target: Target, *, resume: bool = False,
     if state is not None:
         marker, done = state
         if marker is None:
-            raise StoreOpRefused(f"the destination {where} is not empty: copy into an empty "
-                                 "store (or --resume an interrupted copy into it)")
+            raise StoreOpRefused(f"the destination {where} is not empty: a copy or restore "
+                                 "goes into an empty store (or --resume an interrupted one "
+                                 "into it)")
         if marker != snapshot.identity:
             raise StoreOpRefused(f"the destination {where} holds an interrupted copy of "
                                  f"{marker}, not of {snapshot.identity}")
