@@ -75,7 +75,8 @@ def read_rows(conn: sqlite3.Connection) -> dict[str, list[dict]]:
     for t in DATA_TABLES:
         names = columns(t.name)
         try:
-            rows = conn.execute(f"SELECT {', '.join(names)} FROM {t.name}").fetchall()
+            rows = conn.execute(f"SELECT {', '.join(names)} FROM {t.name} "
+                                f"ORDER BY {', '.join(t.primary_key)}").fetchall()
         except sqlite3.OperationalError as exc:
             if not _missing_table(exc):
                 raise

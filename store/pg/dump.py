@@ -59,7 +59,8 @@ class PgSnapshot(Snapshot):
             for t in DATA_TABLES:
                 names = columns(t.name)
                 found = (self._conn.execute(
-                    f"SELECT {', '.join(names)} FROM {S}.{t.name}").fetchall()
+                    f"SELECT {', '.join(names)} FROM {S}.{t.name} "
+                    f"ORDER BY {', '.join(t.primary_key)}").fetchall()
                     if t.name in present else [])
                 self.rows[t.name] = [dict(zip(names, r)) for r in found]
             if MARKER in present:
