@@ -16,6 +16,7 @@ with a `SECTION`, and list it here.
     cancellation  16 clients, 8 giving up after 2 x the median: with vs without cancellation
     soak       minutes of mixed valid and hostile traffic: RSS must stay flat
     replicas   Ray Serve, 1 vs 2 replicas, PostgreSQL vs SQLite store
+    store      copy, backup, restore and check of a store of 10,000 bots: time and size
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from bench.sections import (
     scale,
     service,
     soak,
+    store,
     trunk,
 )
 from bench.sections.base import Section
@@ -38,7 +40,7 @@ from bench.sections.base import Section
 SECTIONS: tuple[Section, ...] = (
     trunk.SECTION, service.SECTION, fanout.SECTION, grpc.SECTION, scale.SECTION,
     coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION,
-    cancellation.SECTION, soak.SECTION, replicas.SECTION)
+    cancellation.SECTION, soak.SECTION, replicas.SECTION, store.SECTION)
 NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
 
 

@@ -261,25 +261,27 @@ class DirectoryTarget(Target):
         for name in (*BOT_TABLES, MARKER_BOTS):
             conn.execute(f"DELETE FROM {name} WHERE bot_id = ?", (bot_id,))
 
-    def write_bot(self, bot: BotRows, heads: list[Head]) -> None:
+    def write_bots(self, batch: list[tuple[BotRows, list[Head]]]) -> None:
         with self._registry.write() as tx:
-            self._delete(tx.conn, bot.bot_id)
-            self._blobs.sweep(bot.bot_id, set())  # what an interrupted copy left of it
             try:
-                for row, head in zip(bot.versions, heads, strict=True):
-                    self._blobs.write(tx, bot.bot_id, int(row["version"]), head.weights,
-                                      head.biases, head.labels, created=row["created"],
-                                      source=row["source"], step=_no_step)
-                _insert(tx.conn, "versions", bot.versions)
-                _insert(tx.conn, "bots", [bot.bot])
-                _insert(tx.conn, "owners", [bot.owner] if bot.owner else [])
-                _insert(tx.conn, "candidates", [bot.candidate] if bot.candidate else [])
-                tx.conn.execute(f"INSERT INTO {MARKER_BOTS} VALUES (?, ?)",
-                                (bot.bot_id, bot.fingerprint()))
+                for bot, heads in batch:
+                    self._delete(tx.conn, bot.bot_id)
+                    self._blobs.sweep(bot.bot_id, set())  # what an interrupted copy left
+                    for row, head in zip(bot.versions, heads, strict=True):
+                        self._blobs.write(tx, bot.bot_id, int(row["version"]), head.weights,
+                                          head.biases, head.labels, created=row["created"],
+                                          source=row["source"], step=_no_step)
+                    _insert(tx.conn, "versions", bot.versions)
+                    _insert(tx.conn, "bots", [bot.bot])
+                    _insert(tx.conn, "owners", [bot.owner] if bot.owner else [])
+                    _insert(tx.conn, "candidates", [bot.candidate] if bot.candidate else [])
+                    tx.conn.execute(f"INSERT INTO {MARKER_BOTS} VALUES (?, ?)",
+                                    (bot.bot_id, bot.fingerprint()))
                 tx.commit()
             except BaseException:
                 if not tx.committed:
-                    self._blobs.drop(bot.bot_id)
+                    for bot, _ in batch:
+                        self._blobs.drop(bot.bot_id)
                 raise
 
     def drop_bot(self, bot_id: str) -> None:

@@ -8,7 +8,8 @@ served and written. The destination (`Target`) is written so that a kill -9 at a
 it detectably incomplete, never serving half a bot:
 
     1. the marker (`dump.MARKER`: the source's identity) is committed first;
-    2. each bot is one transaction: its blobs, then its rows and its marker row;
+    2. each bot's blobs, then its rows and its marker row, in one transaction (with the
+       next few bots: up to `BATCH_BOTS`, `BATCH_BYTES`);
     3. the last transaction writes the tenants, keys, history and audit and drops the marker.
 
 Until 3 commits no API key of the source works on the destination, and `check` says it is
@@ -42,10 +43,20 @@ class StoreOpRefused(StoreError):
     empty, an interrupted copy of another source, a damaged or newer archive)."""
 
 
-def stall(done: int) -> None:
-    """The test seam `STALL_ENV`."""
+# A transaction of a copy holds at most this many bots, and this many bytes of heads.
+BATCH_BOTS = 64
+BATCH_BYTES = 32 * 2**20
+
+
+def stall_at() -> int | None:
+    """The bot after which the test seam `STALL_ENV` stops (None: it is not set)."""
     after = os.environ.get(STALL_ENV)
-    if after is not None and done == int(after):
+    return None if after is None else int(after)
+
+
+def stall(done: int) -> None:
+    """The test seam `STALL_ENV`: after the `done`-th bot, stop for good."""
+    if done == stall_at():
         print(f"stalled after {done} bots", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
@@ -135,14 +146,21 @@ def load(snapshot: Snapshot, target: Target, *, resume: bool = False,
     for gone in sorted(set(done) - live):
         target.drop_bot(gone)
         report.dropped += 1
+    batch: list = []
+    batch_bytes = 0
     for i, bot in enumerate(bots, 1):
         if done.get(bot.bot_id) == bot.fingerprint():
             report.kept += 1
         else:
             heads = [snapshot.head(bot.bot_id, int(r["version"])) for r in bot.versions]
-            target.write_bot(bot, heads)
+            batch.append((bot, heads))
+            batch_bytes += sum(h.nbytes for h in heads)
             report.written += 1
-        if progress is not None:
+        last = i == len(bots) or i == stall_at()
+        if batch and (last or len(batch) >= BATCH_BOTS or batch_bytes >= BATCH_BYTES):
+            target.write_bots(batch)
+            batch, batch_bytes = [], 0
+        if progress is not None and (not batch or last):
             progress(i, len(bots))
         stall(i)
     target.finish(snapshot.rows)

@@ -141,7 +141,8 @@ class Snapshot(ABC):
 
 
 class Target(ABC):
-    """The destination of a copy: each method one transaction of its own."""
+    """The destination of a copy: each method one transaction of its own (a bot is never
+    split between two)."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -157,9 +158,11 @@ class Target(ABC):
         """Create the store's tables (if missing) and the marker naming `source`."""
 
     @abstractmethod
-    def write_bot(self, bot: BotRows, heads: list[Head]) -> None:
-        """In one transaction: whatever the store holds of the bot goes; its blobs (`heads`,
-        one per version row), then its rows and its marker row are written."""
+    def write_bots(self, batch: list[tuple[BotRows, list[Head]]]) -> None:
+        """In one transaction, for each bot of `batch`: whatever the store holds of it goes;
+        its blobs (its heads, one per version row), then its rows and its marker row are
+        written. (A few bots per transaction: a commit, and its fsync, per bot would be most
+        of a copy's time.)"""
 
     @abstractmethod
     def drop_bot(self, bot_id: str) -> None:

@@ -145,19 +145,20 @@ class PgTarget(Target):
 
         self._db.write(change)
 
-    def write_bot(self, bot: BotRows, heads: list[Head]) -> None:
+    def write_bots(self, batch: list[tuple[BotRows, list[Head]]]) -> None:
         def change(conn):
-            _delete(conn, bot.bot_id)
-            _insert(conn, "versions", bot.versions)
-            for row, head in zip(bot.versions, heads, strict=True):
-                self._blobs.write(conn, bot.bot_id, int(row["version"]), head.weights,
-                                  head.biases, head.labels, created=row["created"],
-                                  source=row["source"], step=lambda name: None)
-            _insert(conn, "bots", [bot.bot])
-            _insert(conn, "owners", [bot.owner] if bot.owner else [])
-            _insert(conn, "candidates", [bot.candidate] if bot.candidate else [])
-            conn.execute(f"INSERT INTO {S}.{MARKER_BOTS} VALUES (%s, %s)",
-                         (bot.bot_id, bot.fingerprint()))
+            for bot, heads in batch:
+                _delete(conn, bot.bot_id)
+                _insert(conn, "versions", bot.versions)
+                for row, head in zip(bot.versions, heads, strict=True):
+                    self._blobs.write(conn, bot.bot_id, int(row["version"]), head.weights,
+                                      head.biases, head.labels, created=row["created"],
+                                      source=row["source"], step=lambda name: None)
+                _insert(conn, "bots", [bot.bot])
+                _insert(conn, "owners", [bot.owner] if bot.owner else [])
+                _insert(conn, "candidates", [bot.candidate] if bot.candidate else [])
+                conn.execute(f"INSERT INTO {S}.{MARKER_BOTS} VALUES (%s, %s)",
+                             (bot.bot_id, bot.fingerprint()))
 
         self._db.write(change)
 

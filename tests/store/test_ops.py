@@ -113,6 +113,7 @@ def _interrupt_after(monkeypatch, n: int) -> None:
         if done == n:
             raise Interrupted()
 
+    monkeypatch.setattr(ops_copy, "stall_at", lambda: n)  # the bots before are committed
     monkeypatch.setattr(ops_copy, "stall", stall)
 
 
@@ -147,6 +148,7 @@ def test_an_interrupted_copy_is_incomplete_until_resumed_with_the_source_changed
 def test_a_resumed_copy_keeps_the_bots_copied_already(location, tmp_path, monkeypatch):
     source = str(tmp_path / "source")
     build(source)
+    monkeypatch.setattr(ops_copy, "BATCH_BOTS", 2)  # bots 1-2 in one transaction, 3 in one
     _interrupt_after(monkeypatch, 3)
     with pytest.raises(Interrupted):
         copy_store(source, location)
