@@ -115,6 +115,12 @@ class ArchiveSnapshot(Snapshot):
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise StoreOpRefused(f"{self.path}: not a readable backup archive ({exc})") from None
         try:
+            # By name, once: TarFile.getmember searches its whole list on every call.
+            self._members = {m.name: m for m in self._tar.getmembers()}
+        except (OSError, tarfile.TarError, EOFError) as exc:
+            self._tar.close()
+            raise StoreOpRefused(f"{self.path} is damaged: {exc}") from None
+        try:
             self._verify()
         except BaseException:
             self._tar.close()
@@ -122,7 +128,7 @@ class ArchiveSnapshot(Snapshot):
 
     def _read(self, name: str) -> bytes:
         try:
-            member = self._tar.extractfile(name)
+            member = self._tar.extractfile(self._members[name])
             if member is None:
                 raise KeyError(name)
             return member.read()

@@ -225,3 +225,18 @@ def test_a_backup_taken_while_another_process_registers_restores_sound(tmp_path,
                 for version in info.versions:
                     assert s.get(info.bot_id).version == info.version
                     assert version <= info.version or info.candidate is not None
+
+
+def test_progress_goes_to_a_terminal_only_and_the_help_says_what_is_copied(
+        tmp_path, capsys, monkeypatch):
+    build(tmp_path / "source")
+    code, out, err = run(capsys, "store", "copy", tmp_path / "source", tmp_path / "a")
+    assert code == 0 and "bots:" not in err and out.startswith("copied 4 bots")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, out, err = run(capsys, "store", "copy", tmp_path / "source", tmp_path / "b")
+    assert code == 0 and err.endswith("\rcopying bots: 4/4\n"), err
+    assert "bots:" not in out
+    with pytest.raises(SystemExit):
+        main(["store", "copy", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--resume" in text and "one consistent snapshot" in text
