@@ -96,7 +96,9 @@ def write_archive(snapshot: Snapshot, path: str | os.PathLike, *,
 def backup(location: str | os.PathLike, path: str | os.PathLike, *,
            progress: Progress | None = None) -> dict:
     """Back the store at `location` up into the archive `path`; returns the manifest."""
-    with open_snapshot(location) as snapshot:
+    if not Path(path).parent.is_dir():
+        raise StoreOpRefused(f"there is no directory {Path(path).parent} for the backup")
+    with open_snapshot(location, must_exist=True) as snapshot:
         return write_archive(snapshot, path, progress=progress)
 
 

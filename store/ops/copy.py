@@ -62,14 +62,19 @@ def stall(done: int) -> None:
             time.sleep(3600)
 
 
-def open_snapshot(location: str | os.PathLike) -> Snapshot:
-    """One consistent snapshot of the store at `location` (close it when done)."""
+def open_snapshot(location: str | os.PathLike, *, must_exist: bool = False) -> Snapshot:
+    """One consistent snapshot of the store at `location` (close it when done). With
+    `must_exist`, a directory that does not exist is refused (a mistyped source), instead of
+    read as an empty store."""
     kind, where = parse_location(location)
     if kind == POSTGRESQL:
         from store.pg.dump import PgSnapshot  # psycopg only for a PostgreSQL store
 
         return PgSnapshot(where)
     from store.directory.dump import DirectorySnapshot
+
+    if must_exist and not os.path.isdir(where):
+        raise StoreOpRefused(f"there is no store directory {where}")
 
     return DirectorySnapshot(where)
 
@@ -174,7 +179,7 @@ def copy_store(source: str | os.PathLike, destination: str | os.PathLike, *,
     """Copy the store at `source` into the (empty) store at `destination`; see `load`."""
     target = open_target(destination)
     try:
-        with open_snapshot(source) as snapshot:
+        with open_snapshot(source, must_exist=True) as snapshot:
             return load(snapshot, target, resume=resume, progress=progress)
     finally:
         target.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sqlite3
 import tarfile
 
@@ -132,6 +133,7 @@ def test_an_interrupted_copy_is_incomplete_until_resumed_with_the_source_changed
         assert s.keys() == [] and {b.bot_id for b in s.list()} == {"a1", "a2"}
     with pytest.raises(StoreOpRefused, match="--resume"):
         copy_store(source, location)
+    os.mkdir(tmp_path / "elsewhere")
     with pytest.raises(StoreOpRefused, match="not of"):
         copy_store(str(tmp_path / "elsewhere"), location, resume=True)
     # Meanwhile the source changed: a bot copied already got a version, one was removed.
@@ -263,6 +265,14 @@ def test_check_lists_orphans_and_fix_removes_only_them(tmp_path):
 
 
 def test_an_empty_store_copies_checks_and_backs_up_as_empty(location, tmp_path):
+    if not is_pg(location):
+        with pytest.raises(StoreOpRefused, match="there is no store directory"):
+            copy_store(location, tmp_path / "copy")  # a mistyped source: no empty copy
+        with pytest.raises(StoreOpRefused, match="there is no store directory"):
+            backup(location, tmp_path / "empty.tar")
+        os.mkdir(location)
+    with pytest.raises(StoreOpRefused, match="there is no directory"):
+        backup(location, tmp_path / "nowhere" / "empty.tar")
     assert check_store(location).ok
     copy_store(location, tmp_path / "copy")
     backup(location, tmp_path / "empty.tar")
