@@ -50,8 +50,8 @@ def add_commands(sub) -> None:
         "copy", help="copy a store into an empty one (directory <-> PostgreSQL)",
         description="Copy everything in store SRC into the empty store DST, from one "
                     "consistent snapshot of SRC taken while it may be served and written. "
-                    "Each bot is copied in one transaction, blobs before rows; until the end "
-                    "DST is marked incomplete (`store check` fails on it, no API key works "
+                    "A few bots per transaction, a bot never split, heads before rows; until "
+                    "the end DST is marked incomplete (`store check` fails on it, no API key works "
                     "on it yet). A killed copy is finished by running it again with "
                     "--resume.")
     p.add_argument("source", metavar="SRC", help=STORE_HELP)

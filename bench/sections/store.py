@@ -79,7 +79,7 @@ def run(context: Context) -> StoreResult:
     result.note = (
         f"{n} bots of {classes} classes, one version each (a 100-class head is about 615 kB; "
         "times grow with the stored bytes). Each operation reads one consistent snapshot of "
-        "its source; a copy and a restore write each bot in one transaction (heads first), "
+        "its source; a copy and a restore write up to 64 bots per transaction (heads first), "
         "the tenants, keys, history and audit last.")
     return result
 

@@ -8,8 +8,10 @@ meanwhile is still there for the copy, and nothing is copied twice on disk. The 
 the snapshot is closed (a killed process leaves them: `check` lists them as orphans once that
 process is gone, `check --fix` removes them).
 
-As a destination (`DirectoryTarget`), each bot is one registry write transaction: its version
-directories written and renamed into place first (`DirectoryBlobs.write`), then its rows.
+As a destination (`DirectoryTarget`), a few bots are one registry write transaction: for each,
+its version directories written and renamed into place (`DirectoryBlobs.write`), then its
+rows; a crash before the commit leaves directories no row points to, swept when that bot is
+written again (`--resume`).
 """
 from __future__ import annotations
 

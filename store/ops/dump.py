@@ -4,9 +4,9 @@
                a list), read from ONE consistent snapshot of the source, and `head(bot, v)`,
                the tensors and labels of a version of that snapshot (checked against their
                sha256 on the way)
-    Target     what a destination does: take a copy's marker, write one bot (its blobs, then
-               its rows, in one transaction), finish (the tenants, keys, history and audit in
-               one transaction, the marker dropped)
+    Target     what a destination does: take a copy's marker, write a few bots (each one's
+               blobs, then its rows; all in one transaction), finish (the tenants, keys,
+               history and audit in one transaction, the marker dropped)
 
 The data tables are `store.schema.TABLES` but `state`, `blobs` (the heads travel as `Head`s)
 and `serving_processes` (live process state). While a copy is under way the destination holds
