@@ -3,9 +3,9 @@
 Its snapshot (`PgSnapshot`) is one REPEATABLE READ, READ ONLY transaction, open until the
 snapshot is closed: every row and every blob read is of the same moment, whatever is written
 meanwhile, and nobody waits for it. As a destination (`PgTarget`), a few bots are one write
-transaction of `store.pg.database` (writer lock, NOTIFY at commit): its versions rows and blobs
-(`PgBlobs.write`), then its other rows; the tenants, keys, history and audit go last, with their
-ids, and the identity counters are moved past them.
+transaction of `store.pg.database` (writer lock, NOTIFY at commit): each one's versions rows
+and blobs (`PgBlobs.write`), then its other rows; the tenants, keys, history and audit go last,
+with their ids, and the identity counters are moved past them.
 """
 from __future__ import annotations
 
