@@ -264,27 +264,30 @@ class DirectoryTarget(Target):
             conn.execute(f"DELETE FROM {name} WHERE bot_id = ?", (bot_id,))
 
     def write_bots(self, batch: list[tuple[BotRows, list[Head]]]) -> None:
+        # NOTE: no version directory is deleted before the commit: a bot copied before (a
+        # resumed copy of a source that changed since) keeps its committed rows until then,
+        # and they must find their directories if the commit never comes. A directory already
+        # there is kept: written whole (renamed into place) from the same source, whose
+        # version numbers are never reused. What is no longer used goes after the commit.
         with self._registry.write() as tx:
-            try:
-                for bot, heads in batch:
-                    self._delete(tx.conn, bot.bot_id)
-                    self._blobs.sweep(bot.bot_id, set())  # what an interrupted copy left
-                    for row, head in zip(bot.versions, heads, strict=True):
-                        self._blobs.write(tx, bot.bot_id, int(row["version"]), head.weights,
-                                          head.biases, head.labels, created=row["created"],
-                                          source=row["source"], step=_no_step)
-                    _insert(tx.conn, "versions", bot.versions)
-                    _insert(tx.conn, "bots", [bot.bot])
-                    _insert(tx.conn, "owners", [bot.owner] if bot.owner else [])
-                    _insert(tx.conn, "candidates", [bot.candidate] if bot.candidate else [])
-                    tx.conn.execute(f"INSERT INTO {MARKER_BOTS} VALUES (?, ?)",
-                                    (bot.bot_id, bot.fingerprint()))
-                tx.commit()
-            except BaseException:
-                if not tx.committed:
-                    for bot, _ in batch:
-                        self._blobs.drop(bot.bot_id)
-                raise
+            for bot, heads in batch:
+                self._delete(tx.conn, bot.bot_id)
+                for row, head in zip(bot.versions, heads, strict=True):
+                    version = int(row["version"])
+                    if self._blobs.version_dir(bot.bot_id, version).is_dir():
+                        continue
+                    self._blobs.write(tx, bot.bot_id, version, head.weights, head.biases,
+                                      head.labels, created=row["created"],
+                                      source=row["source"], step=_no_step)
+                _insert(tx.conn, "versions", bot.versions)
+                _insert(tx.conn, "bots", [bot.bot])
+                _insert(tx.conn, "owners", [bot.owner] if bot.owner else [])
+                _insert(tx.conn, "candidates", [bot.candidate] if bot.candidate else [])
+                tx.conn.execute(f"INSERT INTO {MARKER_BOTS} VALUES (?, ?)",
+                                (bot.bot_id, bot.fingerprint()))
+            tx.commit()
+            for bot, _ in batch:  # committed: what an interrupted copy left of them
+                self._blobs.sweep(bot.bot_id, {int(r["version"]) for r in bot.versions})
 
     def drop_bot(self, bot_id: str) -> None:
         with self._registry.write() as tx:

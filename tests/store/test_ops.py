@@ -279,3 +279,35 @@ def test_an_empty_store_copies_checks_and_backs_up_as_empty(location, tmp_path):
     restore(tmp_path / "empty.tar", tmp_path / "restored")
     with open_store(tmp_path / "restored") as s:
         assert s.list() == [] and s.keys() == []
+
+
+def test_a_resume_that_fails_midway_leaves_every_bot_it_served_whole(tmp_path, monkeypatch):
+    # was: a bot copied before, and changed in the source since, lost its version folders
+    # when its new rows failed to commit (its old rows, rolled back in, pointed to nothing).
+    from store.directory.blobs import DirectoryBlobs
+
+    source, dest = str(tmp_path / "source"), str(tmp_path / "dest")
+    build(source)
+    _interrupt_after(monkeypatch, 2)
+    with pytest.raises(Interrupted):
+        copy_store(source, dest)
+    monkeypatch.undo()
+    with open_store(source) as s:
+        s.register("a1", *random_head(3, seed=12), tenant="acme")
+    with open_store(dest) as s:
+        served = {b.bot_id: s.get(b.bot_id).weights.copy() for b in s.list()}
+    assert set(served) == {"a1", "a2"}
+
+    def failing(*args, **kwargs):
+        raise Interrupted()
+
+    monkeypatch.setattr(DirectoryBlobs, "write", failing)
+    with pytest.raises(Interrupted):
+        copy_store(source, dest, resume=True)
+    monkeypatch.undo()
+    with open_store(dest) as s:
+        for bot_id, weights in served.items():
+            assert (s.get(bot_id).weights == weights).all()
+    assert copy_store(source, dest, resume=True).written == 3
+    assert rows_of(dest) == rows_of(source) and heads_of(dest) == heads_of(source)
+    assert check_store(dest).orphans == []
