@@ -83,6 +83,7 @@ def _serve(trunk, location, tmp_path, tokens, image, manage: str) -> dict:
         store.close()
 
 
+@pytest.mark.postgresql
 def test_a_store_copied_to_postgresql_and_back_answers_every_key_and_bot_alike(
         trunk, tmp_path, pg_url, capsys):
     source = tmp_path / "source"
@@ -127,6 +128,7 @@ def _killed_after(n: int, *argv) -> None:
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, out, "".join(seen[-20:]))
 
 
+@pytest.mark.subprocess
 def test_a_copy_killed_midway_is_incomplete_until_resumed(tmp_path, capsys):
     # A directory destination: its version folders are written before the commit that a kill
     # never reaches (a PostgreSQL writer killed midway is rolled back by the server:
@@ -152,6 +154,7 @@ def test_a_copy_killed_midway_is_incomplete_until_resumed(tmp_path, capsys):
     assert not list(source.glob(".ops-snapshot-*"))
 
 
+@pytest.mark.subprocess
 def test_a_backup_killed_midway_leaves_the_file_as_it_was(tmp_path, capsys):
     source, archive = tmp_path / "source", tmp_path / "store.tar"
     build(source)
@@ -163,6 +166,7 @@ def test_a_backup_killed_midway_leaves_the_file_as_it_was(tmp_path, capsys):
     assert not (tmp_path / "restored").exists()
 
 
+@pytest.mark.subprocess
 def test_a_restore_killed_midway_is_incomplete_until_resumed(tmp_path, capsys):
     source, archive, restored = tmp_path / "source", tmp_path / "store.tar", tmp_path / "r"
     build(source)
@@ -195,6 +199,7 @@ for i in range(1, 100000):
 """
 
 
+@pytest.mark.subprocess
 def test_a_backup_taken_while_another_process_registers_restores_sound(tmp_path, capsys):
     source = tmp_path / "source"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -82,6 +82,7 @@ def test_a_copy_there_and_back_keeps_every_row_and_head(location, tmp_path):
         assert [r.id for r in s.audit(limit=1000)] == sorted({r.id for r in s.audit(limit=1000)})
 
 
+@pytest.mark.postgresql
 def test_the_copy_of_a_live_store_goes_on_registering_with_new_ids(tmp_path, pg_url):
     source = str(tmp_path / "source")
     build(source)
