@@ -25,6 +25,8 @@ class Plan:
     matmul_runs: int = 7
     scale_levels: tuple[int, ...] = (10, 100, 1000, 10000)
     scale_touch_max: int = 2000
+    store_bots: int = 10000  # the `store` section's bots, of store_classes classes each
+    store_classes: int = 10
     cold_samples: int = 50
     fanout_bots: int = 10
     fanout_requests: int = 20
@@ -65,7 +67,7 @@ class Plan:
     def quick_plan(cls, **overrides) -> Plan:
         values = dict(quick=True, concurrency=(1, 16), closed_min_requests=16,
                       closed_requests_per_client=4, poisson_requests=24, trunk_runs=5,
-                      matmul_runs=5, scale_levels=(10, 100, 1000), cold_samples=20,
+                      matmul_runs=5, scale_levels=(10, 100, 1000), cold_samples=20, store_bots=1000,
                       fanout_requests=8, rebuild_reps=2, full_models_requests=24, images=48,
                       overload_uploads=100, soak_s=60.0,
                       fairness_warmup_s=5.0, fairness_s=20.0, quota_s=10.0,

@@ -5,6 +5,8 @@
     init-trunk                cli.trunk
     quantize                  cli.quantize
     register, train, bots     cli.bots
+    tenants, keys, audit      cli.tenants
+    store                     cli.store   (copy, backup, restore, check: `store.ops`)
     bench                     cli.bench   (the code is in the `bench` package)
 
 `cli.main` holds the root parser and `main`. Options every command shares are defined

@@ -9,12 +9,13 @@ from collections.abc import Sequence
 from accounts.errors import AccountsError
 from backbone.errors import BackboneError
 from cli import bench, bots, demo, quantize, serve, tenants, trunk
+from cli import store as store_ops
 from heads.errors import HeadsError
 from service.core.errors import ServiceError
 from service.core.setting_fields import InvalidSettings
 from store.errors import StoreError
 
-COMMAND_GROUPS = (serve, demo, trunk, quantize, bots, tenants, bench)
+COMMAND_GROUPS = (serve, demo, trunk, quantize, bots, tenants, store_ops, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ with a `SECTION`, and list it here.
                and under each attack, every answer a clear one
     soak       minutes of mixed valid and hostile traffic: RSS must stay flat
     replicas   Ray Serve, 1 vs 2 replicas, PostgreSQL vs SQLite store
+    store      copy, backup, restore and check of a store of 10,000 bots: time and size
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from bench.sections import (
     scale,
     service,
     soak,
+    store,
     trunk,
 )
 from bench.sections.base import Section
@@ -41,7 +43,7 @@ from bench.sections.base import Section
 SECTIONS: tuple[Section, ...] = (
     trunk.SECTION, service.SECTION, fanout.SECTION, grpc.SECTION, scale.SECTION,
     coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION,
-    cancellation.SECTION, isolation.SECTION, soak.SECTION, replicas.SECTION)
+    cancellation.SECTION, isolation.SECTION, soak.SECTION, replicas.SECTION, store.SECTION)
 NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
 
 

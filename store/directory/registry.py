@@ -68,6 +68,12 @@ class Transaction:
         self.committed = False
         self.rows = rows_of(conn)  # tenants, keys, owners, audit
 
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection of this transaction (`store.directory.dump` writes rows as they
+        are through it)."""
+        return self._conn
+
     def active_version(self, bot_id: str) -> int | None:
         row = self._conn.execute(
             "SELECT active_version FROM bots WHERE bot_id = ?", (bot_id,)
