@@ -364,3 +364,29 @@ def test_the_tour_names_the_demo_bots_the_demo_creates():
     tour = _text(README).split("## Five-minute tour", 1)[1].split("\n## ", 1)[0]
     named = {bot: int(n) for bot, n in re.findall(r"`([a-z]+)`: (\d+)", tour)}
     assert named == {bot: len(labels) for bot, labels in DEMO.items()}
+
+
+def threat_rows(text: str) -> list[list[str]]:
+    """The rows of the security review's threat table (deployment.md), as their cells."""
+    section = text.split("## Security review", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    assert lines[0].startswith("| Threat |"), lines[:1]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_every_threat_names_its_bound_its_setting_and_a_test_that_exists():
+    rows = threat_rows((reference.DOCS / "deployment.md").read_text(encoding="utf-8"))
+    assert len(rows) >= 15
+    for threat, bound, setting, tests in rows:
+        assert threat and bound and setting, threat
+        named = re.findall(r"`(tests/[^`]+)`", tests)
+        assert named, f"{threat}: no test named"
+        for path in named:
+            assert (REPO / path).exists(), f"{threat}: {path} does not exist"
+
+
+def test_a_threat_without_a_test_is_found():
+    text = ("## Security review\n\n| Threat | Bound | Setting | Test |\n|---|---|---|---|\n"
+            "| x | y | z | none |\n")
+    [(_, _, _, tests)] = threat_rows(text)
+    assert not re.findall(r"`(tests/[^`]+)`", tests)
