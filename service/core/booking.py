@@ -6,8 +6,7 @@ rows without checking again; `Batcher.submit` and a `submit_many` without a book
 queue at once. The room counts the rows queued and the rows booked, against:
 
 - `max_queue_rows` for all (503 `Overloaded` beyond it, with the time the queue needs to drain
-  as Retry-After; 429 `QueueShareExceeded` for a tenant with rows waiting already: what fills
-  the queue is then also its own);
+  as Retry-After);
 - a tenant's own `max_queued`, under either scheduler, and under `fair` its weighted share of
   the queue (`service.core.fair.TenantQueue.share`): 429 `QueueShareExceeded` beyond them, once
   the tenant has rows waiting;
@@ -144,7 +143,7 @@ class QueueRoom:
         if q.fair:
             share = q.share(tenant, self.max_queue_rows, self.max_batch_size,
                             self.tenant_booked)
-            # A tenant alone has the whole queue as its share: it is full (below).
+            # A tenant alone has the whole queue as its share: full, the server is (503 below).
             if mine and mine + n > share and share < self.max_queue_rows:
                 raise QueueShareExceeded(self._retry_after_s(), (
                     f"tenant '{tenant}' has {mine} images waiting, its share of the queue is "
@@ -152,10 +151,6 @@ class QueueRoom:
         if len(q) + self.booked + n > self.max_queue_rows and share is not None:
             self.push_out(tenant, len(q) + self.booked + n - self.max_queue_rows)
         if len(q) + self.booked + n > self.max_queue_rows:
-            if tenant and mine:  # a tenant's own images fill what it may use: its 429
-                raise QueueShareExceeded(self._retry_after_s(), (
-                    f"tenant '{tenant}' has {mine} images waiting and the queue is full; "
-                    "retry when they are served"))
             raise Overloaded(retry_after_s=self._retry_after_s())
         self.booked += n
         self.tenant_booked[tenant] += n

@@ -18,6 +18,7 @@ import ast
 import re
 
 from tests.architecture.test_imports import MODULES, _edges
+from tests.support.parsing import parse
 
 MAX_MODULE_LINES = 600
 # SQL statements as the store and the accounts write them (keywords in upper case).
@@ -36,7 +37,7 @@ def getattr_facades(sources: dict[str, str]) -> list[str]:
     """'module:line' of every `__getattr__` defined (module level or in a class)."""
     found = []
     for name, text in sources.items():
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parse(text)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
                     and node.name == "__getattr__":
                 found.append(f"{name}:{node.lineno}")
@@ -48,7 +49,7 @@ def sql_and_drivers(sources: dict[str, str]) -> list[str]:
     imported."""
     found = []
     for name, text in sources.items():
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parse(text)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and SQL_RE.search(node.value):
                 found.append(f"{name}:{node.lineno} SQL {node.value.strip()[:40]!r}")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.parsing import parse
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("backbone", "heads", "accounts", "store", "service", "bench", "cli")
 
@@ -41,7 +43,7 @@ MODULES = _modules()
 
 def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
     """(imported module, names taken from it, line) for every import statement in the file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):

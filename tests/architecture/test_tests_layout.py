@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.parsing import parse
+
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 # Folders of the suite itself, not of a source folder.
@@ -45,7 +47,7 @@ def loose_tests(tests: Path) -> list[str]:
 def repo_roots(path: Path) -> list[tuple[int, Path]]:
     """(line, the folder it names) of each `Path(__file__)...parents[N]` in a test file."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse(path.read_text(encoding="utf-8"))):
         if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
                 and node.value.attr == "parents" and isinstance(node.slice, ast.Constant)
                 and "__file__" in ast.unparse(node.value)):
