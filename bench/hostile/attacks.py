@@ -330,7 +330,7 @@ ATTACKS: tuple[Attack, ...] = (
            huge_labels, (_labels("400 invalid_label", "429 registration_rate"),
                          _labels("413 answer_too_large"))),
     Attack("websockets", f"{WS_SOCKETS} WebSockets of A, B opening one",
-           _labels("101", "429", "closed", "ws 200", "ws 429"),
+           _labels("101", "429", "closed", "ws 200", "ws 429", "ws 429 rate_limited"),
            websocket_flood, (_labels("429", "closed 1013"),)),
     Attack("grpc", "20 MB messages without a key; a ModelInfer flood with A's key",
            _labels("grpc OK", "grpc UNAUTHENTICATED", "grpc RESOURCE_EXHAUSTED",

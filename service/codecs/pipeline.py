@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from service.core import logs
-from service.core.admission import Reservation
+from service.core.admission import Reservation, refusal_pace_s
 from service.core.candidates import ROUTE_KEY_METADATA
 from service.core.errors import (
     CallShareExceeded,
@@ -221,10 +221,11 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
             if admit is not None:
                 admit(held)
             return await step(caller, held)
-    except SHARE_REFUSALS as exc:  # a tenant's share of what a process holds at once: counted
+    except Exception as exc:  # a tenant's refusal: answered late (`RefusalPacer`)
         if tenant:
-            service.metrics.observe_refusal(tenant, error_status(exc)[1])
-        raise
-    except RateLimited as exc:  # its quota or registrations: answered late (`RefusalPacer`)
-        await service.pacer.pace(tenant, exc.retry_after_s)
+            status, code, _ = error_status(exc)
+            if isinstance(exc, SHARE_REFUSALS):  # its share of what a process holds: counted
+                service.metrics.observe_refusal(tenant, code)
+            await service.pacer.pace(tenant, refusal_pace_s(
+                status, getattr(exc, "retry_after_s", None)))
         raise

@@ -232,20 +232,35 @@ async def _read(chunks: AsyncIterator[bytes], length: int | None, limit: int,
     return b"".join(parts)
 
 
-# The longest a rate refusal is held before it is answered (seconds), and how many of one
-# tenant's refusals are held at once (beyond: answered at once).
+# The longest a 429 is held before it is answered (seconds), how long a refusal of what a tenant
+# sent (400, 404, 409, 413) is held, and how many of one tenant's refusals are held at once
+# (beyond: answered at once).
 PACE_MAX_S = 1.0
+PACE_SENT_S = 0.1
 PACE_MAX_HELD = 64
+# The refusals of what a tenant sent that are held PACE_SENT_S: not 401 (no tenant is known),
+# 403 (a key's scope), 405 nor 408 (its connection is closed anyway).
+_SENT = frozenset({400, 404, 409, 413})
+
+
+def refusal_pace_s(status: int, retry_after_s: float | None) -> float:
+    """How long a keyed tenant's refusal of `status` is held before it is answered: a 429 its
+    Retry-After (at most PACE_MAX_S), a refusal of what it sent PACE_SENT_S, else 0."""
+    if status == 429:
+        return min(PACE_MAX_S, PACE_SENT_S if retry_after_s is None else retry_after_s)
+    return PACE_SENT_S if status in _SENT else 0.0
 
 
 class RefusalPacer:
-    """A tenant's rate refusals (429 `rate_limited`, `registration_rate`) answered late: after
-    min(Retry-After, PACE_MAX_S). A client that honours Retry-After loses nothing (it would
-    not have sent before then); a client that floods is paced by its own concurrency instead
-    of taking the event loop from the other tenants with refusals (measured on 2 cores: a
-    closed-loop flood of refusals answered at once reached 1,400 a second and tripled another
-    tenant's p50). At most PACE_MAX_HELD refusals of a tenant are held at once; a request
-    without a tenant is never held. On the event loop only.
+    """A tenant's refusals answered late (`refusal_pace_s`): a 429 (its quota, registrations,
+    shares) after min(Retry-After, PACE_MAX_S), a refusal of what it sent (an unknown bot, a
+    bad image or label, an answer too large) after PACE_SENT_S. A client that honours
+    Retry-After loses nothing (it would not have sent before then), an honest mistake costs a
+    tenth of a second; a client that floods is paced by its own concurrency instead of taking
+    the event loop from the other tenants with refusals (measured on 2 cores: a closed-loop
+    flood of refusals answered at once reached 1,400 a second and tripled another tenant's
+    p50). At most PACE_MAX_HELD refusals of a tenant are held at once; a request without a
+    tenant is never held. On the event loop only.
 
     Args:
         sleep: `await sleep(seconds)` (tests pass their own).
@@ -258,13 +273,14 @@ class RefusalPacer:
         self._sleep = sleep or asyncio.sleep
         self.held: dict[str, int] = {}
 
-    async def pace(self, tenant: str, retry_after_s: float) -> None:
-        """Waits before `tenant`'s refusal is answered (see the class doc)."""
-        if not tenant or self.held.get(tenant, 0) >= self.max_held:
+    async def pace(self, tenant: str, seconds: float) -> None:
+        """Waits `seconds` (at most `max_s`) before `tenant`'s refusal is answered (see the
+        class doc)."""
+        if not tenant or seconds <= 0 or self.held.get(tenant, 0) >= self.max_held:
             return
         self.held[tenant] = self.held.get(tenant, 0) + 1
         try:
-            await self._sleep(max(0.0, min(retry_after_s, self.max_s)))
+            await self._sleep(min(seconds, self.max_s))
         finally:
             self.held[tenant] -= 1
             if not self.held[tenant]:

@@ -82,8 +82,9 @@ class HttpOutcome:
     `X-Request-Id` and Server-Timing; aiohttp's own errors (no route, wrong method, body too
     large, a static file that is not there) as JSON bodies."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, request: web.Request | None = None) -> None:
         self.settings = settings
+        self.request = request
         self.unread: web.StreamResponse | None = None  # pushed out while reading its body
 
     def error(self, exc: Exception) -> web.StreamResponse:
@@ -109,8 +110,12 @@ class HttpOutcome:
 
     async def done(self, answer: web.StreamResponse, req: RequestLog,
                    timing: str | None) -> web.StreamResponse:
-        if answer.status == REQUEST_TIMEOUT or answer is self.unread:
-            answer.force_close()  # a body too slow, or refused unread: not waited for
+        if (answer.status == REQUEST_TIMEOUT or answer is self.unread
+                or (answer.status >= 400 and self.request is not None
+                    and not self.request.content.is_eof())):
+            # A body too slow, or refused before it was read whole: the connection is closed
+            # after the answer, not kept by reading (and dropping) the rest of the body.
+            answer.force_close()
         if not answer.prepared:  # a socket has sent its headers
             answer.headers[REQUEST_ID_HEADER] = req.request_id
             if timing is not None:
@@ -142,7 +147,7 @@ def _handler(endpoint: Endpoint):
             # NOTE: an open socket may be receiving a message of up to its size limit at any
             # time: it holds that much of the in-flight budget for its whole life.
             return await pipeline.run(
-                service, incoming, open_stream, HttpOutcome(service.settings),
+                service, incoming, open_stream, HttpOutcome(service.settings, request),
                 access=endpoint.access,
                 admit=lambda held: held.take(service.settings.max_ws_message_bytes))
         # NOTE: the body is read only when the codec asks; aiohttp stops at the declared
@@ -158,7 +163,7 @@ def _handler(endpoint: Endpoint):
                 request.method, request.path, request.match_info, request.query.items(),
                 request.headers.items(), body.read)))
 
-        return await pipeline.run(service, incoming, call, HttpOutcome(service.settings),
+        return await pipeline.run(service, incoming, call, HttpOutcome(service.settings, request),
                                   access=endpoint.access, admit=body.admit)
 
     handle.__name__ = endpoint.name
@@ -200,7 +205,7 @@ async def transport_middleware(request: web.Request, handler):
 
     return await pipeline.run(service, _incoming(request, route.name if matched else UNMATCHED,
                                                  template),
-                              answer, HttpOutcome(service.settings))
+                              answer, HttpOutcome(service.settings, request))
 
 
 def _protocol_error(self, request, status: int = 500, exc: BaseException | None = None,

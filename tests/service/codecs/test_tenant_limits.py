@@ -143,6 +143,9 @@ async def head_only(world: World, credential: str, method: str, path: str) -> tu
         length = next(int(h.split(":", 1)[1]) for h in head.split("\r\n")
                       if h.lower().startswith("content-length:"))
         body = json.loads(await reader.readexactly(length))
+        if int(head.split(" ")[1]) != 408:  # refused unread: closed, the rest never read
+            assert "connection: close" in head.lower(), head
+            assert await asyncio.wait_for(reader.read(), 30) == b""
         return int(head.split(" ")[1]), body["code"]
     finally:
         writer.close()

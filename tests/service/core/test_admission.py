@@ -41,3 +41,12 @@ async def test_at_most_so_many_of_a_tenants_refusals_are_held_and_none_without_a
     sleeps.release.set()
     await asyncio.gather(*held, other)
     assert pacer.held == {}
+
+
+def test_what_a_refusal_is_held_follows_its_status():
+    from service.core.admission import PACE_MAX_S, PACE_SENT_S, refusal_pace_s
+
+    assert refusal_pace_s(429, 0.25) == 0.25 and refusal_pace_s(429, 60.0) == PACE_MAX_S
+    assert refusal_pace_s(429, None) == PACE_SENT_S
+    assert [refusal_pace_s(s, None) for s in (400, 404, 409, 413)] == [PACE_SENT_S] * 4
+    assert [refusal_pace_s(s, 5.0) for s in (200, 401, 403, 405, 408, 500, 503)] == [0.0] * 7
