@@ -276,6 +276,14 @@ class Victim:
         self._stop.set()
         self._thread.join(120)
 
+    def wait_served(self, timeout_s: float = 120.0) -> None:
+        """Returns once one of B's requests was answered 200 (its first may wait for a cold
+        server: its head loaded, a first batch run); AssertionError after `timeout_s`."""
+        deadline = time.perf_counter() + timeout_s
+        while not any(s.status == 200 for s in list(self.samples)):
+            assert time.perf_counter() < deadline, f"B never served: {self.samples[:3]}"
+            time.sleep(0.05)
+
     def sent_in(self, start: float, end: float) -> list[Sample]:
         """The requests sent in [start, end) and answered."""
         return [s for s in list(self.samples) if start <= s.start < end]

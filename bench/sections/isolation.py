@@ -110,6 +110,7 @@ def run(context: Context) -> IsolationResult:
         result.rss_idle = asyncio.run(settle_rss(server.pid, 1.0))
         result.rss_bound = rss_bound(result.rss_idle, options)
         victim = Victim(world.url, tokens.b_infer, world.jpegs).start()
+        victim.wait_served()
         run_phase(world, victim, "warm-up", 3.0)
         say(f"isolation: B alone for {plan.isolation_alone_s:.0f} s ...")
         result.alone = victim_stats(run_phase(world, victim, "alone",

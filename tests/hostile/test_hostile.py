@@ -58,6 +58,7 @@ def served(trunk_checkpoint, serving_graph_cache, tmp_path_factory):
         warm_up(world)
         idle = asyncio.run(settle_rss(server.pid, 0.3))
         victim = Victim(world.url, tokens.b_infer, world.jpegs).start()
+        victim.wait_served()
         alone = run_phase(world, victim, "alone", ALONE_S)
         yield world, victim, alone, rss_bound(idle, options)
     finally:
