@@ -8,6 +8,9 @@
 - caller (`Service.caller`): the credential (`authorization`) checked against the endpoint's
   access rule, and the routing key for canaries (`X-Multihead-Route-Key`), read from the
   request's headers or metadata; skipped for a request no endpoint matched;
+- early refusal: a tenant whose quota cannot hold one more image (the inference endpoints,
+  `REFUSED_EARLY`) or whose registrations per minute are spent (`put_bot`) is refused here,
+  before its body is read (`Tenancy.refuse_early`);
 - admission (`service.core.admission`): the bytes the request holds in the process's in-flight
   budget (`Service.inflight`), under its caller's tenant (`tenant_of`: its share of the
   budget), until its answer is built (a body's declared length, a gRPC
@@ -17,7 +20,10 @@
   whatever the size of what it sent;
 - handler: the transport's step (the codec call, reading a body on demand);
 - error: any exception becomes the transport's error answer through the one error table
-  (`service.core.errors`; `service.codecs.base.error_reply` for HTTP);
+  (`service.core.errors`; `service.codecs.base.error_reply` for HTTP); a tenant's refusal is
+  held first (`service.core.admission.RefusalPacer`: a 429 its Retry-After up to 1 s, a
+  400/404/409/413 0.1 s), and its refusals beyond its shares counted
+  (`tenant_refusals_total`);
 - metrics: `requests_total` / `request_seconds` under the endpoint's NAME (`Endpoint.name`, as
   an RPC mapped to that endpoint is; `UNMATCHED` for a request no endpoint matched),
   Server-Timing, 499 when the client left (`CLIENT_CLOSED`, nginx's code) or what the transport
