@@ -159,7 +159,6 @@ class Reservation:
         self.pushed = InflightShareExceeded(RETRY_AFTER_S, (
             f"tenant '{self.tenant}' is over its share of the request bytes in flight: this "
             "request made room for a tenant within its share; retry later"))
-        self.pushed.pushed_out = True
         if self._on_push is not None:
             self._on_push()
 

@@ -98,10 +98,8 @@ class SocketShareExceeded(Overloaded):
 class InflightShareExceeded(Overloaded):
     """A tenant's request bytes in flight would pass its weighted share of
     `max_inflight_bytes`, or its request (a body being read, a WebSocket) was pushed out to
-    make room for a tenant within its share (429 + Retry-After; `pushed_out`: HTTP closes the
-    connection, the rest of the body unread)."""
-
-    pushed_out = False
+    make room for a tenant within its share (429 + Retry-After; a body pushed out is not read
+    on: HTTP closes the connection after the answer)."""
 
 
 class CallShareExceeded(Overloaded):

@@ -40,7 +40,7 @@ from service.codecs.pipeline import UNMATCHED, Incoming
 from service.codecs.routes import ENDPOINTS
 from service.core import admission
 from service.core.admission import Reservation
-from service.core.errors import INTERNAL_MESSAGE, InflightShareExceeded
+from service.core.errors import INTERNAL_MESSAGE
 from service.core.logs import REQUEST_ID_HEADER, RequestLog
 from service.core.service import Service
 from service.core.settings import Settings
@@ -85,12 +85,8 @@ class HttpOutcome:
     def __init__(self, settings: Settings, request: web.Request | None = None) -> None:
         self.settings = settings
         self.request = request
-        self.unread: web.StreamResponse | None = None  # pushed out while reading its body
 
     def error(self, exc: Exception) -> web.StreamResponse:
-        if isinstance(exc, InflightShareExceeded) and exc.pushed_out:  # its body is unread
-            self.unread = to_response(error_reply(exc))
-            return self.unread
         if not isinstance(exc, web.HTTPException):
             return to_response(error_reply(exc))
         if exc.status < 400:  # a redirect: sent as aiohttp made it
@@ -110,11 +106,12 @@ class HttpOutcome:
 
     async def done(self, answer: web.StreamResponse, req: RequestLog,
                    timing: str | None) -> web.StreamResponse:
-        if (answer.status == REQUEST_TIMEOUT or answer is self.unread
+        if (answer.status == REQUEST_TIMEOUT
                 or (answer.status >= 400 and self.request is not None
                     and not self.request.content.is_eof())):
-            # A body too slow, or refused before it was read whole: the connection is closed
-            # after the answer, not kept by reading (and dropping) the rest of the body.
+            # A body too slow, or refused before it was read whole (refused early, pushed out
+            # of the byte budget): the connection is closed after the answer, not kept by
+            # reading (and dropping) the rest of the body.
             answer.force_close()
         if not answer.prepared:  # a socket has sent its headers
             answer.headers[REQUEST_ID_HEADER] = req.request_id

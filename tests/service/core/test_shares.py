@@ -101,7 +101,8 @@ def test_the_byte_budget_refuses_a_tenant_beyond_its_share_and_pushes_out_a_body
         with pytest.raises(InflightShareExceeded):
             Reservation(budget, "a").take(5)  # holds 90, its share is 50 now
         b.take(40)  # b within its share (50): a's unread body makes room
-        assert reading.pushed is not None and reading.pushed.pushed_out
+        assert isinstance(reading.pushed, InflightShareExceeded)
+        assert "made room" in str(reading.pushed)
         assert budget.used_bytes == 90 and budget.held("a") == 40
         with pytest.raises(InflightShareExceeded):
             reading.check()  # its next chunk
