@@ -10,6 +10,7 @@ with `bench.load.ServerProcess` (the bench through `Context.server`).
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import threading
 import time
@@ -235,46 +236,55 @@ class Sample:
 
 
 class Victim:
-    """B's closed loop in a thread of its own (its own event loop, so that A's client work
-    never delays B's): one client sending one-image classifications to `B_BOT`, B's images in
-    turn, until stopped. `samples` holds every answered request; `sent_in(start, end)` cuts them
-    into phases."""
+    """B's closed loop in a process of its own (so that neither A's client work nor its GIL
+    ever delays B's: in a thread of the attacker's process, B's p99 measured A's client):
+    one client sending one-image classifications to `B_BOT`, B's images in turn, until
+    stopped. `samples` holds every answered request (a thread here reads them from the
+    process, a JSON line each); `sent_in(start, end)` cuts them into phases
+    (`time.perf_counter` is the machine's monotonic clock, the same in both processes)."""
 
     def __init__(self, url: str, token: str, jpegs: Sequence[bytes]) -> None:
         self.url, self.token, self.jpegs = url, token, list(jpegs)
         self.samples: list[Sample] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()),
-                                        name="victim", daemon=True)
+        self._process = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._collect, name="victim-samples",
+                                        daemon=True)
 
-    async def _run(self) -> None:
-        from bench.load import client_session
-
-        target = f"{self.url}/classify/{B_BOT}"
-        headers = {**Tokens.header(self.token), "Content-Type": "image/jpeg"}
-        async with client_session(limit=1) as session:
-            i = 0
-            while not self._stop.is_set():
-                data = self.jpegs[i % len(self.jpegs)]
-                i += 1
-                start = time.perf_counter()
-                try:
-                    async with session.post(target, data=data, headers=headers) as resp:
-                        body = await resp.read()
-                        status, code = resp.status, ""
-                        if status != 200:
-                            code = body[:200].decode(errors="replace")
-                except Exception as exc:  # noqa: BLE001 - a failed connection is B refused
-                    status, code = 0, type(exc).__name__
-                self.samples.append(Sample(start, time.perf_counter() - start, status, code))
+    def _collect(self) -> None:
+        for line in self._process.stdout:
+            self.samples.append(Sample(*json.loads(line)))
 
     def start(self) -> Victim:
+        import os
+        import pickle
+        import subprocess
+        import sys
+
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "bench.hostile.world"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=env, cwd=root)
+        self._process.stdin.write(pickle.dumps((self.url, self.token, self.jpegs)))
+        self._process.stdin.flush()  # stays open: the process stops when it closes
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(120)
+        import subprocess
+
+        self._stopped.set()
+        if self._process is None:
+            return
+        self._process.stdin.close()
+        try:
+            self._process.wait(120)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._thread.join(10)
 
     def wait_served(self, timeout_s: float = 120.0) -> None:
         """Returns once one of B's requests was answered 200 (its first may wait for a cold
@@ -292,7 +302,7 @@ class Victim:
         """Waits until every request sent before `moment` is answered (the loop has sent one
         after it), at most `timeout_s`."""
         deadline = time.perf_counter() + timeout_s
-        while time.perf_counter() < deadline and not self._stop.is_set():
+        while time.perf_counter() < deadline and not self._stopped.is_set():
             if self.samples and self.samples[-1].start >= moment:
                 return
             time.sleep(0.02)
@@ -300,6 +310,49 @@ class Victim:
     def last_image(self) -> bytes:
         """The image of B's latest finished request."""
         return self.jpegs[(len(self.samples) - 1) % len(self.jpegs)]
+
+
+async def _victim_loop(url: str, token: str, jpegs: Sequence[bytes], stop: threading.Event,
+                       out) -> None:
+    """`Victim`'s process: the closed loop until `stop`, each answered request written to
+    `out` as a JSON line of a `Sample`'s fields."""
+    from bench.load import client_session
+
+    target = f"{url}/classify/{B_BOT}"
+    headers = {**Tokens.header(token), "Content-Type": "image/jpeg"}
+    async with client_session(limit=1) as session:
+        i = 0
+        while not stop.is_set():
+            data = jpegs[i % len(jpegs)]
+            i += 1
+            start = time.perf_counter()
+            try:
+                async with session.post(target, data=data, headers=headers) as resp:
+                    body = await resp.read()
+                    status, code = resp.status, ""
+                    if status != 200:
+                        code = body[:200].decode(errors="replace")
+            except Exception as exc:  # noqa: BLE001 - a failed connection is B refused
+                status, code = 0, type(exc).__name__
+            out.write(json.dumps([start, time.perf_counter() - start, status, code]) + "\n")
+            out.flush()
+
+
+def _victim_main() -> None:
+    """`python -m bench.hostile.world`: (url, token, jpegs) pickled on stdin, then the loop
+    until stdin closes."""
+    import pickle
+    import sys
+
+    url, token, jpegs = pickle.load(sys.stdin.buffer)
+    stop = threading.Event()
+
+    def wait_for_close() -> None:
+        sys.stdin.buffer.read()
+        stop.set()
+
+    threading.Thread(target=wait_for_close, daemon=True).start()
+    asyncio.run(_victim_loop(url, token, jpegs, stop, sys.stdout))
 
 
 # -- one attack beside the victim -------------------------------------------------------------
@@ -336,3 +389,7 @@ def run_phase(world: World, victim: Victim, name: str, seconds: float, attack=No
         end = time.perf_counter()
         victim.answered_after(end, drain_s)
     return Phase(name, victim.sent_in(start, end), outcome, sampler.peak, end - start)
+
+
+if __name__ == "__main__":
+    _victim_main()
