@@ -293,9 +293,10 @@ INFLIGHT_BODY_BYTES = 10 * MIB
 
 
 async def inflight_bytes(world: World, duration_s: float) -> Outcome:
-    """Many large bodies at once from A (`INFLIGHT_BODIES` of 10 MB, sent at full speed): A is
-    held to its share of --max-inflight-bytes (429 inflight_share), B never refused for A's
-    use."""
+    """Many large bodies at once from A (`INFLIGHT_BODIES` of 10 MB, sent at full speed): A has
+    at most its quota's burst of bodies read at once (each request past its head holds an
+    image of the bucket: 429 rate_limited from the head, the body never read) and at most its
+    share of --max-inflight-bytes (429 inflight_share); B is never refused for A's use."""
     out = Outcome()
     body = b"\xff\xd8" + b"\0" * (INFLIGHT_BODY_BYTES - 2)
     async with client_of(Tokens.header(world.tokens.a_infer)) as session:
@@ -342,11 +343,12 @@ ATTACKS: tuple[Attack, ...] = (
            (_labels("429 rate_limited", "429 queue_share"),)),
     Attack("slow_uploads", f"{SLOW_CONNECTIONS} connections trickling a "
            f"{SLOW_DECLARED / 1e6:.0f} MB body",
-           _labels("408 request_timeout", "closed", "429 inflight_share"), slow_uploads,
+           _labels("408 request_timeout", "closed", "429 inflight_share", "429 rate_limited"),
+           slow_uploads,
            (_labels("408 request_timeout", "closed"),)),
     Attack("inflight_bytes", f"{INFLIGHT_BODIES} bodies of 10 MB at once",
            _labels("400 invalid_image", "429 inflight_share", "429 rate_limited"),
-           inflight_bytes, (_labels("429 inflight_share"),)),
+           inflight_bytes, (_labels("429 inflight_share", "429 rate_limited"),)),
     Attack("decode_bomb", "a corrupt image and three 36-megapixel 16-bit PNGs a request",
            _labels("400", "413", "429 rate_limited", "429 queue_share"), decode_bomb,
            (_labels("400 invalid_image", "413 image_too_large", "429 rate_limited"),)),

@@ -9,8 +9,10 @@
   access rule, and the routing key for canaries (`X-Multihead-Route-Key`), read from the
   request's headers or metadata; skipped for a request no endpoint matched;
 - early refusal: a tenant whose quota cannot hold one more image (the inference endpoints,
-  `REFUSED_EARLY`) or whose registrations per minute are spent (`put_bot`) is refused here,
-  before its body is read (`Tenancy.refuse_early`);
+  `REFUSED_EARLY`) beside its requests already past this point and not yet charged, or whose
+  registrations per minute are spent so (`put_bot`), is refused here, before its body is read;
+  else the request holds its claim on the bucket until it is charged (`Tenancy.refuse_early`,
+  `Quotas.claim`);
 - admission (`service.core.admission`): the bytes the request holds in the process's in-flight
   budget (`Service.inflight`), under its caller's tenant (`tenant_of`: its share of the
   budget), until its answer is built (a body's declared length, a gRPC
@@ -40,6 +42,7 @@ What differs between transports is only how an answer is rendered and sent: the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -216,17 +219,18 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
     tenant = tenant_of(caller)
     try:
         kind = REFUSED_EARLY.get(incoming.route)
-        if tenant and kind is not None:
-            try:
-                service.tenancy.refuse_early(tenant, kind)
-            except RateLimited as exc:
-                if kind == "images":
-                    service.metrics.observe_refusal(tenant, error_status(exc)[1])
-                raise
-        with Reservation(service.inflight, tenant) as held:
-            if admit is not None:
-                admit(held)
-            return await step(caller, held)
+        with contextlib.ExitStack() as claim:
+            if tenant and kind is not None:
+                try:
+                    claim.enter_context(service.tenancy.refuse_early(tenant, kind))
+                except RateLimited as exc:
+                    if kind == "images":
+                        service.metrics.observe_refusal(tenant, error_status(exc)[1])
+                    raise
+            with Reservation(service.inflight, tenant) as held:
+                if admit is not None:
+                    admit(held)
+                return await step(caller, held)
     except Exception as exc:  # a tenant's refusal: answered late (`RefusalPacer`)
         if tenant:
             status, code, _ = error_status(exc)

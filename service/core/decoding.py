@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from accounts.tenants import DEFAULT_TENANT
 from backbone.errors import ImageTooLarge, InvalidImage
-from backbone.preprocess import decode_cost, peek
+from backbone.preprocess import REFERENCE_DECODE_BYTES, decode_cost, peek
 from service.core.fair import TenantQueue
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,17 @@ def _lower_priority(nice: int) -> None:
 
 
 def cost_of(data: bytes, max_pixels: int) -> float:
-    """The decode cost of encoded image bytes, from their header (`decode_cost`); 1 when the
-    decode will refuse the image at once (no readable header, more than `max_pixels`)."""
+    """The cost of encoded image bytes, in reference images: their decode's from their header
+    (`decode_cost`; 1 when the decode will refuse the image at once: no readable header, more
+    than `max_pixels`), or their own size / REFERENCE_DECODE_BYTES when that is larger. Bytes
+    cost whether they decode or not (read, held, digested): a 10 MB body of padding costs 11,
+    as its 10 MB of pixels would; an image's encoded bytes are fewer than its decoded ones."""
     try:
         header = peek(data)
     except (InvalidImage, ImageTooLarge):
-        return 1.0
-    return decode_cost(header) if header.pixels <= max_pixels else 1.0
+        header = None
+    cost = decode_cost(header) if header is not None and header.pixels <= max_pixels else 1.0
+    return max(cost, len(data) / REFERENCE_DECODE_BYTES)
 
 
 @dataclass(eq=False)

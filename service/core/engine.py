@@ -486,7 +486,8 @@ class Engine:
         Admission before work, in order, all before any image is decoded:
         - the tenant's quota takes each cache miss's decode cost (`Quotas.take`; the cost,
           read from the image's header by `look`: `backbone.preprocess.decode_cost`, at
-          least 1 token, more for an image larger or deeper than 640 x 480 RGB 8-bit; a
+          least 1 token, more for an image larger or deeper than 640 x 480 RGB 8-bit, or
+          its encoded bytes / 640 x 480 x 3 when more: `decoding.cost_of`; a
           preprocessed array costs 1, a hit nothing); refused, RateLimited;
         - the request's one queue-room check: the rows' room is booked in the batcher
           (`Batcher.book`: the queue bound, the tenant's share), so a full queue refuses a

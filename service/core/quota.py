@@ -9,7 +9,8 @@ nothing is taken, so a client that waits that long (and is the tenant's only cli
 accepted.
 
 What costs tokens: an image's decoding, `backbone.preprocess.decode_cost` (1 for an image up
-to 640 x 480 RGB 8-bit, its decoded bytes / 640 x 480 x 3 beyond; `n` may be fractional). The
+to 640 x 480 RGB 8-bit, its decoded bytes / 640 x 480 x 3 beyond), or its encoded bytes /
+640 x 480 x 3 when they are more (`service.core.decoding.cost_of`; `n` may be fractional). The
 engine takes its cache misses' costs once a request's images are digested and their headers
 read, before any is decoded (a feature-cache hit costs nothing; one image scored by several
 bots costs once), and gives them back (`refund`) if the request is refused before
@@ -35,15 +36,29 @@ implies: a tenant whose traffic reaches only one of N processes gets rate / N (a
 put a load balancer that spreads every tenant's requests in front of them. A process that died
 is counted until its lease expires (10 s): the others' shares are then smaller, never larger.
 
+Before a request's body is read, `claim` refuses it when the bucket cannot hold one more image
+beside the tenant's requests already past that door and not yet charged: without counting them,
+every one of many concurrent requests would pass while the bucket held one token, each would
+have its body read, and all but the first would then be refused anyway (a tenant's 30 clients
+sending 10 MB bodies made the server read gigabytes a second that way). A claim ends when its
+request is charged (`take`, in the same task or one it started) or ends.
+
+    with quotas.claim("acme"):    # the request's head: or RateLimited
+        ...                       # its body read, its images digested
+        quotas.take("acme", 8)    # charged: the claim ends here
+
 Memory: one small bucket per tenant with a rate that called recently; a bucket
-that has refilled to its burst is dropped (a new one is the same).
+that has refilled to its burst is dropped (a new one is the same); a count of open claims per
+tenant that has any.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from service.core.errors import RateLimited
 
@@ -51,6 +66,19 @@ from service.core.errors import RateLimited
 Limits = Callable[[str], tuple[float | None, int | None]]
 
 _PRUNE_EVERY = 256  # calls between sweeps of full buckets
+
+
+class _Claim:
+    """One request's claim (`Quotas.claim`), open until it is charged or ends."""
+    __slots__ = ("quotas", "tenant", "open")
+
+    def __init__(self, quotas: Quotas, tenant: str) -> None:
+        self.quotas, self.tenant, self.open = quotas, tenant, True
+
+
+# The claim of the request running in this context (its task, and the tasks it started).
+_CLAIM: contextvars.ContextVar[_Claim | None] = contextvars.ContextVar("quota_claim",
+                                                                       default=None)
 
 
 # What a refusal raises: refuse(tenant, seconds until the bucket holds the request, the rate
@@ -99,6 +127,7 @@ class Quotas:
         self._clock = clock
         self._refuse = refuse or _over_quota
         self._buckets: dict[str, _Bucket] = {}
+        self._claims: dict[str, int] = {}  # open claims by tenant (only those with any)
         self._lock = threading.Lock()
         self._calls = 0
 
@@ -124,15 +153,54 @@ class Quotas:
 
     def take(self, tenant: str, n: float) -> None:
         """Takes `n` tokens if the bucket holds min(n, burst) now, else raises RateLimited
-        (taking nothing)."""
+        (taking nothing). Ends this context's claim of `tenant`, if any, either way."""
+        claim = _CLAIM.get()
+        if claim is not None and claim.quotas is self and claim.tenant == tenant:
+            self._end(claim)
         self._take(tenant, n, n)
 
     def check(self, tenant: str, n: float = 1.0) -> None:
-        """Raises what `take(tenant, n)` would raise now, taking nothing: a request refused
-        before its body is read when the bucket cannot hold even `n`."""
+        """Raises what `take(tenant, n)` would raise now, taking nothing."""
         self._take(tenant, n, 0.0)
 
-    def _take(self, tenant: str, n: float, taken: float) -> None:
+    @contextlib.contextmanager
+    def claim(self, tenant: str) -> Iterator[None]:
+        """A request's claim from its head until it is charged (`take` in this context) or
+        the block ends: raises what `take(tenant, 1)` would raise if the tenant's open claims
+        had taken one image each, taking nothing; else counts this one among them."""
+        if self.limits_of(tenant) is None:
+            yield
+            return
+        with self._lock:
+            pending = self._claims.get(tenant, 0)
+        self._take(tenant, 1.0, 0.0, pending)
+        claim = _Claim(self, tenant)
+        with self._lock:
+            self._claims[tenant] = self._claims.get(tenant, 0) + 1
+        token = _CLAIM.set(claim)
+        try:
+            yield
+        finally:
+            _CLAIM.reset(token)
+            self._end(claim)
+
+    def claimed(self, tenant: str) -> int:
+        """The tenant's open claims."""
+        with self._lock:
+            return self._claims.get(tenant, 0)
+
+    def _end(self, claim: _Claim) -> None:
+        with self._lock:
+            if not claim.open:
+                return
+            claim.open = False
+            left = self._claims.get(claim.tenant, 0) - 1
+            if left > 0:
+                self._claims[claim.tenant] = left
+            else:
+                self._claims.pop(claim.tenant, None)
+
+    def _take(self, tenant: str, n: float, taken: float, pending: int = 0) -> None:
         limits = self.limits_of(tenant)
         if limits is None:
             return
@@ -140,7 +208,7 @@ class Quotas:
         with self._lock:
             now = self._clock()
             bucket = self._bucket(tenant, rate, burst, now)
-            need = min(n, burst)
+            need = min(n, burst) + min(pending, burst)
             if bucket.tokens < need:
                 raise self._refuse(tenant, (need - bucket.tokens) / rate, rate)
             bucket.tokens -= taken

@@ -178,3 +178,71 @@ async def test_an_empty_bucket_refuses_before_the_body_is_read(world):
         assert (await head_only(world, "other_infer", "POST", f"/classify/{OTHER_BOT}"))[0] == 408
     finally:
         await set_limits(world, OWN, registrations_per_minute=None, rate=None, burst=None)
+
+
+async def _empty_then(world: World, burst: int) -> object:
+    """acme's bucket of `burst` images, full, that refills once a thousand seconds; the
+    service's quotas."""
+    quotas = world.server.app[SERVICE].tenancy.quotas
+    await set_limits(world, OWN, rate=1000.0, burst=burst)
+    await asyncio.sleep(0.01)
+    assert quotas.tokens(OWN) == burst  # refilled
+    await set_limits(world, OWN, rate=0.001, burst=burst)
+    return quotas
+
+
+async def test_requests_whose_bodies_are_being_read_hold_their_place_in_the_bucket(world):
+    """Two requests whose bodies are still arriving hold a bucket of two images: a third is
+    refused from its head (429), where it used to pass the head (the bucket then still held
+    two), have its body read, and be refused after it (a tenant's 30 concurrent clients made
+    the server read gigabytes a second of bodies refused anyway)."""
+    bot = world.fresh_bot(versions=1)
+    quotas = await _empty_then(world, burst=2)
+    try:
+        slow = [asyncio.ensure_future(head_only(world, "own_infer", "POST", f"/classify/{bot}"))
+                for _ in range(2)]
+        await until(lambda: quotas.claimed(OWN) == 2, what="two bodies awaited")
+        assert await head_only(world, "own_infer", "POST", f"/classify/{bot}") == (
+            429, "rate_limited")
+        assert [await s for s in slow] == [(408, "request_timeout")] * 2  # never sent
+        assert quotas.claimed(OWN) == 0 and quotas.tokens(OWN) == pytest.approx(2, abs=0.01)
+    finally:
+        await set_limits(world, OWN, rate=None, burst=None)
+
+
+async def test_the_rest_of_a_body_refused_before_it_was_read_is_not_read(world):
+    """A request refused from its head has its answer sent, then its connection closed: the
+    server does not read (and drop) the rest of its body, as aiohttp's lingering close did
+    for up to 10 s (a tenant sending 10 MB bodies had every byte of them read)."""
+    from urllib.parse import urlsplit
+
+    bot = world.fresh_bot(versions=1)
+    quotas = await _empty_then(world, burst=1)
+    quotas.take(OWN, 1)
+    length = world.server.app[SERVICE].settings.max_body_bytes
+    url = urlsplit(str(world.server.url))
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    sent = 0
+
+    async def send() -> None:
+        nonlocal sent
+        auth = world.headers["own_infer"]["Authorization"]
+        writer.write((f"POST /classify/{bot} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
+                      f"Content-Type: image/jpeg\r\nContent-Length: {length}\r\n\r\n").encode())
+        chunk = b"\0" * 65536
+        while sent < length:
+            writer.write(chunk)
+            await writer.drain()
+            sent += len(chunk)
+
+    try:
+        sending = asyncio.ensure_future(send())
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)).decode("latin-1")
+        assert head.startswith("HTTP/1.1 429"), head
+        done, _ = await asyncio.wait([sending], timeout=30)
+        assert done, "the server went on reading the body"
+        assert isinstance(sending.exception(), ConnectionError), sending.exception()
+        assert sent < length
+    finally:
+        writer.close()
+        await set_limits(world, OWN, rate=None, burst=None)

@@ -162,3 +162,13 @@ def test_cost_of_reads_the_header_and_charges_one_for_what_the_decode_refuses_at
     assert cost_of(png_header(6000, 6000, 16, 0), 40_000_000) == pytest.approx(234.375)
     assert cost_of(png_header(6000, 6000, 16, 0), 1000) == 1.0  # over the pixel limit
     assert cost_of(b"not an image", 1000) == 1.0
+
+
+def test_bytes_cost_when_there_are_more_of_them_than_of_pixels():
+    """Padding or garbage costs its size in reference images (640 x 480 x 3 bytes): a 10 MB
+    body costs 11.4, decodable or not; a JPEG's few bytes leave its decode cost."""
+    padded = encode(pattern(1, size=(64, 48))) + b"\0" * (10 * 1024 * 1024)
+    assert cost_of(padded, 40_000_000) == pytest.approx(len(padded) / (640 * 480 * 3))
+    assert cost_of(b"\xff\xd8" + b"\0" * (10 * 1024 * 1024), 1000) == pytest.approx(
+        (10 * 1024 * 1024 + 2) / (640 * 480 * 3))
+    assert cost_of(encode(pattern(1, size=(1280, 960))), 40_000_000) == 4.0

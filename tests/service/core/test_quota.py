@@ -51,6 +51,46 @@ def test_a_check_takes_nothing_and_refuses_what_a_take_of_one_would():
     q.check("free")  # no rate: never refused
 
 
+def test_claims_past_the_door_hold_an_image_each_until_charged():
+    """Requests past their heads (their bodies being read) hold one image each of the bucket:
+    with 2 tokens, a third claim is refused before its body would be read, taking nothing. A
+    claim charged by `take` in its context stops holding; one that ends uncharged gives its
+    place back."""
+    clock = FakeClock()
+    q = quotas({"t": (1.0, 2)}, clock=clock)
+    first, second = q.claim("t"), q.claim("t")
+    first.__enter__()
+    second.__enter__()
+    assert q.claimed("t") == 2 and q.tokens("t") == 2  # claimed, nothing taken
+    with pytest.raises(RateLimited) as refused, q.claim("t"):
+        pass
+    assert refused.value.retry_after_s == pytest.approx(1.0)  # 3 needed, 2 held, 1 a second
+    assert q.claimed("t") == 2
+    q.take("t", 1)  # the innermost claim's request is charged: it holds no more
+    assert q.claimed("t") == 1 and q.tokens("t") == 1
+    second.__exit__(None, None, None)
+    assert q.claimed("t") == 1
+    with pytest.raises(RateLimited), q.claim("t"):  # 1 token, held by the first claim
+        pass
+    first.__exit__(None, None, None)  # ends uncharged: its place is given back
+    assert q.claimed("t") == 0
+    with q.claim("t"):
+        pass
+    with q.claim("free"):  # no rate: never refused, nothing counted
+        assert q.claimed("free") == 0
+
+
+async def test_a_claim_is_charged_by_a_take_in_a_task_its_request_started():
+    import asyncio
+
+    q = quotas({"t": (1.0, 1)})
+    with q.claim("t"):
+        await asyncio.create_task(asyncio.sleep(0, q.take("t", 1)))
+        assert q.claimed("t") == 0
+        with pytest.raises(RateLimited), q.claim("t"):
+            pass
+
+
 def test_a_refusal_takes_nothing_and_its_retry_after_is_enough():
     clock = FakeClock()
     q = quotas({"t": (3.0, 10)}, clock=clock)
