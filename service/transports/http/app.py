@@ -337,6 +337,8 @@ def run_app(settings: Settings, listeners: Sequence[ListenerFactory] = ()) -> No
     """Serves until SIGTERM/SIGINT, then shuts down gracefully: stop accepting, drain, close."""
     # NOTE: access_log=None: the access lines are service.core.logs' (every protocol alike,
     # --no-access-log), not aiohttp's.
-    web.run_app(create_app(settings, listeners=listeners), host=settings.host, port=settings.port,
+    app = create_app(settings, listeners=listeners)
+    app[SERVICE].freeze_gc_when_ready = True  # the process's one service
+    web.run_app(app, host=settings.host, port=settings.port,
                 shutdown_timeout=settings.request_timeout_s, **server_options(settings),
                 access_log=None, print=lambda msg: log.info(msg.strip()))

@@ -2,6 +2,7 @@
 `Trimmer` runs malloc_trim at most once per interval (fake clock, timers run inline)."""
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -131,10 +132,21 @@ async def test_a_service_gives_back_its_build_garbage_once_ready_and_trims_after
     await service.start()
     assert await service.wait_ready()
     assert asked == ["ready"]  # once, when ready
+    assert gc.get_freeze_count() == 0  # only `multihead serve` freezes (one service a process)
     service.inflight.reserve(100 * MB)
     service.inflight.release(100 * MB)
     assert asked == ["ready", "ready"]  # after a burst
     await service.close()
     fresh = Service(make_settings(tmp_path))  # as built: one real Trimmer for both
+    frozen = Service(make_settings(tmp_path), trunk=FakeTrunk())
+    frozen.trimmer = lambda: None
+    frozen.freeze_gc_when_ready = True  # as run_app sets it
+    try:
+        await frozen.start()
+        assert await frozen.wait_ready()
+        assert gc.get_freeze_count() > 0  # what was alive once ready: out of gen 2's scans
+    finally:
+        gc.unfreeze()
+        await frozen.close()
     assert isinstance(fresh.trimmer, memory.Trimmer)
     assert fresh.inflight._on_burst_end is fresh.trimmer  # noqa: SLF001
