@@ -42,6 +42,8 @@ REPEATS = 3
 # Bump when what a profile file holds, or how it is measured, changes: old files are re-measured.
 FORMAT = 1
 FILE_PREFIX = "batch-profile-"
+# The working batch size is the smallest within this fraction of the best images/s.
+WORKING_TOLERANCE = 0.05
 
 
 def profile_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -117,14 +119,24 @@ class BatchProfile:
         """Images per second at batch `n` alone."""
         return n / self.seconds_at(n)
 
+    def working_size(self, tolerance: float = WORKING_TOLERANCE) -> int:
+        """The smallest measured batch size whose images/s is within `tolerance` (a fraction)
+        of the best measured: a longer batch buys less than that, and costs every waiting
+        request its length (issue 32)."""
+        rates = {n: self.images_per_s(n) for n in self.sizes}
+        best = max(rates.values())
+        return min(n for n, rate in rates.items() if rate >= (1.0 - tolerance) * best)
+
     def covers(self, sizes) -> bool:
         """Whether every size of `sizes` was measured."""
         return set(sizes) <= set(self.seconds)
 
     def report(self) -> dict:
-        """For the full /readyz: {"batch_ms": {"1": ms, ...}, "source", "measured_at",
-        "repeats", "measure_s"}."""
+        """For the full /readyz: {"batch_ms": {"1": ms, ...}, "images_per_s": {"1": ...},
+        "working_batch_size", "source", "measured_at", "repeats", "measure_s"}."""
         return {"batch_ms": {str(n): round(s * 1e3, 3) for n, s in self.seconds.items()},
+                "images_per_s": {str(n): round(self.images_per_s(n), 2) for n in self.sizes},
+                "working_batch_size": self.working_size(),
                 "source": self.source, "measured_at": self.measured_at,
                 "repeats": self.repeats, "measure_s": round(self.took_s, 3)}
 
@@ -320,5 +332,6 @@ def profile_trunk(trunk, *, max_batch_size: int, cache_dir: str | os.PathLike | 
     return profile
 
 
-__all__ = ["BatchProfile", "CACHED", "MEASURED", "ProfileCache", "REPEATS", "identity",
+__all__ = ["BatchProfile", "CACHED", "MEASURED", "ProfileCache", "REPEATS", "WORKING_TOLERANCE",
+           "identity",
            "key_of", "measure", "profile_sizes", "profile_trunk"]

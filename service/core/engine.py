@@ -297,7 +297,8 @@ class Engine:
                  weight: Callable[[str], float] = lambda tenant: 1.0,
                  max_queued: Callable[[str], int | None] = lambda tenant: None,
                  tracing: Tracing | None = None,
-                 candidate_stats: CandidateStats | None = None):
+                 candidate_stats: CandidateStats | None = None,
+                 batch_size: int | None = None):
         self.trunk = trunk
         self.tracing = tracing
         self.settings = settings
@@ -320,7 +321,7 @@ class Engine:
         # being decoded into the next one (`service.core.cores`).
         self.cores = Cores(settings.own_cores and bool(getattr(trunk, "owns_cores", False)),
                            on_wait=metrics.decode_wait_seconds.inc)
-        self.batcher = Batcher(self.run_batch, max_batch_size=settings.max_batch_size,
+        self.batcher = Batcher(self.run_batch, max_batch_size=batch_size or settings.max_batch_size,
                                max_wait_ms=settings.max_wait_ms,
                                max_queue_rows=settings.max_queue_rows,
                                policy=settings.batch_policy, on_batch=metrics.observe_batch,

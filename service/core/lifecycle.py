@@ -384,8 +384,18 @@ class Lifecycle:
         start = time.perf_counter()
         self.batch_profile = await loop.run_in_executor(None, self._warm_up, trunk)
         readiness.timings["warmup_s"] = time.perf_counter() - start
-        self.engine = self._engine_for(trunk)
+        self.engine = self._engine_for(trunk, self.batch_size())
+        self._metrics.set_batch_size(self.engine.batcher.max_batch_size)
         await self.engine.batcher.start()
+
+    def batch_size(self) -> int:
+        """The batcher's batch size: the profile's working size (`BatchProfile.working_size`),
+        at most --max-batch-size; --max-batch-size without a profile or with
+        --no-batch-from-profile."""
+        settings = self._settings
+        if settings.batch_from_profile and self.batch_profile is not None:
+            return min(settings.max_batch_size, self.batch_profile.working_size())
+        return settings.max_batch_size
 
     def _warm_up(self, trunk) -> BatchProfile | None:
         """Warms the trunk up and returns its batch profile: the saved one (then the usual
@@ -465,6 +475,8 @@ class Lifecycle:
                     info["gate"] = gate_figures(choice.gate)
         if self.batch_profile is not None:
             info["profile"] = self.batch_profile.report()
+        if self.engine is not None:
+            info["batch_size"] = self.engine.batcher.max_batch_size
         in_server = self._metrics.trunk_in_server()
         if in_server:
             info["in_server"] = {

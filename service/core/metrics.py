@@ -137,7 +137,8 @@ class Metrics:
         queue_wait_seconds, trunk_seconds, trunk_batch_seconds_total{batch_size},
         trunk_batches_total{batch_size} (both from `observe_trunk`),
         trunk_alone_seconds{batch_size} (set from `bind_trunk_profile` at each `render`),
-        heads_seconds, batch_size, batch_bots, queue_depth,
+        batch_size_working (the batcher's batch size: `set_batch_size`), heads_seconds,
+        batch_size, batch_bots, queue_depth,
         resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
         bot_int8_agreement{bot} (set from `bind_int8_agreement` at each `render`),
         feature_cache_hits_total,
@@ -202,6 +203,11 @@ class Metrics:
             "`bind_trunk_profile` at each scrape)", ["batch_size"], namespace=ns, registry=r,
         )
         self._trunk_profile: Callable[[], Mapping[int, float] | None] | None = None
+        self.batch_size_working = Gauge(
+            "batch_size_working", "most images the batcher puts in one trunk batch: the "
+            "smallest size of the trunk's profile within 5 % of its best images/s, at most "
+            "--max-batch-size", namespace=ns, registry=r,
+        )
         self._trunk_by_size: dict[int, list[float]] = {}  # size -> [batches, seconds]
         self.heads_seconds = Histogram(
             "heads_seconds", "time applying the heads (all bots) per batch",
@@ -489,6 +495,9 @@ class Metrics:
     def bind_pinned_heads(self, read: Callable[[], float]) -> None:
         """Read the number of resident pinned heads at scrape time."""
         self.pinned_heads.set_function(read)
+
+    def set_batch_size(self, size: int) -> None:
+        self.batch_size_working.set(size)
 
     def set_preloaded_heads(self, count: int) -> None:
         self.preloaded_heads.set(count)

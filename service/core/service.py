@@ -100,10 +100,11 @@ class Service:
         self.pacer = RefusalPacer()  # a tenant's rate refusals answered late
         self.bots = Bots(self.store, pinned, threads, candidate_stats)
 
-        def engine_for(trunk) -> Engine:
+        def engine_for(trunk, batch_size: int | None = None) -> Engine:
             return Engine(trunk, settings, self.metrics, quotas=self.tenancy.quotas,
                           weight=self.tenancy.weight, max_queued=self.tenancy.max_queued,
-                          tracing=self.tracing, candidate_stats=candidate_stats)
+                          tracing=self.tracing, candidate_stats=candidate_stats,
+                          batch_size=batch_size)
 
         # Each bot's agreement with the INT8 trunk: judged at the bring-up, shown per bot.
         self.lifecycle = Lifecycle(settings, self.store, self.metrics, threads,

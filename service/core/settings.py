@@ -173,6 +173,12 @@ class Settings:
     runtime: str = setting("auto", runtime_help(), choices=RUNTIME_CHOICES)
     max_batch_size: int = setting(
         16, "most images in one trunk batch (any mix of bots)", at_least=1)
+    batch_from_profile: bool = setting(
+        True,
+        "the batcher's batch size is the smallest of the trunk's measured batch profile within "
+        "5 % of its best images/s, at most --max-batch-size (a longer batch buys less than "
+        "that and costs every waiting request its length); off, or without a profile "
+        "(--no-warmup and none saved, a trunk given): --max-batch-size")
     max_wait_ms: float = setting(
         5.0, "longest a batch waits for more images after its first one, in ms", at_least=0)
     max_queue_rows: int = setting(

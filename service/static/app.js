@@ -160,6 +160,16 @@ async function showTrunk() {
     // batch size it ran most; refreshed while the page is open.
     const speed = trunkSpeed(body.trunk);
     if (speed) node.textContent += ` · ${speed}`;
+    // The batcher's batch size: the profile's smallest within 5 % of its best images/s.
+    if (body.trunk.batch_size) {
+      node.textContent += ` · batches ≤ ${body.trunk.batch_size}`;
+      const rates = body.trunk.profile && body.trunk.profile.images_per_s;
+      if (rates) {
+        const shown = Object.entries(rates).map(([n, r]) => `${n}: ${r.toFixed(0)}/s`).join(", ");
+        node.title += `${node.title ? "\n" : ""}batch size ${body.trunk.batch_size} ` +
+          `(the smallest within 5 % of the best images/s alone: ${shown})`;
+      }
+    }
     setTimeout(showTrunk, 10000);
   } else if (body.status === "failed") {
     node.textContent = `Trunk failed: ${body.error || "unknown error"}`;

@@ -113,9 +113,22 @@ def test_measure_runs_the_same_batch_each_time():
 def test_report_is_milliseconds_by_size_with_its_source():
     p = BatchProfile({1: 0.0312345, 16: 0.5}, repeats=3, measured_at="2026-12-02T10:00:00Z",
                      took_s=2.5)
-    assert p.report() == {"batch_ms": {"1": 31.234, "16": 500.0}, "source": "measured",
-                          "measured_at": "2026-12-02T10:00:00Z", "repeats": 3,
-                          "measure_s": 2.5}
+    assert p.report() == {"batch_ms": {"1": 31.234, "16": 500.0},
+                          "images_per_s": {"1": 32.02, "16": 32.0}, "working_batch_size": 1,
+                          "source": "measured", "measured_at": "2026-12-02T10:00:00Z",
+                          "repeats": 3, "measure_s": 2.5}
+
+
+@pytest.mark.parametrize(("seconds", "working"), [
+    ({1: 0.0197, 2: 0.0333, 4: 0.0601, 8: 0.1108, 16: 0.2275}, 8),  # OpenVINO bf16, AMX
+    ({1: 0.0290, 2: 0.0458, 4: 0.1034, 8: 0.2176, 16: 0.9439}, 2),  # TF fp32 under load
+    ({1: 0.01, 2: 0.02, 4: 0.04}, 1),  # nothing gained: the shortest
+    ({4: 0.04, 8: 0.0762}, 4),  # 100 vs 105.0 images/s: within 5 %
+    ({4: 0.04, 8: 0.0757}, 8),  # 100 vs 105.7: not
+    ({4: 0.04, 8: 0.0843}, 4),  # the longer is slower
+])
+def test_the_working_size_is_the_smallest_within_5_percent_of_the_best(seconds, working):
+    assert BatchProfile(seconds).working_size() == working
 
 
 # -- kept next to the graph cache ----------------------------------------------------------------

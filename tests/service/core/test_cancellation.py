@@ -223,8 +223,14 @@ def test_the_served_app_cancels_handlers_of_clients_that_left(monkeypatch, cance
     """`run_app` (what `multihead serve` runs) makes aiohttp cancel a handler whose client
     disconnected, as the servers of the tests above do (aiohttp's default does not), unless
     `--no-cancel-on-disconnect`."""
+    import types
+
     seen = {}
+    service = types.SimpleNamespace(freeze_gc_when_ready=False)
     monkeypatch.setattr(http_app.web, "run_app", lambda app, **kwargs: seen.update(kwargs))
-    monkeypatch.setattr(http_app, "create_app", lambda settings, listeners: None)
+    monkeypatch.setattr(http_app, "create_app",
+                        lambda settings, listeners: {http_app.SERVICE: service})
     http_app.run_app(http_app.Settings(warmup=False, auth="none", cancel_on_disconnect=cancel))
     assert seen["handler_cancellation"] is cancel
+    assert seen["lingering_time"] == 0  # a body refused unread is not read after its answer
+    assert service.freeze_gc_when_ready  # the process's one service: gc.freeze once ready

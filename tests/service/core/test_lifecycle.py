@@ -55,8 +55,10 @@ def fake_checkpoint(tmp_path) -> str:
 
 
 def settings_for(tmp_path, **overrides) -> Settings:
+    # The fake runtime's time is about proportional to the batch: its working batch size
+    # would be any; only the test of it takes it from the profile.
     values = dict(store=str(tmp_path / "store"), auth="none", max_wait_ms=5.0, warmup=True,
-                  max_batch_size=4)
+                  max_batch_size=4, batch_from_profile=False)
     values.update(overrides)
     return Settings(**values)
 
@@ -103,6 +105,40 @@ async def test_the_profile_is_measured_once_then_loaded(aiohttp_client, tmp_path
     assert service.batch_profile.seconds == first.seconds
     assert body["trunk"]["profile"]["source"] == "cached"
     assert body["trunk"]["profile"]["measured_at"] == first.measured_at
+    await client.close()
+
+
+async def test_the_batch_size_is_the_smallest_within_5_percent_of_the_profiles_best(
+        aiohttp_client, tmp_path, fake_runtime, fake_checkpoint):
+    """The batcher's batch size is the profile's working size (issue 32): the smallest size
+    within 5 % of the best images/s, at most --max-batch-size; shown in the full /readyz and
+    /metrics. --no-batch-from-profile keeps --max-batch-size."""
+    settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint,
+                            batch_from_profile=True)
+    client, service, body = await ready(aiohttp_client, settings)
+    (saved,) = profiles(fake_checkpoint)
+    data = json.loads(saved.read_text())
+    for seconds, working in (({"1": 0.010, "2": 0.012, "4": 0.040}, 2),   # 100, 167, 100 /s
+                             ({"1": 0.010, "2": 0.0189, "4": 0.036}, 2),  # 100, 105.8, 111 /s
+                             ({"1": 0.010, "2": 0.040, "4": 0.080}, 1),   # 100, 50, 50 /s
+                             ({"1": 0.040, "2": 0.040, "4": 0.040}, 4)):  # 25, 50, 100 /s
+        saved.write_text(json.dumps({**data, "seconds": seconds}))
+        client, service, body = await restart(aiohttp_client, client, settings)
+        assert service.batch_profile.source == "cached"
+        assert service.engine.batcher.max_batch_size == working, seconds
+        assert body["trunk"]["batch_size"] == working
+        assert body["trunk"]["profile"]["working_batch_size"] == working
+        text = await (await client.get("/metrics")).text()
+        assert prometheus.value(text, "multihead_batch_size_working") == working
+    client, service, body = await restart(
+        aiohttp_client, client, settings_for(tmp_path, runtime="fake",
+                                             trunk_checkpoint=fake_checkpoint))
+    assert service.engine.batcher.max_batch_size == 4 and body["trunk"]["batch_size"] == 4
+    client, service, body = await restart(
+        aiohttp_client, client, settings_for(tmp_path, runtime="fake", max_batch_size=2,
+                                             trunk_checkpoint=fake_checkpoint,
+                                             batch_from_profile=True))
+    assert service.engine.batcher.max_batch_size == 2  # the last profile says 4: capped
     await client.close()
 
 

@@ -264,6 +264,8 @@ async def test_the_trunk_line_shows_its_time_per_batch_in_the_server(browser, sh
     here = (await (await client.get("/readyz")).json())["trunk"]["in_server"]
     size = max(here["batches"], key=lambda n: (here["batches"][n], -int(n)))
     assert f"batch {size}: {here['batch_ms'][size]:.0f} ms here" in text, text
+    batch_size = (await (await client.get("/readyz")).json())["trunk"]["batch_size"]
+    assert f"batches ≤ {batch_size}" in text, text
 
 
 async def test_several_bots_by_drag_and_drop_match_the_api(browser, shared_client):
