@@ -48,6 +48,7 @@ from service.codecs.oip_tensors import (
     ARRAY_INPUT,
     ARRAY_SHAPE,
     BYTES_INPUT,
+    DEADLINE_PARAMETER,
     HEADER_LENGTH,
     OUTPUT,
     SHAPE_TEXT,
@@ -57,8 +58,10 @@ from service.codecs.oip_tensors import (
     infer_result,
     parse_infer_request,
 )
+from service.core import deadlines
 from service.core.auth import INFER, PUBLIC
 from service.core.candidates import MAX_ROUTE_KEY_CHARS, ROUTE_KEY_PARAMETER
+from service.core.deadlines import MAX_MS as MAX_DEADLINE_MS
 from service.core.errors import HeadUnavailable, NotReady
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,7 +101,10 @@ class ModelMetadata:
 
 async def infer_call(service: Caller, head: Head, request: InferRequest) -> InferResult:
     """The inference: every image of `request` under `head` (from `model_head`), or under its
-    bot's canary candidate for the requests the canary answers."""
+    bot's canary candidate for the requests the canary answers; by its `deadline_ms`
+    parameter if sooner than the request's deadline (`service.core.deadlines`)."""
+    if request.deadline_ms is not None:
+        deadlines.tighten(request.deadline_ms)
     predictions = await classify_with(service, head, request.images, top_k=1,
                                       route_key=request.route_key)
     return infer_result(head, request, predictions)
@@ -201,7 +207,14 @@ INFER_REQUEST_SCHEMA = {
                                   "description": "the routing key of a bot's canary: the "
                                                  "same key, the same version (default: the "
                                                  "X-Multihead-Route-Key header, else the "
-                                                 "first image's digest)"}}},
+                                                 "first image's digest)"},
+            DEADLINE_PARAMETER: {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                                 "maximum": MAX_DEADLINE_MS,
+                                 "description": "the request's deadline in ms from now (the "
+                                                "sooner of it and X-Multihead-Deadline-Ms): "
+                                                "504 deadline_unmeetable at once when its "
+                                                "images cannot run in time, "
+                                                "deadline_exceeded when it passes"}}},
         "inputs": {
             "type": "array", "minItems": 1, "maxItems": 1,
             "description": f"one input: {BYTES_INPUT!r} BYTES [N] (encoded images, base64 in "

@@ -33,9 +33,13 @@ import numpy as np
 from backbone.spec import INPUT
 from heads import Head, top_indices
 from service.codecs.common import b64decode, float_array, is_number, parse_json_object
+from service.core import deadlines
 from service.core.candidates import MAX_ROUTE_KEY_CHARS, ROUTE_KEY_PARAMETER
 from service.core.engine import Images, Prediction
 from service.core.errors import BadRequest
+
+# An inference request's parameter (REST and gRPC): its deadline, in ms from now.
+DEADLINE_PARAMETER = "deadline_ms"
 
 BYTES_INPUT = "image_bytes"  # BYTES [N]: encoded images (JPEG, PNG, ...)
 ARRAY_INPUT = "images"  # FP32 [N, 299, 299, 3] in [-1, 1]
@@ -64,6 +68,7 @@ class InferRequest:
     images: Images
     outputs: tuple[OutputRequest, ...]
     route_key: str | None = None
+    deadline_ms: float | None = None  # its `deadline_ms` parameter (`deadline_parameter`)
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,17 @@ def route_key_parameter(params: dict) -> str | None:
         raise BadRequest(f"the '{ROUTE_KEY_PARAMETER}' parameter must be a string of at most "
                          f"{MAX_ROUTE_KEY_CHARS} characters")
     return value
+
+
+def deadline_parameter(params: dict) -> float | None:
+    """The request's `deadline_ms` parameter, or None. The codec that runs the request
+    tightens the request's deadline with it (`service.core.deadlines.tighten`, in the
+    request's task: a parse may run in a thread). Raises InvalidDeadline (400
+    invalid_deadline) when it is not a number of ms in range."""
+    value = params.get(DEADLINE_PARAMETER)
+    if value is None:
+        return None
+    return deadlines.parse_ms(value, f"parameters.{DEADLINE_PARAMETER}")
 
 
 def _flatten(data: Any) -> list:
@@ -297,6 +313,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     if not isinstance(binary_default, bool):
         raise BadRequest("binary_data_output must be true or false")
     key = route_key_parameter(params)
+    deadline_ms = deadline_parameter(params)
     inputs = obj.get("inputs")
     check_one_input(len(inputs) if isinstance(inputs, list) else None)
     tensor, used = _json_input(inputs[0], binary, 0)
@@ -307,7 +324,8 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
 
     wanted = obj.get("outputs")
     if wanted is None:
-        return InferRequest(request_id, images, (OutputRequest(binary_default, None),), key)
+        return InferRequest(request_id, images, (OutputRequest(binary_default, None),), key,
+                            deadline_ms)
     if not isinstance(wanted, list) or not wanted:
         raise BadRequest("'outputs' must be a non-empty list when given")
     outputs = []
@@ -317,7 +335,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         name = spec.get("name")
         params = _parameters(spec, f"output {OUTPUT!r}") if name == OUTPUT else {}
         outputs.append(output_request(name, params, binary_default))
-    return InferRequest(request_id, images, tuple(outputs), key)
+    return InferRequest(request_id, images, tuple(outputs), key, deadline_ms)
 
 
 def _serialize_bytes(elements: list[bytes]) -> bytes:

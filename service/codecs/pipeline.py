@@ -13,6 +13,8 @@
   registrations per minute are spent so (`put_bot`), is refused here, before its body is read;
   else the request holds its claim on the bucket until it is charged (`Tenancy.refuse_early`,
   `Quotas.claim`);
+- deadline: the request's `X-Multihead-Deadline-Ms` header (or metadata), once its caller is
+  known (`service.core.deadlines`: 400 invalid_deadline when malformed), kept for the step;
 - admission (`service.core.admission`): the bytes the request holds in the process's in-flight
   budget (`Service.inflight`), under its caller's tenant (`tenant_of`: its share of the
   budget), until its answer is built (a body's declared length, a gRPC
@@ -48,7 +50,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from service.core import logs
+from service.core import deadlines, logs
 from service.core.admission import Reservation, refusal_pace_s
 from service.core.candidates import ROUTE_KEY_METADATA
 from service.core.errors import (
@@ -218,6 +220,7 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
     caller = None if access is None else caller_of(service, access, incoming.headers)
     tenant = tenant_of(caller)
     try:
+        deadline = deadlines.from_headers(incoming.headers) if caller is not None else None
         kind = REFUSED_EARLY.get(incoming.route)
         with contextlib.ExitStack() as claim:
             if tenant and kind is not None:
@@ -227,7 +230,7 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
                     if kind == "images":
                         service.metrics.observe_refusal(tenant, error_status(exc)[1])
                     raise
-            with Reservation(service.inflight, tenant) as held:
+            with Reservation(service.inflight, tenant) as held, deadlines.scope(deadline):
                 if admit is not None:
                     admit(held)
                 return await step(caller, held)

@@ -248,6 +248,10 @@ class Batcher:
             raise ShuttingDown("the service is shutting down and accepts no new requests")
         return self._room.book(n, tenant)
 
+    def queued_rows(self, tenant: str) -> int:
+        """`tenant`'s rows in the queue now."""
+        return self._queue.rows.get(tenant, 0)
+
     def poke(self) -> None:
         """Re-evaluate the waiting batch now (e.g. a clock moved, or rows booked will not
         come). Safe to call from the event loop at any time."""

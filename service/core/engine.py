@@ -20,7 +20,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,11 +40,14 @@ from service.core.cores import Cores
 from service.core.decoding import HEAVY_DECODE_COST, FairDecodePool, cost_of, in_heavy_lane
 from service.core.errors import (
     BadRequest,
+    DeadlineExceeded,
+    DeadlineUnmeetable,
     Overloaded,
     PayloadTooLarge,
     ShuttingDown,
     error_status,
 )
+from service.core.feature_cache import FeatureCache, cache_key
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.rows import Row
@@ -114,50 +116,6 @@ def check_image_count(n_images: int, limit: int) -> None:
         raise BadRequest("no image in the request")
     if n_images > limit:
         raise PayloadTooLarge(f"more than {limit} images in one request")
-
-
-def cache_key(digest: bytes, tenant: str, scope: str) -> bytes:
-    """The feature-cache key of an image's digest for a request charged to `tenant`: with the
-    scope "tenant", a hash of the digest keyed by the tenant, so that one tenant never hits
-    (and, by the hit's speed or `Server-Timing`, learns of) an image another tenant sent;
-    with "shared", the digest itself (every tenant hits every other's images)."""
-    if scope == "shared":
-        return digest
-    key = tenant.encode()
-    if len(key) > 64:  # blake2b's longest key; tenant names have at most 64 characters
-        key = hashlib.blake2b(key).digest()
-    return hashlib.blake2b(digest, digest_size=20, key=key).digest()
-
-
-class FeatureCache:
-    """Bounded LRU of trunk features keyed by a digest of the image bytes (`cache_key`: per
-    tenant unless the cache is shared). Thread-safe."""
-
-    def __init__(self, max_entries: int):
-        self._max = max_entries
-        self._data: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: bytes) -> np.ndarray | None:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key: bytes, value: np.ndarray) -> None:
-        if self._max <= 0:
-            return
-        value = np.array(value, np.float32)  # own copy: never a view of the batch array
-        value.setflags(write=False)
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self._max:
-                self._data.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 # How `score` reports a candidate's scoring: (live head, its route, the comparison or None if
@@ -290,6 +248,9 @@ class Engine:
         weight, max_queued: a tenant's weight and own cap on queued images, for the batcher
             (default: 1 and none).
         tracing: the spans of each request (`service.core.tracing`); None: tracing is off.
+        batch_size: the batcher's batch size (default: `settings.max_batch_size`).
+        batch_seconds: the trunk's time per batch alone by batch size (its profile's
+            `seconds_at`), for admission by deadline (`least_seconds`); None: none.
     """
 
     def __init__(self, trunk, settings: Settings, metrics: Metrics, *,
@@ -298,7 +259,8 @@ class Engine:
                  max_queued: Callable[[str], int | None] = lambda tenant: None,
                  tracing: Tracing | None = None,
                  candidate_stats: CandidateStats | None = None,
-                 batch_size: int | None = None):
+                 batch_size: int | None = None,
+                 batch_seconds: Callable[[int], float] | None = None):
         self.trunk = trunk
         self.tracing = tracing
         self.settings = settings
@@ -321,6 +283,7 @@ class Engine:
         # being decoded into the next one (`service.core.cores`).
         self.cores = Cores(settings.own_cores and bool(getattr(trunk, "owns_cores", False)),
                            on_wait=metrics.decode_wait_seconds.inc)
+        self.batch_seconds = batch_seconds
         self.batcher = Batcher(self.run_batch, max_batch_size=batch_size or settings.max_batch_size,
                                max_wait_ms=settings.max_wait_ms,
                                max_queue_rows=settings.max_queue_rows,
@@ -485,6 +448,10 @@ class Engine:
         for the misses); raises the first failed row's error.
 
         Admission before work, in order, all before any image is decoded:
+        - the deadline (with a batch profile, `batch_seconds`): the rows, after the tenant's
+          rows already queued, must be able to run before `deadline` in batches of the
+          batcher's size at the profile's times alone, else DeadlineUnmeetable (a lower
+          bound: nothing with time left is refused);
         - the tenant's quota takes each cache miss's decode cost (`Quotas.take`; the cost,
           read from the image's header by `look`: `backbone.preprocess.decode_cost`, at
           least 1 token, more for an image larger or deeper than 640 x 480 RGB 8-bit, or
@@ -505,6 +472,9 @@ class Engine:
         """
         if self.batcher.closing:  # refused before any work, even a digest
             raise ShuttingDown("the service is shutting down and accepts no new requests")
+        if deadline is not None and deadline <= time.monotonic():  # even a cached answer
+            self.metrics.observe_refusal(tenant, "deadline_exceeded")
+            raise DeadlineExceeded("the request's deadline passed before its images were read")
         loop = asyncio.get_running_loop()
         looked = await asyncio.gather(*(loop.run_in_executor(self.light_pool, look, x, tenant)
                                         for x in inputs))
@@ -527,7 +497,7 @@ class Engine:
             with trace.span(self.tracing, trace.ADMISSION,
                             {trace.TENANT: tenant, trace.IMAGES: len(misses)}):
                 cost = [looked[i].cost for i in misses]
-                booking = self._admit(tenant, sum(cost), len(inputs))
+                booking = self._admit(tenant, sum(cost), len(inputs), deadline)
             # Tokens to give back if the request fails: all of them until decoding starts,
             # then those of the images never decoded; a decoded image stays charged.
             due = sum(cost)
@@ -564,21 +534,33 @@ class Engine:
                         costs=costs)
             except BaseException as exc:
                 self.quotas.refund(tenant, due)
-                if isinstance(exc, Overloaded):
+                if isinstance(exc, (Overloaded, DeadlineExceeded)):
                     self.metrics.observe_refusal(tenant, error_status(exc)[1])
                 raise
         for result in results:
             if isinstance(result, Exception):
+                if isinstance(result, DeadlineExceeded):  # dropped unrun: counted per tenant
+                    self.metrics.observe_refusal(tenant, error_status(result)[1])
                 raise result
         return results
 
-    def _admit(self, tenant: str, misses: float, rows: int) -> Booking:
-        """A request's admission: the tenant's quota takes its misses' decode costs, then the
-        queue room of its rows is booked (`Batcher.book`). A refusal is counted; when the
-        queue refuses, the tokens are given back (nothing was decoded)."""
+    def _admit(self, tenant: str, misses: float, rows: int,
+               deadline: float | None = None) -> Booking:
+        """A request's admission: its deadline (`least_seconds`), then the tenant's quota
+        takes its misses' decode costs, then the queue room of its rows is booked
+        (`Batcher.book`). A refusal is counted; when the queue refuses, the tokens are given
+        back (nothing was decoded)."""
         try:
+            if deadline is not None and self.batch_seconds is not None:
+                need = self.least_seconds(tenant, rows)
+                left = deadline - time.monotonic()
+                if need > left:
+                    raise DeadlineUnmeetable(
+                        f"the request's deadline is in {max(left, 0) * 1e3:.0f} ms; its "
+                        f"{rows} image(s) need at least {need * 1e3:.0f} ms of the trunk "
+                        f"(with its tenant's rows queued ahead of them)")
             self.quotas.take(tenant, misses)
-        except Overloaded as exc:
+        except (Overloaded, DeadlineExceeded) as exc:
             self.metrics.observe_refusal(tenant, error_status(exc)[1])
             raise
         try:
@@ -588,6 +570,17 @@ class Engine:
             if isinstance(exc, Overloaded):
                 self.metrics.observe_refusal(tenant, error_status(exc)[1])
             raise
+
+    def least_seconds(self, tenant: str, rows: int) -> float:
+        """The least time `rows` more rows of `tenant` need of the trunk: after the tenant's
+        rows already queued (FIFO within a tenant), in batches of the batcher's size, at the
+        profile's times alone (`batch_seconds`), as if nothing else ran. 0 without a
+        profile."""
+        if self.batch_seconds is None:
+            return 0.0
+        size = self.batcher.max_batch_size
+        full, part = divmod(self.batcher.queued_rows(tenant) + rows, size)
+        return full * self.batch_seconds(size) + (self.batch_seconds(part) if part else 0.0)
 
     def _observe_bots(self, heads: Sequence[Head], n: int) -> None:
         for head in heads:

@@ -112,6 +112,15 @@ class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its rows reached the trunk."""
 
 
+class DeadlineUnmeetable(DeadlineExceeded):
+    """The request's deadline is sooner than its rows could run even with nothing else of any
+    other tenant ahead of them (the trunk's batch profile): refused before any decode."""
+
+
+class InvalidDeadline(BadRequest):
+    """A deadline that is not a number of milliseconds in range (`service.core.deadlines`)."""
+
+
 class ShuttingDown(ServiceError):
     """The service is draining (SIGTERM / app cleanup) and accepts no new work."""
 
@@ -165,6 +174,8 @@ _TABLE: Mapping[str, tuple[int, str, str]] = {
     # A client too slow to send its request: the connection is closed after the answer.
     f"{__name__}.RequestTimeout": (408, "request_timeout", "DEADLINE_EXCEEDED"),
     f"{__name__}.DeadlineExceeded": (504, "deadline_exceeded", "DEADLINE_EXCEEDED"),
+    f"{__name__}.DeadlineUnmeetable": (504, "deadline_unmeetable", "DEADLINE_EXCEEDED"),
+    f"{__name__}.InvalidDeadline": (400, "invalid_deadline", "INVALID_ARGUMENT"),
     f"{__name__}.BatchError": (500, "internal", "INTERNAL"),
     # backbone (ImageTooLarge subclasses InvalidImage; the MRO walk finds it first)
     "backbone.errors.InvalidImage": (400, "invalid_image", "INVALID_ARGUMENT"),

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from accounts import Candidate
 from accounts.tenants import DEFAULT_TENANT
 from heads import Head, HeadLoadError
+from service.core import deadlines
 from service.core.candidates import CandidateStats
 from service.core.engine import Images, Prediction
 from service.core.errors import AnswerTooLarge
@@ -68,8 +69,9 @@ class Inference:
         self._candidate_stats = candidate_stats
 
     def deadline(self) -> float:
-        """When a request taken now times out (`time.monotonic` seconds)."""
-        return time.monotonic() + self._settings.request_timeout_s
+        """When a request taken now times out (`time.monotonic` seconds): after
+        `request_timeout_s`, or at its own deadline if sooner (`service.core.deadlines`)."""
+        return deadlines.earliest(time.monotonic() + self._settings.request_timeout_s)
 
     async def classify(self, images: Images, heads: Sequence[Head], *,
                        top_k: int, tenant: str = DEFAULT_TENANT,

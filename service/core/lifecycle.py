@@ -252,7 +252,8 @@ class Lifecycle:
         metrics: the metrics registry.
         threads: the service's executors (the lookup threads load the preloaded heads; shut
             down on close).
-        engine_for: builds the engine around the trunk once it is warm.
+        engine_for: builds the engine around the trunk once it is warm: engine_for(trunk,
+            batch size, the profile's seconds_at or None).
         on_ready: called once readiness says ready (gives the build's garbage back).
         trunk: an already-built trunk to use (tests, benchmark); it is then not closed here.
         own_store: whether `close()` closes the store.
@@ -262,7 +263,7 @@ class Lifecycle:
     """
 
     def __init__(self, settings: Settings, store: HeadStore, metrics: Metrics, threads: Threads,
-                 *, engine_for: Callable[[Any], Engine], on_ready: Callable[[], None],
+                 *, engine_for: Callable[..., Engine], on_ready: Callable[[], None],
                  trunk=None, own_store: bool = False, tracing: Tracing | None = None,
                  int8: Int8Agreement | None = None) -> None:
         self._settings = settings
@@ -384,7 +385,9 @@ class Lifecycle:
         start = time.perf_counter()
         self.batch_profile = await loop.run_in_executor(None, self._warm_up, trunk)
         readiness.timings["warmup_s"] = time.perf_counter() - start
-        self.engine = self._engine_for(trunk, self.batch_size())
+        self.engine = self._engine_for(
+            trunk, self.batch_size(),
+            self.batch_profile.seconds_at if self.batch_profile is not None else None)
         self._metrics.set_batch_size(self.engine.batcher.max_batch_size)
         await self.engine.batcher.start()
 

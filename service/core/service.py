@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from service.core import logs, memory
@@ -100,11 +101,12 @@ class Service:
         self.pacer = RefusalPacer()  # a tenant's rate refusals answered late
         self.bots = Bots(self.store, pinned, threads, candidate_stats)
 
-        def engine_for(trunk, batch_size: int | None = None) -> Engine:
+        def engine_for(trunk, batch_size: int | None = None,
+                       batch_seconds: Callable[[int], float] | None = None) -> Engine:
             return Engine(trunk, settings, self.metrics, quotas=self.tenancy.quotas,
                           weight=self.tenancy.weight, max_queued=self.tenancy.max_queued,
                           tracing=self.tracing, candidate_stats=candidate_stats,
-                          batch_size=batch_size)
+                          batch_size=batch_size, batch_seconds=batch_seconds)
 
         # Each bot's agreement with the INT8 trunk: judged at the bring-up, shown per bot.
         self.lifecycle = Lifecycle(settings, self.store, self.metrics, threads,

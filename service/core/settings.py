@@ -175,10 +175,9 @@ class Settings:
         16, "most images in one trunk batch (any mix of bots)", at_least=1)
     batch_from_profile: bool = setting(
         True,
-        "the batcher's batch size is the smallest of the trunk's measured batch profile within "
-        "5 % of its best images/s, at most --max-batch-size (a longer batch buys less than "
-        "that and costs every waiting request its length); off, or without a profile "
-        "(--no-warmup and none saved, a trunk given): --max-batch-size")
+        "the batch size is the smallest of the trunk's batch profile within 5 % of its best "
+        "images/s, at most --max-batch-size (a longer one costs every waiting request its "
+        "length for less); off, or without a profile: --max-batch-size")
     max_wait_ms: float = setting(
         5.0, "longest a batch waits for more images after its first one, in ms", at_least=0)
     max_queue_rows: int = setting(

@@ -64,6 +64,7 @@ from service.codecs import pipeline
 from service.codecs.base import error_answer
 from service.codecs.pipeline import Incoming
 from service.codecs.routes import ENDPOINTS
+from service.core import deadlines
 from service.core.admission import RETRY_AFTER_S, Reservation
 from service.core.errors import (
     CallShareExceeded,
@@ -100,9 +101,15 @@ def authorization(context: grpc.aio.ServicerContext) -> str | None:
 
 
 def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
-    """The call's text metadata (names lower-case, as gRPC sends them)."""
-    return {key: value for key, value in context.invocation_metadata() or ()
-            if isinstance(value, str)}
+    """The call's text metadata (names lower-case, as gRPC sends them). The call's own
+    deadline, when it has one, is given as `X-Multihead-Deadline-Ms` (the time it has left)
+    unless the client set that header itself (`service.core.deadlines`)."""
+    found = {key: value for key, value in context.invocation_metadata() or ()
+             if isinstance(value, str)}
+    remaining = context.time_remaining()
+    if remaining is not None and deadlines.HEADER not in found:
+        found[deadlines.HEADER] = f"{min(max(remaining * 1e3, 1e-3), deadlines.MAX_MS):.3f}"
+    return found
 
 
 # The full name of the RPC being run (/package.Service/Method): grpc tells only interceptors.

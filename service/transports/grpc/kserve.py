@@ -109,9 +109,10 @@ def infer_request(request: pb.ModelInferRequest) -> oip_tensors.InferRequest:
     outputs = tuple(oip_tensors.output_request(out.name, {**parameters(out.parameters),
                                                           "binary_data": True}, True)
                     for out in request.outputs) or (oip_tensors.OutputRequest(True, None),)
-    return oip_tensors.InferRequest(
-        request.id or None, images, outputs,
-        oip_tensors.route_key_parameter(parameters(request.parameters)))
+    given = parameters(request.parameters)
+    return oip_tensors.InferRequest(request.id or None, images, outputs,
+                                    oip_tensors.route_key_parameter(given),
+                                    oip_tensors.deadline_parameter(given))
 
 
 def infer_response(result: oip_tensors.InferResult) -> pb.ModelInferResponse:

@@ -23,6 +23,7 @@ no message comes.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ from aiohttp import web
 
 from service.codecs import stream
 from service.codecs.base import Endpoint, Request
-from service.core import sockets
+from service.core import deadlines, sockets
 from service.core.admission import Reservation
 from service.core.connections import CLOSE_POLICY, CLOSE_REASON
 from service.core.logs import REQUEST_ID_HEADER, current
@@ -82,14 +83,20 @@ async def serve(service: Service, endpoint: Endpoint, caller: Caller, request: w
             closing.append(asyncio.get_running_loop().create_task(ws.close(
                 code=sockets.CLOSE_TRY_LATER, message=sockets.BYTES_CLOSE_REASON.encode())))
 
+        # The upgrade's X-Multihead-Deadline-Ms (checked by the pipeline) is each message's,
+        # counted from the message's arrival.
+        given = request.headers.get(deadlines.HEADER)
+        per_message_ms = deadlines.parse_ms(given, "X-Multihead-Deadline-Ms") if given else None
         with held.pushable(pushed_out):
-            return await _relay(service, socket, session, ws, connections, principal)
+            return await _relay(service, socket, session, ws, connections, principal,
+                                per_message_ms)
     finally:
         service.sockets.release(tenant, ws)
 
 
 async def _relay(service: Service, socket: stream.Socket, session: stream.Session,
-                 ws: web.WebSocketResponse, connections, principal) -> web.WebSocketResponse:
+                 ws: web.WebSocketResponse, connections, principal,
+                 per_message_ms: float | None) -> web.WebSocketResponse:
 
     async def close() -> None:  # its key was revoked: 1008 with the JSON reason
         await ws.close(code=CLOSE_POLICY, message=CLOSE_REASON.encode())
@@ -101,7 +108,10 @@ async def _relay(service: Service, socket: stream.Socket, session: stream.Sessio
         if not connections.accepts(principal):  # refused: the socket is closed instead
             await close()
             return None
-        return await stream.answer_message(service, socket, n, message, opened)
+        deadline = (None if per_message_ms is None
+                    else time.monotonic() + per_message_ms / 1000.0)
+        with deadlines.scope(deadline):
+            return await stream.answer_message(service, socket, n, message, opened)
 
     async def send(out: stream.Outgoing | None) -> None:
         if out is None or ws.closed:

@@ -30,6 +30,7 @@ from service.core.errors import (
     PayloadTooLarge,
     RateLimited,
     ShuttingDown,
+    error_status,
 )
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
@@ -513,6 +514,46 @@ async def test_a_request_whose_deadline_passed_is_refused(make_engine):
     with pytest.raises(DeadlineExceeded):
         await e.classify_arrays(blank(), [a], top_k=1, deadline=time.monotonic() - 1)
     assert e.trunk.batches == []
+
+
+async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make_engine):
+    """With a batch profile: a request whose rows, after its tenant's rows already queued,
+    cannot run before its deadline even with nothing else ahead (batches of the batcher's
+    size at the profile's times alone) is refused at once, 504 deadline_unmeetable, nothing
+    decoded, queued or charged; one with the time is served."""
+    from service.core.errors import DeadlineUnmeetable
+    from service.core.quota import Quotas
+
+    e = make_engine(max_batch_size=2)
+    e.quotas = Quotas(lambda tenant: (1.0, 10))
+    e.batch_seconds = lambda n: 0.2 * n  # 200 ms an image alone
+    assert e.least_seconds("t", 3) == pytest.approx(0.2 * 2 + 0.2 * 1)  # a batch of 2, of 1
+    decoded = []
+    decode = e._decode  # noqa: SLF001 - counted
+    e._decode = lambda data: decoded.append(data) or decode(data)  # noqa: SLF001
+    a = RecordingHead("a")
+    with pytest.raises(DeadlineUnmeetable) as refused:
+        await e.classify(pngs(3), [a], top_k=1, tenant="t", deadline=time.monotonic() + 0.5)
+    assert error_status(refused.value)[:2] == (504, "deadline_unmeetable")
+    assert decoded == [] and e.trunk.batches == [] and e.quotas.tokens("t") == 10
+    await e.classify(pngs(3), [a], top_k=1, tenant="t", deadline=time.monotonic() + 5)
+    assert len(decoded) == 3 and e.quotas.tokens("t") < 10
+    e.batch_seconds = None  # without a profile: no estimate, nothing refused early
+    await e.classify(pngs(3, start=9), [a], top_k=1, tenant="t",
+                     deadline=time.monotonic() + 0.5)
+
+
+async def test_the_tenants_rows_queued_ahead_count_toward_its_deadline(make_engine):
+    e = make_engine(max_batch_size=2)
+    e.batch_seconds = lambda n: 0.2 * n
+    e.trunk.gate.clear()  # the trunk holds its first batch: the rows behind it wait
+    first = spawn(e.classify(pngs(2, start=20), [RecordingHead("a")], top_k=1, tenant="t"))
+    queued = spawn(e.classify(pngs(4, start=30), [RecordingHead("a")], top_k=1, tenant="t"))
+    await until(lambda: e.batcher.queued_rows("t") == 4)
+    assert e.least_seconds("t", 1) == pytest.approx(2 * 0.4 + 0.2)
+    assert e.least_seconds("u", 1) == pytest.approx(0.2)  # another tenant's rows: not its
+    e.trunk.gate.set()
+    await asyncio.gather(first, queued)
 
 
 # -- heads ------------------------------------------------------------------------------------------

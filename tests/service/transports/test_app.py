@@ -131,6 +131,30 @@ async def test_websocket_errors_keep_the_socket_open(make_client, store, jpegs, 
     assert_predictions(reply["results"][0], expected(store, "bravo", features_of[jpegs[2]], 1))
 
 
+async def test_a_websocket_deadline_counts_for_each_message_from_its_arrival(
+        make_client, jpegs):
+    """The upgrade's X-Multihead-Deadline-Ms is each message's deadline, from the message's
+    arrival: a socket opened with 3 s answers a message sent 3.5 s after the upgrade (no
+    deadline for the socket's life); one of 0.001 ms answers each message 504
+    deadline_exceeded and stays open; a malformed one is refused before the upgrade."""
+    client = await make_client()
+    headers = {"X-Multihead-Deadline-Ms": "3000"}
+    async with client.ws_connect("/ws/classify/bravo?top_k=1", headers=headers) as ws:
+        await asyncio.sleep(3.5)
+        await ws.send_bytes(jpegs[3])
+        assert "results" in await ws.receive_json(timeout=60)
+    async with client.ws_connect("/ws/classify/bravo?top_k=1",
+                                 headers={"X-Multihead-Deadline-Ms": "0.001"}) as ws:
+        for jpeg in jpegs[4:6]:
+            await ws.send_bytes(jpeg)
+            reply = await ws.receive_json(timeout=60)
+            assert (reply["status"], reply["code"]) == (504, "deadline_exceeded"), reply
+    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+        await client.ws_connect("/ws/classify/bravo",
+                                headers={"X-Multihead-Deadline-Ms": "later"})
+    assert info.value.status == 400
+
+
 async def test_websocket_to_an_unknown_bot_is_a_json_404_before_the_upgrade(make_client):
     client = await make_client()
     with pytest.raises(aiohttp.WSServerHandshakeError) as info:

@@ -622,3 +622,77 @@ def test_rest_and_grpc_refuse_the_same_predict_with_the_same_message(rest_body, 
     with pytest.raises(BadRequest) as rpc:
         grpc_tfserving.predict_images(request_)
     assert str(rpc.value) == str(rest.value)
+
+
+DEADLINE_HEADER = "X-Multihead-Deadline-Ms"
+
+
+async def test_deadlines_are_read_and_refused_alike_on_every_protocol(make_grpc, channels,
+                                                                     jpegs):
+    """A request's deadline (issue 32): `X-Multihead-Deadline-Ms` as an HTTP header or gRPC
+    metadata, OIP's `parameters.deadline_ms` (REST and gRPC). A malformed one is 400
+    invalid_deadline / INVALID_ARGUMENT; one that passes before the request's rows reach the
+    trunk 504 deadline_exceeded / DEADLINE_EXCEEDED; one with time left is served."""
+    import base64
+
+    client, address = await make_grpc()
+    _, triton_client = channels
+    jpeg = jpegs[6]
+    for value, status, code in (("abc", 400, "invalid_deadline"), ("0", 400, "invalid_deadline"),
+                                ("-5", 400, "invalid_deadline"), ("nan", 400, "invalid_deadline"),
+                                ("3600001", 400, "invalid_deadline"),
+                                ("0.001", 504, "deadline_exceeded"), (" 30000 ", 200, None)):
+        resp = await client.post(f"/classify/{BOT}", data=jpeg,
+                                 headers={"Content-Type": "image/jpeg", DEADLINE_HEADER: value})
+        assert resp.status == status, (value, await resp.text())
+        if code is not None:
+            assert (await resp.json())["code"] == code, value
+    oip = {"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1],
+                       "data": [base64.b64encode(jpeg).decode()]}]}
+    for value, status, code in (("soon", 400, "invalid_deadline"), (True, 400, "invalid_deadline"),
+                                (0, 400, "invalid_deadline"), (0.001, 504, "deadline_exceeded"),
+                                (30000, 200, None)):
+        resp = await client.post(f"/v2/models/{BOT}/infer",
+                                 json={**oip, "parameters": {"deadline_ms": value}})
+        assert resp.status == status, (value, await resp.text())
+        if code is not None:
+            assert (await resp.json())["code"] == code, value
+    # The header and the parameter: the sooner wins.
+    resp = await client.post(f"/v2/models/{BOT}/infer", headers={DEADLINE_HEADER: "0.001"},
+                             json={**oip, "parameters": {"deadline_ms": 30000}})
+    assert resp.status == 504, await resp.text()
+
+    t = triton_client(address)
+    await expect_error("INVALID_ARGUMENT", t.infer, BOT, [bytes_input([jpeg])],
+                       headers={DEADLINE_HEADER.lower(): "abc"}, text="milliseconds")
+    await expect_error("INVALID_ARGUMENT", t.infer, BOT, [bytes_input([jpeg])],
+                       parameters={"deadline_ms": "soon"}, text="deadline_ms")
+    await expect_error("DEADLINE_EXCEEDED", t.infer, BOT, [bytes_input([jpeg])],
+                       parameters={"deadline_ms": 0.001})
+    await expect_error("DEADLINE_EXCEEDED", t.infer, BOT, [bytes_input([jpeg])],
+                       headers={DEADLINE_HEADER.lower(): "0.001"})
+    result = await in_thread(t.infer, BOT, [bytes_input([jpeg])], client_timeout=30,
+                             parameters={"deadline_ms": 30000})
+    assert result.as_numpy("classification") is not None or result.get_response().outputs
+
+
+def test_the_grpc_calls_own_deadline_is_the_requests_deadline_header():
+    """The call's time left is given as X-Multihead-Deadline-Ms, unless the client set that
+    header itself; a call without a deadline has none."""
+    from service.transports.grpc.common import metadata
+
+    class Context:
+        def __init__(self, remaining, given=()):
+            self.remaining, self.given = remaining, given
+
+        def invocation_metadata(self):
+            return (("authorization", "Bearer x"), *self.given)
+
+        def time_remaining(self):
+            return self.remaining
+
+    header = DEADLINE_HEADER.lower()
+    assert metadata(Context(2.5))[header] == "2500.000"
+    assert metadata(Context(2.5, ((header, "100"),)))[header] == "100"
+    assert header not in metadata(Context(None))
+    assert metadata(Context(-1.0))[header] == "0.001"  # passed: the smallest, refused as passed

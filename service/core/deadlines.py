@@ -1,0 +1,94 @@
+"""Per-request deadlines (issue 32, item 2): how long a client gives its request, on every
+protocol, and the one place the request's deadline is kept while it runs.
+
+A request's deadline is the earliest of:
+- the serve-wide `--request-timeout-s` (always);
+- the header `X-Multihead-Deadline-Ms` (HTTP and gRPC metadata alike): milliseconds from when
+  the request arrived, a number in (0, MAX_MS];
+- the gRPC call's own deadline (`grpc-timeout`), given as that header by the gRPC transport
+  when the client set no header of its own;
+- OIP's `parameters.deadline_ms` in the inference request's body (REST and gRPC).
+
+The pipeline reads the header once the caller is known (a malformed value is 400
+`invalid_deadline`, INVALID_ARGUMENT on gRPC) and keeps the deadline for the request's task
+(`scope`, a context variable: the tasks it starts see it too); a codec that reads a deadline
+from the body tightens it (`tighten`); `Inference.deadline` reads it (`earliest`).
+
+What a deadline does (`service.core.engine`): a request whose rows cannot be run before it
+even if the trunk ran nothing else of anybody's but its tenant's rows ahead of them (the
+trunk's batch profile: a lower bound of the time) is refused at once, 504
+`deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), before any image is decoded; a row whose
+deadline passes while it waits is dropped before the trunk (504 `deadline_exceeded`).
+Nothing with time left is refused by the first rule: the bound never overestimates.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import time
+from collections.abc import Iterator, Mapping
+
+from service.core.errors import InvalidDeadline
+
+HEADER = "x-multihead-deadline-ms"
+# The longest deadline a request may ask for: one hour, in ms.
+MAX_MS = 3_600_000.0
+
+# The deadline of the request running in this context (`time.monotonic` seconds), or None.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("deadline",
+                                                                        default=None)
+
+
+def parse_ms(value: object, where: str) -> float:
+    """A deadline in ms as a client gave it (a header's text, a JSON number), checked: a
+    finite number in (0, MAX_MS], else InvalidDeadline naming `where`."""
+    if isinstance(value, bool):
+        value = None  # JSON true is not a number of ms
+    try:
+        ms = float(value.strip()) if isinstance(value, str) else float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        ms = math.nan
+    if not (math.isfinite(ms) and 0 < ms <= MAX_MS):
+        shown = repr(value)[:40]
+        raise InvalidDeadline(f"{where} must be a number of milliseconds in (0, {MAX_MS:.0f}]; "
+                              f"got {shown}")
+    return ms
+
+
+def from_headers(headers: Mapping[str, str], start: float | None = None) -> float | None:
+    """The deadline a request's headers (or gRPC metadata) ask for, as `time.monotonic`
+    seconds counted from `start` (default: now); None without the header."""
+    value = headers.get(HEADER)
+    if value is None:
+        return None
+    ms = parse_ms(value, "X-Multihead-Deadline-Ms")
+    return (time.monotonic() if start is None else start) + ms / 1000.0
+
+
+@contextlib.contextmanager
+def scope(deadline: float | None) -> Iterator[None]:
+    """`deadline` (None: none) is the request's for the block."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def tighten(ms: float) -> None:
+    """The request's deadline becomes `ms` from now, if that is earlier (OIP's
+    `parameters.deadline_ms`, read from the body after the headers)."""
+    deadline = time.monotonic() + ms / 1000.0
+    current = _DEADLINE.get()
+    if current is None or deadline < current:
+        _DEADLINE.set(deadline)
+
+
+def earliest(default: float) -> float:
+    """The request's deadline, or `default` when it has none or a later one."""
+    current = _DEADLINE.get()
+    return default if current is None else min(default, current)
+
+
+__all__ = ["HEADER", "MAX_MS", "earliest", "from_headers", "parse_ms", "scope", "tighten"]
