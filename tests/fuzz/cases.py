@@ -17,6 +17,9 @@ BOTS = ("alpha", "bravo", "nobody", "../etc/passwd", "a" * 65, "%00", "bad id", 
         "a:b", ".hidden", "x" * 64)
 VERSIONS = ("1", "2", "0", "-1", "abc", "99999999999999999999", "1.5", "")
 TOP_K = ("1", "3", "0", "-5", "abc", "", "1e9", "999999999999999999999", "NaN", "٣", " 2")
+# X-Multihead-Deadline-Ms values (issue 32): malformed (400 invalid_deadline), tiny (504), fine.
+DEADLINES = ("", "abc", "0", "-1", "NaN", "inf", "1e400", "3600001", "0x10", "٣", " ", "1" * 400,
+             "60000", "0.001", "1e-300")
 CONTENT_TYPES = ("image/png", "image/jpeg", "application/octet-stream", "text/plain",
                  "multipart/form-data", "multipart/form-data; boundary=", "application/json",
                  "multipart/form-data; boundary=XYZ", "", "image/", "*/*; q=0.1",
@@ -48,6 +51,8 @@ class Generator:
     def __iter__(self):
         while True:
             case = self.rng.choice(self.makers)()
+            if self.rng.random() < 0.15:
+                case.headers["X-Multihead-Deadline-Ms"] = self.pick(DEADLINES)
             if self.api_key and "Authorization" not in case.headers and self.rng.random() < 0.3:
                 name = self.pick(("Authorization", "X-Api-Key"))
                 case.headers[name] = (f"Bearer {self.api_key}" if name == "Authorization"
@@ -205,7 +210,11 @@ class Generator:
         if what == 0:
             body = ('{"inputs": ' + self.nested(self.pick((10, 1000, 100_000))) + "}").encode()
         elif what == 1:
-            body = json.dumps({"inputs": [self.oip_input()]}).encode()
+            request = {"inputs": [self.oip_input()]}
+            if self.rng.random() < 0.5:
+                request["parameters"] = {"deadline_ms": self.pick(
+                    ("x", -1, None, True, [], {}, float("inf"), 1e9, 60000, 0.0001, "60000"))}
+            body = json.dumps(request).encode()
         elif what == 2:
             body = json.dumps({"inputs": [self.oip_input() for _ in range(2)],
                                "outputs": self.pick(([{"name": "probabilities"}], [], "x",

@@ -246,3 +246,19 @@ async def test_the_rest_of_a_body_refused_before_it_was_read_is_not_read(world):
     finally:
         writer.close()
         await set_limits(world, OWN, rate=None, burst=None)
+
+
+async def test_a_deadline_is_read_only_once_the_caller_is_known(world):
+    """A malformed X-Multihead-Deadline-Ms: 401 without a credential (the credential first,
+    as every other refusal), 400 invalid_deadline with one."""
+    bot = world.fresh_bot(versions=1)
+    image = encode(pattern(78, size=(64, 48)), "JPEG")
+    headers = {"Content-Type": "image/jpeg", "X-Multihead-Deadline-Ms": "soon"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{world.server.url}/classify/{bot}", data=image,
+                                headers=headers) as resp:
+            assert resp.status == 401, await resp.text()
+    async with aiohttp.ClientSession(headers=world.headers["own_infer"]) as session:
+        async with session.post(f"{world.server.url}/classify/{bot}", data=image,
+                                headers=headers) as resp:
+            assert resp.status == 400 and (await resp.json())["code"] == "invalid_deadline"
