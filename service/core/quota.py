@@ -171,12 +171,8 @@ class Quotas:
         if self.limits_of(tenant) is None:
             yield
             return
-        with self._lock:
-            pending = self._claims.get(tenant, 0)
-        self._take(tenant, 1.0, 0.0, pending)
+        self._take(tenant, 1.0, 0.0, claim=True)  # counted among the open claims if it passes
         claim = _Claim(self, tenant)
-        with self._lock:
-            self._claims[tenant] = self._claims.get(tenant, 0) + 1
         token = _CLAIM.set(claim)
         try:
             yield
@@ -200,7 +196,7 @@ class Quotas:
             else:
                 self._claims.pop(claim.tenant, None)
 
-    def _take(self, tenant: str, n: float, taken: float, pending: int = 0) -> None:
+    def _take(self, tenant: str, n: float, taken: float, claim: bool = False) -> None:
         limits = self.limits_of(tenant)
         if limits is None:
             return
@@ -208,10 +204,13 @@ class Quotas:
         with self._lock:
             now = self._clock()
             bucket = self._bucket(tenant, rate, burst, now)
+            pending = self._claims.get(tenant, 0) if claim else 0
             need = min(n, burst) + min(pending, burst)
             if bucket.tokens < need:
                 raise self._refuse(tenant, (need - bucket.tokens) / rate, rate)
             bucket.tokens -= taken
+            if claim:  # checked and counted under one lock: no two claims pass on one token
+                self._claims[tenant] = pending + 1
             self._calls += 1
             if self._calls % _PRUNE_EVERY == 0:
                 self._prune(now)

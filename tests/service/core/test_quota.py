@@ -1,6 +1,8 @@
 """Token buckets per tenant (`service.core.quota`) on a fake clock."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,6 +80,52 @@ def test_claims_past_the_door_hold_an_image_each_until_charged():
         pass
     with q.claim("free"):  # no rate: never refused, nothing counted
         assert q.claimed("free") == 0
+
+
+def _claims_at_once(threads: int, tokens: int) -> tuple[int, int]:
+    """`threads` threads claiming at once on a bucket of `tokens`, each holding what it got:
+    (claims that passed, claims left open after all ended)."""
+    import threading
+
+    q = quotas({"t": (0.001, tokens)})
+    start, hold = threading.Barrier(threads), threading.Event()
+    passed = []
+
+    def one() -> None:
+        start.wait()
+        try:
+            with q.claim("t"):
+                passed.append(1)
+                hold.wait(5)
+        except RateLimited:
+            pass
+
+    running = [threading.Thread(target=one) for _ in range(threads)]
+    for t in running:
+        t.start()
+    deadline = time.monotonic() + 5  # the refused end at once; those that passed hold
+    while (sum(not t.is_alive() for t in running) < threads - tokens
+           and time.monotonic() < deadline):
+        time.sleep(0.001)
+    hold.set()
+    for t in running:
+        t.join(5)
+    return len(passed), q.claimed("t")
+
+
+def test_claims_from_many_threads_at_once_never_pass_more_than_the_tokens():
+    """The check and the count of a claim are one step: 16 threads claiming at once on a
+    bucket of 3 tokens pass 3 times, however they interleave (the interpreter switching
+    threads every microsecond, so that interleavings are many)."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        results = [_claims_at_once(16, 3) for _ in range(50)]
+    finally:
+        sys.setswitchinterval(interval)
+    assert set(results) == {(3, 0)}, results
 
 
 async def test_a_claim_is_charged_by_a_take_in_a_task_its_request_started():
