@@ -10,12 +10,13 @@ with `bench.load.ServerProcess` (the bench through `Context.server`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -368,6 +369,23 @@ class Phase:
     outcome: object | None = None
     rss_peak: int = 0
     seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def victim_beside(world: World, *, warm_images: int = 16,
+                  settle_s: float = 1.0) -> Iterator[tuple[Victim, int]]:
+    """The server warmed up (`warm_up`), its idle RSS settled, then B's loop running and served
+    once: (B's `Victim`, the idle RSS). B stops when the block ends."""
+    from bench.memory import settle_rss
+
+    warm_up(world, warm_images)
+    idle = asyncio.run(settle_rss(world.pid, settle_s))
+    victim = Victim(world.url, world.tokens.b_infer, world.jpegs).start()
+    try:
+        victim.wait_served()
+        yield victim, idle
+    finally:
+        victim.stop()
 
 
 def run_phase(world: World, victim: Victim, name: str, seconds: float, attack=None,

@@ -19,7 +19,6 @@ an attack saw (`isolation_a_unexpected`); the RSS peak within its bound (`isolat
 """
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -78,15 +77,12 @@ def run(context: Context) -> IsolationResult:
     from bench.hostile.world import (
         A_RATE,
         SERVER_OPTIONS,
-        Victim,
         World,
         make_store,
         rss_bound,
-        run_phase,
-        warm_up,
+        victim_beside,
     )
     from bench.load import free_port
-    from bench.memory import settle_rss
 
     plan = context.plan
     store = context.tmp / "isolation-store"
@@ -100,36 +96,37 @@ def run(context: Context) -> IsolationResult:
         result.left_out["grpc"] = grpc_missing()
     attacks = [a for a in ATTACKS if a.name not in result.left_out]
     server = context.start(context.server("isolation", store, **options))
-    victim = None
     try:
         result.runtime = server.runtime()
         world = World(server.url, f"127.0.0.1:{grpc_port}", server.pid, tokens,
                       context.jpegs[:VICTIM_IMAGES], context.tmp / "isolation-scratch",
                       options)
-        warm_up(world, plan.max_batch_size)
-        result.rss_idle = asyncio.run(settle_rss(server.pid, 1.0))
-        result.rss_bound = rss_bound(result.rss_idle, options)
-        victim = Victim(world.url, tokens.b_infer, world.jpegs).start()
-        victim.wait_served()
-        run_phase(world, victim, "warm-up", 3.0)
-        say(f"isolation: B alone for {plan.isolation_alone_s:.0f} s ...")
-        result.alone = victim_stats(run_phase(world, victim, "alone",
-                                              plan.isolation_alone_s).samples)
-        for attack in attacks:
-            say(f"isolation: attack '{attack.name}' for {plan.isolation_s:.0f} s ...")
-            phase = run_phase(world, victim, attack.name, plan.isolation_s, attack)
-            b = victim_stats(phase.samples)
-            result.attacks[attack.name] = {
-                "text": attack.text, "answers": dict(sorted(phase.outcome.answers.items())),
-                "failures": attack.failures(phase.outcome)[:10], "b": b,
-                "rss_peak": phase.rss_peak, "seconds": phase.seconds}
-            say(f"isolation: {attack.name}: B p50 {num(b.get('p50_ms')):.0f} ms (alone "
-                f"{num(result.alone.get('p50_ms')):.0f}), {non_200(b)} not 200")
+        with victim_beside(world, warm_images=plan.max_batch_size) as (victim, idle):
+            result.rss_idle, result.rss_bound = idle, rss_bound(idle, options)
+            _run_attacks(result, world, victim, attacks, plan)
     finally:
-        if victim is not None:
-            victim.stop()
         server.stop()
     return result
+
+
+def _run_attacks(result: IsolationResult, world, victim, attacks, plan) -> None:
+    """B alone, then beside each attack; into `result`."""
+    from bench.hostile.world import run_phase
+
+    run_phase(world, victim, "warm-up", 3.0)
+    say(f"isolation: B alone for {plan.isolation_alone_s:.0f} s ...")
+    result.alone = victim_stats(run_phase(world, victim, "alone",
+                                          plan.isolation_alone_s).samples)
+    for attack in attacks:
+        say(f"isolation: attack '{attack.name}' for {plan.isolation_s:.0f} s ...")
+        phase = run_phase(world, victim, attack.name, plan.isolation_s, attack)
+        b = victim_stats(phase.samples)
+        result.attacks[attack.name] = {
+            "text": attack.text, "answers": dict(sorted(phase.outcome.answers.items())),
+            "failures": attack.failures(phase.outcome)[:10], "b": b,
+            "rss_peak": phase.rss_peak, "seconds": phase.seconds}
+        say(f"isolation: {attack.name}: B p50 {num(b.get('p50_ms')):.0f} ms (alone "
+            f"{num(result.alone.get('p50_ms')):.0f}), {non_200(b)} not 200")
 
 
 # -- report -------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The hostile-tenant suite (issue 34, item 9): each attack of `bench.hostile.attacks.ATTACKS`
 runs from tenant A against a real `multihead serve --auth keys` process on loopback while
-tenant B runs a closed loop of one-image classifications (`bench.hostile.world.Victim`, a thread
-of its own).
+tenant B runs a closed loop of one-image classifications (`bench.hostile.world.Victim`, a
+process of its own).
 
 Per attack: B gets only 200s and is served during it; A gets only the answers the attack allows
 (clear 4xx refusals, never a 5xx) and reaches the defence it aims at (a `required` label); the
@@ -19,15 +19,13 @@ import pytest
 from bench.hostile.attacks import ATTACKS, grpc_missing
 from bench.hostile.world import (
     SERVER_OPTIONS,
-    Victim,
     World,
     make_store,
     rss_bound,
     run_phase,
-    warm_up,
+    victim_beside,
 )
 from bench.load import ServerProcess, free_port, make_jpegs
-from bench.memory import settle_rss
 from bench.stats import rss_bytes
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.subprocess]  # a `multihead serve` process
@@ -39,8 +37,6 @@ VICTIM_IMAGES = 8  # B's distinct images: more than the server's feature cache h
 @pytest.fixture(scope="module")
 def served(trunk_checkpoint, serving_graph_cache, tmp_path_factory):
     """(world, victim, baseline phase, RSS bound): the server, B's loop running, B alone."""
-    import asyncio
-
     tmp = tmp_path_factory.mktemp("hostile")
     tokens = make_store(tmp / "store")
     grpc_port = free_port()
@@ -51,19 +47,13 @@ def served(trunk_checkpoint, serving_graph_cache, tmp_path_factory):
     server = ServerProcess("hostile", str(tmp / "store"), trunk_checkpoint, str(tmp / "logs"),
                            options)
     server.start(timeout_s=120)
-    victim = None
     try:
         world = World(server.url, f"127.0.0.1:{grpc_port}", server.pid, tokens,
                       make_jpegs(VICTIM_IMAGES, (320, 240)), tmp / "scratch", options)
-        warm_up(world)
-        idle = asyncio.run(settle_rss(server.pid, 0.3))
-        victim = Victim(world.url, tokens.b_infer, world.jpegs).start()
-        victim.wait_served()
-        alone = run_phase(world, victim, "alone", ALONE_S)
-        yield world, victim, alone, rss_bound(idle, options)
+        with victim_beside(world, settle_s=0.3) as (victim, idle):
+            alone = run_phase(world, victim, "alone", ALONE_S)
+            yield world, victim, alone, rss_bound(idle, options)
     finally:
-        if victim is not None:
-            victim.stop()
         server.stop()
 
 

@@ -15,3 +15,14 @@ def random_head(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[str
     weights = (rng.standard_normal((FEATURE_DIM, n)) / np.sqrt(FEATURE_DIM)).astype(np.float32)
     biases = rng.standard_normal(n).astype(np.float32)
     return weights, biases, [f"class-{seed}-{i}" for i in range(n)]
+
+
+def tenants_with_bots(store, bots: dict[str, str], seed: int = 0) -> dict[str, str]:
+    """Each tenant of `bots` ({tenant: its bot}) added to `store` with its bot (3 classes,
+    seeded `seed`, `seed` + 1, ...) and an infer key; {tenant: that key's token}."""
+    tokens = {}
+    for i, (tenant, bot) in enumerate(bots.items()):
+        store.add_tenant(tenant)
+        store.register(bot, *random_head(3, seed=seed + i), tenant=tenant)
+        tokens[tenant] = store.add_key(tenant, "infer")[1]
+    return tokens

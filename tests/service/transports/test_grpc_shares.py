@@ -16,7 +16,7 @@ from service.transports.grpc.common import CODE_KEY, RETRY_AFTER_KEY
 from service.transports.grpc.gate import SMALL_MESSAGE_BYTES
 from service.transports.http.app import LISTENERS, SERVICE
 from tests.backbone.helpers import encode
-from tests.support.builders import random_head
+from tests.support.builders import tenants_with_bots
 from tests.support.fakes import GatedTrunk
 from tests.support.polling import until
 
@@ -32,11 +32,7 @@ async def _serve(make_client, **settings):
     server = client.app[LISTENERS][0]
     await asyncio.wait_for(server.wait_started(), 60)
     store = client.app[SERVICE].store
-    tokens = {}
-    for i, (tenant, bot) in enumerate(BOTS.items()):
-        store.add_tenant(tenant)
-        store.register(bot, *random_head(3, seed=10 + i), tenant=tenant)
-        tokens[tenant] = store.add_key(tenant, "infer")[1]
+    tokens = tenants_with_bots(store, BOTS, seed=10)
     return client, f"127.0.0.1:{server.port}", tokens, server._rpcs  # noqa: SLF001
 
 

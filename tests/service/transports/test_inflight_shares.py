@@ -16,7 +16,7 @@ from service.core.sockets import CLOSE_TRY_LATER
 from service.transports.http.app import SERVICE, create_app
 from store import HeadStore
 from tests.backbone.helpers import encode
-from tests.support.builders import random_head
+from tests.support.builders import tenants_with_bots
 from tests.support.fakes import FakeTrunk
 from tests.support.polling import until
 from tests.support.prometheus import metric
@@ -33,11 +33,7 @@ LIMIT = 2 * len(BODY) + 1_000  # room for two bodies, not three
 def world(tmp_path):
     """A server with room for two bodies in flight; (server, {tenant: its infer key})."""
     store = HeadStore(tmp_path / "store")
-    tokens = {}
-    for i, (tenant, bot) in enumerate(BOTS.items()):
-        store.add_tenant(tenant)
-        store.register(bot, *random_head(3, seed=i), tenant=tenant)
-        tokens[tenant] = store.add_key(tenant, "infer")[1]
+    tokens = tenants_with_bots(store, BOTS)
     server = ThreadedServer(create_app(
         make_settings(tmp_path, auth="keys", max_inflight_bytes=LIMIT,
                       max_body_bytes=len(BODY), max_ws_message_bytes=len(BODY)),

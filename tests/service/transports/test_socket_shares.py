@@ -16,7 +16,7 @@ from service.core.sockets import CLOSE_TRY_LATER, SocketShares
 from service.transports.http.app import SERVICE, create_app
 from store import HeadStore
 from tests.backbone.helpers import encode
-from tests.support.builders import random_head
+from tests.support.builders import tenants_with_bots
 from tests.support.fakes import FakeTrunk
 from tests.support.servers import ThreadedServer, make_settings
 
@@ -29,11 +29,7 @@ BOTS = {"acme": "acme-bot", "globex": "globex-bot"}
 def world(tmp_path):
     """A server with room for 4 sockets; (server, {tenant: its infer key's token})."""
     store = HeadStore(tmp_path / "store")
-    tokens = {}
-    for i, (tenant, bot) in enumerate(BOTS.items()):
-        store.add_tenant(tenant)
-        store.register(bot, *random_head(3, seed=i), tenant=tenant)
-        tokens[tenant] = store.add_key(tenant, "infer")[1]
+    tokens = tenants_with_bots(store, BOTS)
     server = ThreadedServer(create_app(make_settings(tmp_path, auth="keys", max_websockets=4),
                                        trunk=FakeTrunk(), store=store))
     yield server, tokens
