@@ -56,13 +56,19 @@ def parse_ms(value: object, where: str) -> float:
     return ms
 
 
+def header_ms(headers: Mapping[str, str]) -> float | None:
+    """The ms a request's headers (or gRPC metadata) give it, checked (`parse_ms`); None
+    without the header."""
+    value = headers.get(HEADER)
+    return None if value is None else parse_ms(value, "X-Multihead-Deadline-Ms")
+
+
 def from_headers(headers: Mapping[str, str], start: float | None = None) -> float | None:
     """The deadline a request's headers (or gRPC metadata) ask for, as `time.monotonic`
     seconds counted from `start` (default: now); None without the header."""
-    value = headers.get(HEADER)
-    if value is None:
+    ms = header_ms(headers)
+    if ms is None:
         return None
-    ms = parse_ms(value, "X-Multihead-Deadline-Ms")
     return (time.monotonic() if start is None else start) + ms / 1000.0
 
 
@@ -91,4 +97,5 @@ def earliest(default: float) -> float:
     return default if current is None else min(default, current)
 
 
-__all__ = ["HEADER", "MAX_MS", "earliest", "from_headers", "parse_ms", "scope", "tighten"]
+__all__ = ["HEADER", "MAX_MS", "earliest", "from_headers", "header_ms", "parse_ms", "scope",
+           "tighten"]

@@ -85,8 +85,7 @@ async def serve(service: Service, endpoint: Endpoint, caller: Caller, request: w
 
         # The upgrade's X-Multihead-Deadline-Ms (checked by the pipeline) is each message's,
         # counted from the message's arrival.
-        given = request.headers.get(deadlines.HEADER)
-        per_message_ms = deadlines.parse_ms(given, "X-Multihead-Deadline-Ms") if given else None
+        per_message_ms = deadlines.header_ms(neutral.headers)
         with held.pushable(pushed_out):
             return await _relay(service, socket, session, ws, connections, principal,
                                 per_message_ms)
