@@ -8,7 +8,8 @@
 - caller (`Service.caller`): the credential (`authorization`) checked against the endpoint's
   access rule, and the routing key for canaries (`X-Multihead-Route-Key`), read from the
   request's headers or metadata; skipped for a request no endpoint matched;
-- early refusal: a tenant whose quota cannot hold one more image (the inference endpoints,
+- early refusal: a tenant whose quota cannot hold what the request costs at least (one image;
+  a native upload's declared length / 640 x 480 x 3: `head_images`; the inference endpoints,
   `REFUSED_EARLY`) beside its requests already past this point and not yet charged, or whose
   registrations per minute are spent so (`put_bot`), is refused here, before its body is read;
   else the request holds its claim on the bucket until it is charged (`Tenancy.refuse_early`,
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from service.core import deadlines, logs
 from service.core.admission import Reservation, refusal_pace_s
 from service.core.candidates import ROUTE_KEY_METADATA
+from service.core.decoding import REFERENCE_DECODE_BYTES
 from service.core.errors import (
     CallShareExceeded,
     InflightShareExceeded,
@@ -98,6 +100,9 @@ class Incoming:
         attributes: the span's attributes, asked for only when tracing is on.
         stream: a streaming endpoint's request (its upgrade and cancellation are counted, not
             timed).
+        stop_reading: stops reading what is left of the request's body, called when a refusal
+            of its tenant is held (`RefusalPacer`): a refused upload does not keep streaming
+            into the server while its answer waits (HTTP's; None: nothing to stop).
     """
 
     protocol: str
@@ -110,6 +115,7 @@ class Incoming:
     params: Mapping[str, str] = field(default_factory=dict)
     attributes: Callable[[], Mapping[str, Any]] | None = None
     stream: bool = False
+    stop_reading: Callable[[], None] | None = None
 
 
 class Outcome(Protocol[T]):
@@ -148,6 +154,28 @@ def caller_of(service: Service, access: str, headers: Mapping[str, str]) -> Call
 REFUSED_EARLY = {**dict.fromkeys(("classify", "classify_many", "oip_infer", "oip_infer_version",
                                   "tfs_predict", "tfs_predict_version"), "images"),
                  "put_bot": "registrations"}
+
+# The native uploads, whose bodies are the images' encoded bytes (raw, or multipart parts), and
+# the most bytes of a multipart body that are not an image's (boundaries, part headers).
+UPLOAD_ROUTES = frozenset({"classify", "classify_many"})
+MULTIPART_SLACK_BYTES = 64 * 1024
+
+
+def head_images(incoming: Incoming) -> float:
+    """What a request will cost at least, in images of its tenant's quota, from its head: a
+    native upload's declared length / 640 x 480 x 3 (its encoded bytes cost at least that:
+    `service.core.decoding.cost_of`), less a multipart body's slack; else 1 (a JSON tensor's
+    length says nothing of its images' cost, a gRPC message's is not known yet)."""
+    if incoming.route not in UPLOAD_ROUTES:
+        return 1.0
+    try:
+        length = int(incoming.headers.get("content-length") or 0)
+    except (TypeError, ValueError):
+        return 1.0
+    if "multipart/" in (incoming.headers.get("content-type") or "").lower():
+        length -= MULTIPART_SLACK_BYTES
+    return max(1.0, length / REFERENCE_DECODE_BYTES)
+
 
 # The refusals of a tenant beyond its share of what one process holds at once (bytes in flight,
 # open WebSockets, gRPC calls), counted per tenant in `tenant_refusals_total` by their codes.
@@ -225,7 +253,8 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
         with contextlib.ExitStack() as claim:
             if tenant and kind is not None:
                 try:
-                    claim.enter_context(service.tenancy.refuse_early(tenant, kind))
+                    claim.enter_context(service.tenancy.refuse_early(
+                        tenant, kind, head_images(incoming)))
                 except RateLimited as exc:
                     if kind == "images":
                         service.metrics.observe_refusal(tenant, error_status(exc)[1])
@@ -239,6 +268,8 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
             status, code, _ = error_status(exc)
             if isinstance(exc, SHARE_REFUSALS):  # its share of what a process holds: counted
                 service.metrics.observe_refusal(tenant, code)
+            if incoming.stop_reading is not None:
+                incoming.stop_reading()
             await service.pacer.pace(tenant, refusal_pace_s(
                 status, getattr(exc, "retry_after_s", None)))
         raise

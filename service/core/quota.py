@@ -36,20 +36,23 @@ implies: a tenant whose traffic reaches only one of N processes gets rate / N (a
 put a load balancer that spreads every tenant's requests in front of them. A process that died
 is counted until its lease expires (10 s): the others' shares are then smaller, never larger.
 
-Before a request's body is read, `claim` refuses it when the bucket cannot hold one more image
-beside the tenant's requests already past that door and not yet charged: without counting them,
-every one of many concurrent requests would pass while the bucket held one token, each would
-have its body read, and all but the first would then be refused anyway (a tenant's 30 clients
-sending 10 MB bodies made the server read gigabytes a second that way). A claim ends when its
+Before a request's body is read, `claim` refuses it when the bucket cannot hold what its head
+says it will cost at least (one image; a native upload's declared length / 640 x 480 x 3:
+`service.codecs.pipeline.head_images`) beside the tenant's requests already past that door and
+not yet charged (their claims' sizes): without counting them, every one of many concurrent
+requests would pass while the bucket held one token, each would have its body read, and all but
+the first would then be refused anyway (a tenant's 30 clients sending 10 MB bodies made the
+server read gigabytes a second that way); without the size, a 10 MB body (11 images' worth)
+passed a bucket holding one token, was read whole, and then refused. A claim ends when its
 request is charged (`take`, in the same task or one it started) or ends.
 
-    with quotas.claim("acme"):    # the request's head: or RateLimited
+    with quotas.claim("acme", 1): # the request's head: or RateLimited
         ...                       # its body read, its images digested
         quotas.take("acme", 8)    # charged: the claim ends here
 
 Memory: one small bucket per tenant with a rate that called recently; a bucket
-that has refilled to its burst is dropped (a new one is the same); a count of open claims per
-tenant that has any.
+that has refilled to its burst is dropped (a new one is the same); the open claims' count and
+sizes per tenant that has any.
 """
 from __future__ import annotations
 
@@ -70,10 +73,10 @@ _PRUNE_EVERY = 256  # calls between sweeps of full buckets
 
 class _Claim:
     """One request's claim (`Quotas.claim`), open until it is charged or ends."""
-    __slots__ = ("quotas", "tenant", "open")
+    __slots__ = ("quotas", "tenant", "n", "open")
 
-    def __init__(self, quotas: Quotas, tenant: str) -> None:
-        self.quotas, self.tenant, self.open = quotas, tenant, True
+    def __init__(self, quotas: Quotas, tenant: str, n: float) -> None:
+        self.quotas, self.tenant, self.n, self.open = quotas, tenant, n, True
 
 
 # The claim of the request running in this context (its task, and the tasks it started).
@@ -127,7 +130,9 @@ class Quotas:
         self._clock = clock
         self._refuse = refuse or _over_quota
         self._buckets: dict[str, _Bucket] = {}
-        self._claims: dict[str, int] = {}  # open claims by tenant (only those with any)
+        # The open claims' sizes summed by tenant (only those with any), and their number.
+        self._claims: dict[str, float] = {}
+        self._claim_count: dict[str, int] = {}
         self._lock = threading.Lock()
         self._calls = 0
 
@@ -164,15 +169,17 @@ class Quotas:
         self._take(tenant, n, 0.0)
 
     @contextlib.contextmanager
-    def claim(self, tenant: str) -> Iterator[None]:
+    def claim(self, tenant: str, n: float = 1.0) -> Iterator[None]:
         """A request's claim from its head until it is charged (`take` in this context) or
-        the block ends: raises what `take(tenant, 1)` would raise if the tenant's open claims
-        had taken one image each, taking nothing; else counts this one among them."""
+        the block ends: raises what `take(tenant, n)` would raise if the tenant's open claims
+        had taken their sizes, taking nothing; else counts this one, of size `n` (at least 1:
+        what the request will cost at least), among them."""
         if self.limits_of(tenant) is None:
             yield
             return
-        self._take(tenant, 1.0, 0.0, claim=True)  # counted among the open claims if it passes
-        claim = _Claim(self, tenant)
+        n = max(1.0, float(n))
+        self._take(tenant, n, 0.0, claim=True)  # counted among the open claims if it passes
+        claim = _Claim(self, tenant, n)
         token = _CLAIM.set(claim)
         try:
             yield
@@ -183,17 +190,19 @@ class Quotas:
     def claimed(self, tenant: str) -> int:
         """The tenant's open claims."""
         with self._lock:
-            return self._claims.get(tenant, 0)
+            return self._claim_count.get(tenant, 0)
 
     def _end(self, claim: _Claim) -> None:
         with self._lock:
             if not claim.open:
                 return
             claim.open = False
-            left = self._claims.get(claim.tenant, 0) - 1
+            left = self._claim_count.get(claim.tenant, 0) - 1
             if left > 0:
-                self._claims[claim.tenant] = left
+                self._claim_count[claim.tenant] = left
+                self._claims[claim.tenant] = max(0.0, self._claims[claim.tenant] - claim.n)
             else:
+                self._claim_count.pop(claim.tenant, None)
                 self._claims.pop(claim.tenant, None)
 
     def _take(self, tenant: str, n: float, taken: float, claim: bool = False) -> None:
@@ -204,13 +213,14 @@ class Quotas:
         with self._lock:
             now = self._clock()
             bucket = self._bucket(tenant, rate, burst, now)
-            pending = self._claims.get(tenant, 0) if claim else 0
+            pending = self._claims.get(tenant, 0.0) if claim else 0.0
             need = min(n, burst) + min(pending, burst)
             if bucket.tokens < need:
                 raise self._refuse(tenant, (need - bucket.tokens) / rate, rate)
             bucket.tokens -= taken
             if claim:  # checked and counted under one lock: no two claims pass on one token
-                self._claims[tenant] = pending + 1
+                self._claims[tenant] = pending + n
+                self._claim_count[tenant] = self._claim_count.get(tenant, 0) + 1
             self._calls += 1
             if self._calls % _PRUNE_EVERY == 0:
                 self._prune(now)

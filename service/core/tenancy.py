@@ -91,13 +91,17 @@ class Tenancy:
         per_minute = self.limits(tenant).registrations_per_minute
         return (None, None) if per_minute is None else (per_minute / 60.0, per_minute)
 
-    def refuse_early(self, tenant: str, kind: str) -> contextlib.AbstractContextManager:
+    def refuse_early(self, tenant: str, kind: str,
+                     n: float = 1.0) -> contextlib.AbstractContextManager:
         """Before a request's body is read: raises the refusal its tenant's bucket would give
-        it anyway, when it cannot hold one more beside the tenant's requests already past this
-        door and not yet charged (`kind`: "images", the quota; or "registrations"); else the
-        request's claim (`Quotas.claim`), held while it runs. A flood of requests refused
-        anyway then costs the server their heads, not their bodies. Takes nothing."""
-        return (self.quotas if kind == "images" else self.registrations).claim(tenant)
+        it anyway, when it cannot hold `n` (what its head says it costs at least) beside the
+        tenant's requests already past this door and not yet charged (`kind`: "images", the
+        quota; or "registrations", where `n` is 1); else the request's claim
+        (`Quotas.claim`), held while it runs. A flood of requests refused anyway then costs
+        the server their heads, not their bodies. Takes nothing."""
+        if kind == "images":
+            return self.quotas.claim(tenant, n)
+        return self.registrations.claim(tenant)
 
     def take_registration(self, tenant: str) -> None:
         """Count one registration of `tenant` against its registrations_per_minute: a token

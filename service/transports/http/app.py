@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -129,7 +130,16 @@ def _incoming(request: web.Request, route: str, template: str | None, *,
     return Incoming(
         "http", request.method, route, request.rel_url.raw_path, request.headers,
         f"{request.method} {template}" if template else request.method, request.remote,
-        request.match_info, lambda: _span_attributes(request, template), stream)
+        request.match_info, lambda: _span_attributes(request, template), stream,
+        functools.partial(_stop_reading, request))
+
+
+def _stop_reading(request: web.Request) -> None:
+    """Pauses reading the connection of a request whose body is not read whole (it is closed
+    after its answer: `HttpOutcome.done`); a body read whole leaves the connection as it is."""
+    if request.transport is not None and not request.content.is_eof():
+        with contextlib.suppress(Exception):
+            request.transport.pause_reading()
 
 
 def _handler(endpoint: Endpoint):

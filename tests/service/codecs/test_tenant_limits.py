@@ -125,9 +125,12 @@ async def test_registrations_per_minute_answers_429_with_retry_after(world):
         await set_limits(world, OWN, registrations_per_minute=None)
 
 
-async def head_only(world: World, credential: str, method: str, path: str) -> tuple[int, str]:
-    """(status, code) of a request that declares a 50 kB body and never sends it: answered
-    only by a refusal made before the body is read (else the body's rate limit ends it, 408)."""
+async def head_only(world: World, credential: str, method: str, path: str, *,
+                    length: int = 50_000,
+                    content_type: str = "multipart/form-data; boundary=b") -> tuple[int, str]:
+    """(status, code) of a request that declares a body of `length` bytes and never sends it:
+    answered only by a refusal made before the body is read (else the body's rate limit ends
+    it, 408)."""
     import json
     from urllib.parse import urlsplit
 
@@ -135,8 +138,8 @@ async def head_only(world: World, credential: str, method: str, path: str) -> tu
     reader, writer = await asyncio.open_connection(url.hostname, url.port)
     auth = world.headers[credential]["Authorization"]
     writer.write((f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n"
-                  "Content-Type: multipart/form-data; boundary=b\r\n"
-                  "Content-Length: 50000\r\n\r\n").encode())
+                  f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
+                  ).encode())
     await writer.drain()
     try:
         head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)).decode("latin-1")
@@ -189,6 +192,33 @@ async def _empty_then(world: World, burst: int) -> object:
     assert quotas.tokens(OWN) == burst  # refilled
     await set_limits(world, OWN, rate=0.001, burst=burst)
     return quotas
+
+
+async def test_an_upload_is_refused_from_its_head_when_its_length_costs_more_than_the_bucket(
+        world):
+    """A native upload's declared length says what it costs at least (its bytes / 640 x 480 x
+    3 images): a bucket of 4 tokens refuses a declared 5 MB image (5.7 images' worth) or
+    multipart body from its head, before a byte of it is read, where it used to pass the head
+    on one token, be read whole and be refused after it; a 2 MB one passes the head (its
+    body then never comes: 408). OIP's JSON says nothing of its cost by its length: 1."""
+    bot = world.fresh_bot(versions=1)
+    quotas = await _empty_then(world, burst=8)
+    try:
+        quotas.take(OWN, 4)
+        for content_type in ("image/jpeg", "multipart/form-data; boundary=b"):
+            assert await head_only(world, "own_infer", "POST", f"/classify/{bot}",
+                                   length=5_000_000, content_type=content_type) == (
+                429, "rate_limited")
+            assert (await head_only(world, "own_infer", "POST", f"/classify?bots={bot}",
+                                    length=5_000_000, content_type=content_type)) == (
+                429, "rate_limited")
+            assert (await head_only(world, "own_infer", "POST", f"/classify/{bot}",
+                                    length=2_000_000, content_type=content_type))[0] == 408
+        assert (await head_only(world, "own_infer", "POST", f"/v2/models/{bot}/infer",
+                                length=5_000_000, content_type="application/json"))[0] == 408
+        assert quotas.tokens(OWN) == pytest.approx(4, abs=0.1)  # refused or unread: untaken
+    finally:
+        await set_limits(world, OWN, rate=None, burst=None)
 
 
 async def test_requests_whose_bodies_are_being_read_hold_their_place_in_the_bucket(world):

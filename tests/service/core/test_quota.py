@@ -82,6 +82,33 @@ def test_claims_past_the_door_hold_an_image_each_until_charged():
         assert q.claimed("free") == 0
 
 
+def test_a_claim_holds_its_size_what_its_head_says_it_costs_at_least():
+    """A claim of n images needs the bucket to hold min(n, burst) beside the open claims'
+    sizes, and holds n until it ends or is charged: a 10 MB body's claim (11 images' worth)
+    is refused by a bucket of 4 tokens, where a claim of one image passed and the body was
+    read whole, then refused."""
+    clock = FakeClock()
+    q = quotas({"t": (1.0, 8)}, clock=clock)
+    q.take("t", 4)
+    with pytest.raises(RateLimited) as refused, q.claim("t", 11.4):
+        pass
+    assert refused.value.retry_after_s == pytest.approx(4.0)  # min(11.4, 8) = 8 needed
+    assert q.claimed("t") == 0
+    big = q.claim("t", 3)
+    big.__enter__()
+    with pytest.raises(RateLimited) as refused, q.claim("t", 2):  # 3 + 2 > 4
+        pass
+    assert refused.value.retry_after_s == pytest.approx(1.0)
+    with q.claim("t", 0.2):  # at least one image: 3 + 1 = 4 held
+        assert q.claimed("t") == 2
+        with pytest.raises(RateLimited), q.claim("t"):
+            pass
+    big.__exit__(None, None, None)  # ends uncharged: its 3 are free again
+    with q.claim("t", 4):
+        q.take("t", 4)  # charged: the claim ends, the tokens taken
+    assert q.claimed("t") == 0 and q.tokens("t") == pytest.approx(0.0)
+
+
 def _claims_at_once(threads: int, tokens: int) -> tuple[int, int]:
     """`threads` threads claiming at once on a bucket of `tokens`, each holding what it got:
     (claims that passed, claims left open after all ended)."""
