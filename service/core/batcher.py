@@ -12,10 +12,11 @@ that piled up while the previous batch ran go out at once.
 
 Which rows a batch takes is `service.core.fair.TenantQueue`'s: with the `fair` scheduler (the
 default) by the tenants' weighted virtual counters (VTC), FIFO within a tenant; with `fifo` in
-arrival order. Either way a batch takes whatever waits, up to its size. Under `fair` a tenant
-also queues at most its weighted share of `max_queue_rows` (429 `queue_share` beyond it), and a
-tenant within its share is never refused for another's flood: the flooder's newest requests are
-pushed out instead.
+arrival order. Either way a batch takes whatever waits, up to its size (shorter while more than
+one tenant queued rows within the last second: `shared_batch_size`, `service.core.sharing`).
+Under `fair` a tenant also queues at most its weighted share of `max_queue_rows` (429
+`queue_share` beyond it), and a tenant within its share is never refused for another's flood:
+the flooder's newest requests are pushed out instead.
 
 The batcher knows nothing of TensorFlow, heads or HTTP; `group` (the bot id) is used only by the
 `per_group` policy and for stats, `tenant` by the fair scheduler and the shares. It is the same
@@ -24,9 +25,7 @@ those had: a wrong number of results, an exception in `run_batch`, futures whose
 away, a per-row failure.
 
     batcher = Batcher(run_batch, max_batch_size=16, max_wait_ms=5, max_queue_rows=256)
-    result = await batcher.submit(payload, group="acme-7", tenant="acme",
-                                  deadline=time.monotonic() + 30)
-    ...
+    result = await batcher.submit(payload, group="acme-7", tenant="acme")
     await batcher.close()    # stop accepting, finish queued rows, stop the worker thread
 
 Queue room is checked in ONE place, `book(n)` (`service.core.booking`): a caller that prepares
@@ -49,6 +48,7 @@ from service.core.booking import Booking, QueueRoom
 from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
 from service.core.rows import Entry, Row, deliver, fail, outcome
+from service.core.sharing import Sharing
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ class Batcher:
             booked rows (None: none), under either scheduler.
         on_served: hook `on_served({tenant: rows})` called on the event loop with each
             batch's rows per tenant. Errors in it are logged.
+        shared_batch_size: the most rows a batch takes while tenants share the trunk
+            (`service.core.sharing`; at most max_batch_size); None: max_batch_size always.
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -127,6 +129,7 @@ class Batcher:
         weight: Callable[[str], float] = lambda tenant: 1.0,
         max_queued: Callable[[str], int | None] = lambda tenant: None,
         on_served: OnServed | None = None,
+        shared_batch_size: int | None = None,
     ) -> None:
         if not callable(run_batch):
             raise TypeError("run_batch must be callable")
@@ -141,8 +144,13 @@ class Batcher:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, "
                              f"got {scheduler!r}")
+        shared = max_batch_size if shared_batch_size is None else shared_batch_size
+        if not _is_int(shared) or shared < 1:
+            raise ValueError(f"shared_batch_size must be an int >= 1, got {shared!r}")
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
+        self._shared_batch_size = min(shared, max_batch_size)
+        self._sharing = Sharing()
         self._max_wait_s = float(max_wait_ms) / 1000.0
         self._policy = policy
         self._on_batch = on_batch
@@ -194,6 +202,19 @@ class Batcher:
 
     @property
     def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    @property
+    def shared_batch_size(self) -> int:
+        """The most rows a batch takes while tenants share the trunk (`sharing`)."""
+        return self._shared_batch_size
+
+    def batch_size(self, now: float | None = None) -> int:
+        """The most rows the next batch takes: `shared_batch_size` while more than one tenant
+        queued rows within the sharing window, else max_batch_size."""
+        if (self._shared_batch_size < self._max_batch_size
+                and self._sharing.active(self._clock() if now is None else now) > 1):
+            return self._shared_batch_size
         return self._max_batch_size
 
     @property
@@ -363,6 +384,7 @@ class Batcher:
             return []
         now = self._clock()
         self._last_progress_s = now
+        self._sharing.queued(tenant, now)
         if deadline is not None and deadline <= now:
             self.poke()  # the booked rows will not come
             raise DeadlineExceeded("the request's deadline passed before it was queued")
@@ -379,7 +401,7 @@ class Batcher:
         # Wake the batching task only when it may have something to do: the queue just became
         # non-empty (it may be idle), a batch may now be full, or the last booked rows came
         # (nothing more to wait for). Its timer covers the rest.
-        if (was_empty or len(self._queue) >= self._max_batch_size
+        if (was_empty or len(self._queue) >= self.batch_size(now)
                 or (self._wait_for_booked_only and not self._room.booked)):
             self._wakeup.set()
         return entries
@@ -412,7 +434,7 @@ class Batcher:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
-            full = len(self._queue) >= self._max_batch_size
+            full = len(self._queue) >= self.batch_size(now)
             if self._gather_booked and not full and not self._closing:
                 if self._room.booked:
                     # Rows are being decoded and cannot be while the trunk runs: wait for them
@@ -456,7 +478,7 @@ class Batcher:
                 return False
             return True
 
-        return self._queue.take(self._max_batch_size, live, group)
+        return self._queue.take(self.batch_size(now), live, group)
 
     async def _next_batch(self) -> list[Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""

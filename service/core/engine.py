@@ -52,6 +52,7 @@ from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.rows import Row
 from service.core.settings import Settings
+from service.core.sharing import shared_batch_size
 from service.core.tracing import NO_BATCH, BatchTrace, NoBatch, RowTrace, Tracing
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,8 @@ class Engine:
         self.cores = Cores(settings.own_cores and bool(getattr(trunk, "owns_cores", False)),
                            on_wait=metrics.decode_wait_seconds.inc)
         self.batch_seconds = batch_seconds
-        self.batcher = Batcher(self.run_batch, max_batch_size=batch_size or settings.max_batch_size,
+        batch_size = batch_size or settings.max_batch_size
+        self.batcher = Batcher(self.run_batch, max_batch_size=batch_size,
                                max_wait_ms=settings.max_wait_ms,
                                max_queue_rows=settings.max_queue_rows,
                                policy=settings.batch_policy, on_batch=metrics.observe_batch,
@@ -292,7 +294,9 @@ class Engine:
                                wait_for_booked_only=True,
                                gather_booked=self.cores.exclusive,
                                scheduler=settings.scheduler, weight=weight,
-                               max_queued=max_queued, on_served=metrics.observe_tenant_images)
+                               max_queued=max_queued, on_served=metrics.observe_tenant_images,
+                               shared_batch_size=shared_batch_size(
+                                   batch_seconds, batch_size, settings.shared_batch_ms))
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
         metrics.bind_tenant_state(self.batcher.tenant_state)
 

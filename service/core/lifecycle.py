@@ -388,7 +388,8 @@ class Lifecycle:
         self.engine = self._engine_for(
             trunk, self.batch_size(),
             self.batch_profile.seconds_at if self.batch_profile is not None else None)
-        self._metrics.set_batch_size(self.engine.batcher.max_batch_size)
+        self._metrics.set_batch_size(self.engine.batcher.max_batch_size,
+                                     self.engine.batcher.shared_batch_size)
         await self.engine.batcher.start()
 
     def batch_size(self) -> int:
@@ -480,6 +481,7 @@ class Lifecycle:
             info["profile"] = self.batch_profile.report()
         if self.engine is not None:
             info["batch_size"] = self.engine.batcher.max_batch_size
+            info["shared_batch_size"] = self.engine.batcher.shared_batch_size
         in_server = self._metrics.trunk_in_server()
         if in_server:
             info["in_server"] = {

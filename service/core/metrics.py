@@ -67,7 +67,8 @@ class Metrics:
         queue_wait_seconds, trunk_seconds, trunk_batch_seconds_total{batch_size},
         trunk_batches_total{batch_size} (both from `observe_trunk`),
         trunk_alone_seconds{batch_size} (set from `bind_trunk_profile` at each `render`),
-        batch_size_working (the batcher's batch size: `set_batch_size`), heads_seconds,
+        batch_size_working, batch_size_shared (the batcher's batch sizes alone and shared:
+        `set_batch_size`), heads_seconds,
         batch_size, batch_bots, queue_depth,
         resident_heads, resident_head_bytes, pinned_heads, pinned_bot{bot}, preloaded_heads,
         bot_int8_agreement{bot} (set from `bind_int8_agreement` at each `render`),
@@ -137,6 +138,11 @@ class Metrics:
             "batch_size_working", "most images the batcher puts in one trunk batch: the "
             "smallest size of the trunk's profile within 5 % of its best images/s, at most "
             "--max-batch-size", namespace=ns, registry=r,
+        )
+        self.batch_size_shared = Gauge(
+            "batch_size_shared", "most images the batcher puts in one trunk batch while more "
+            "than one tenant sent images within the last second (--shared-batch-ms)",
+            namespace=ns, registry=r,
         )
         self._trunk_by_size: dict[int, list[float]] = {}  # size -> [batches, seconds]
         self.heads_seconds = Histogram(
@@ -426,8 +432,9 @@ class Metrics:
         """Read the number of resident pinned heads at scrape time."""
         self.pinned_heads.set_function(read)
 
-    def set_batch_size(self, size: int) -> None:
+    def set_batch_size(self, size: int, shared: int | None = None) -> None:
         self.batch_size_working.set(size)
+        self.batch_size_shared.set(size if shared is None else shared)
 
     def set_preloaded_heads(self, count: int) -> None:
         self.preloaded_heads.set(count)

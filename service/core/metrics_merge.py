@@ -51,6 +51,7 @@ GAUGES = {
     # Each replica measured its own trunk alone (the same machine: alike, not the same).
     "multihead_trunk_alone_seconds": PER_REPLICA,
     "multihead_batch_size_working": PER_REPLICA,
+    "multihead_batch_size_shared": PER_REPLICA,
     "multihead_tenant_counter": PER_REPLICA,
     # NOTE: per replica, although a bot's agreement is the same in each: which bots have a
     # label of their own, and so what "other" holds, is each replica's traffic.

@@ -8,6 +8,7 @@ the fields of `Settings` and `Deployment` and the rules between them; this knows
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from dataclasses import field
@@ -164,3 +165,25 @@ def validate_fields(obj: Any, rules: tuple[Callable[[Any], str | None], ...]) ->
         message = rule(obj)
         if message:
             raise InvalidSettings(message)
+
+
+def add_flags(group, fields, env_var: Callable[[str], str]) -> None:
+    """One `--flag` on argparse `group` per field (`--max-batch-size` for max_batch_size), its
+    help naming its variable (`env_var(name)`) and default; every flag's default is None, so
+    that a given flag is told from an absent one. A bool is --flag / --no-flag."""
+    for f in fields:
+        flag = "--" + f.name.replace("_", "-")
+        default = "unset" if f.default is None else f.default
+        if f.name.endswith("_bytes"):
+            default = f"{f.default} = {f.default // (1024 * 1024)} MiB"
+        text = f"{f.metadata.get('help', '')} (env {env_var(f.name)}; default: {default})"
+        text = text.replace("%", "%%")
+        kind = base_type(f)
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=None, help=text)
+        else:
+            choices = f.metadata.get("choices")
+            metavar = None if choices else {int: "N", float: "X"}.get(kind, f.name.upper())
+            group.add_argument(flag, dest=f.name, type=kind, default=None, metavar=metavar,
+                               choices=choices, help=text)

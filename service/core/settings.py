@@ -42,7 +42,7 @@ from service.core.logs import FORMATS as LOG_FORMATS
 from service.core.setting_fields import (
     GROUP,
     InvalidSettings,
-    base_type,
+    add_flags,
     check_value,
     parse_text,
     public_fields,
@@ -178,6 +178,13 @@ class Settings:
         "the batch size is the smallest of the trunk's batch profile within 5 % of its best "
         "images/s, at most --max-batch-size (a longer one costs every waiting request its "
         "length for less); off, or without a profile: --max-batch-size")
+    shared_batch_ms: float | None = setting(
+        None,
+        "while more than one tenant sent images within the last second, a trunk batch takes "
+        "at most the images the batch profile runs within this many ms (at least one): a "
+        "quiet tenant's request waits for one short batch beside another's flood, at the "
+        "cost of the batches' throughput while they share; unset: 1.5 x the profile's batch "
+        "of one; 0 or without a profile: full batches always", at_least=0)
     max_wait_ms: float = setting(
         5.0, "longest a batch waits for more images after its first one, in ms", at_least=0)
     max_queue_rows: int = setting(
@@ -541,26 +548,7 @@ class Settings:
         group = parser.add_argument_group(
             "serve settings", f"each flag can also be set by its {ENV_PREFIX}* variable; flags win"
         )
-        for f in cls.flat_fields():
-            flag = "--" + f.name.replace("_", "-")
-            default = "unset" if f.default is None else f.default
-            if f.name.endswith("_bytes"):
-                default = f"{f.default} = {f.default // MIB} MiB"
-            text = f"{f.metadata.get('help', '')} (env {cls.env_var(f.name)}; default: {default})"
-            text = text.replace("%", "%%")
-            kind = base_type(f)
-            if kind is bool:
-                group.add_argument(
-                    flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                    help=text,
-                )
-            else:
-                choices = f.metadata.get("choices")
-                metavar = None if choices else {int: "N", float: "X"}.get(kind, f.name.upper())
-                group.add_argument(
-                    flag, dest=f.name, type=kind, default=None, metavar=metavar,
-                    choices=choices, help=text,
-                )
+        add_flags(group, cls.flat_fields(), cls.env_var)
 
 
 # -- rules between fields, checked after every field's own: each gives the message of

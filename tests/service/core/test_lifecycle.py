@@ -142,6 +142,27 @@ async def test_the_batch_size_is_the_smallest_within_5_percent_of_the_profiles_b
     await client.close()
 
 
+async def test_shared_batches_take_what_the_profile_runs_within_the_slice(
+        aiohttp_client, tmp_path, fake_runtime, fake_checkpoint):
+    """While tenants share the trunk a batch takes at most what the profile runs within
+    --shared-batch-ms (unset: 1.5 x its batch of one): in the batcher, the full /readyz and
+    /metrics; 0 is off (the full batch size)."""
+    settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint)
+    client, service, body = await ready(aiohttp_client, settings)
+    (saved,) = profiles(fake_checkpoint)
+    data = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**data, "seconds": {"1": 0.010, "2": 0.014, "4": 0.030}}))
+    for slice_ms, shared in ((None, 2), (30.0, 4), (12.0, 1), (0, 4)):
+        client, service, body = await restart(aiohttp_client, client, settings_for(
+            tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint,
+            shared_batch_ms=slice_ms))
+        assert service.engine.batcher.shared_batch_size == shared, slice_ms
+        assert body["trunk"]["shared_batch_size"] == shared
+        text = await (await client.get("/metrics")).text()
+        assert prometheus.value(text, "multihead_batch_size_shared") == shared
+    await client.close()
+
+
 async def test_metrics_and_readyz_give_the_trunks_time_alone_and_in_the_server(
         aiohttp_client, tmp_path, fake_runtime, fake_checkpoint):
     """/metrics has the profile as trunk_alone_seconds by batch size, and the batches run as
