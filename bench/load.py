@@ -187,7 +187,10 @@ class ServerProcess:
                 if self.healthz_s is None and _get_status(f"{self.url}/healthz") == 200:
                     self.healthz_s = time.monotonic() - t0
                 if self.healthz_s is not None:
-                    status, body = _get(f"{self.url}/readyz")
+                    # The operator's full /readyz (a server with keys shows the rest only
+                    # the readiness): the trunk's runtime and precision, the timings.
+                    status, body = _get(f"{self.url}/readyz",
+                                        token=self.options.get("admin-token"))
                     if status == 200:
                         self.ready_s = time.monotonic() - t0
                         self._timings = _readyz_timings(body)
@@ -251,9 +254,11 @@ class ServerProcess:
         self.stop()
 
 
-def _get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+def _get(url: str, timeout_s: float = 2.0, token: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

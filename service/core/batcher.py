@@ -12,8 +12,8 @@ that piled up while the previous batch ran go out at once.
 
 Which rows a batch takes is `service.core.fair.TenantQueue`'s: with the `fair` scheduler (the
 default) by the tenants' weighted virtual counters (VTC), FIFO within a tenant; with `fifo` in
-arrival order. Either way a batch takes whatever waits, up to its size (shorter while more than
-one tenant queued rows within the last second: `shared_batch_size`, `service.core.sharing`).
+arrival order. Either way a batch takes whatever waits, up to its size (while a light tenant
+shares the trunk, at most `shared_batch_size` rows of each tenant: `service.core.sharing`).
 Under `fair` a tenant also queues at most its weighted share of `max_queue_rows` (429
 `queue_share` beyond it), and a tenant within its share is never refused for another's flood:
 the flooder's newest requests are pushed out instead.
@@ -105,8 +105,8 @@ class Batcher:
             booked rows (None: none), under either scheduler.
         on_served: hook `on_served({tenant: rows})` called on the event loop with each
             batch's rows per tenant. Errors in it are logged.
-        shared_batch_size: the most rows a batch takes while tenants share the trunk
-            (`service.core.sharing`; at most max_batch_size); None: max_batch_size always.
+        shared_batch_size: the most rows of one tenant a batch takes while a light tenant
+            shares the trunk (`service.core.sharing`); None: no such bound.
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -206,16 +206,16 @@ class Batcher:
 
     @property
     def shared_batch_size(self) -> int:
-        """The most rows a batch takes while tenants share the trunk (`sharing`)."""
+        """The most rows of one tenant a batch takes while tenants share the trunk."""
         return self._shared_batch_size
 
-    def batch_size(self, now: float | None = None) -> int:
-        """The most rows the next batch takes: `shared_batch_size` while more than one tenant
-        queued rows within the sharing window, else max_batch_size."""
-        if (self._shared_batch_size < self._max_batch_size
-                and self._sharing.active(self._clock() if now is None else now) > 1):
-            return self._shared_batch_size
-        return self._max_batch_size
+    def per_tenant(self, now: float | None = None) -> int | None:
+        """The most rows of one tenant the next batch takes (`service.core.sharing.Sharing.
+        cap`): `shared_batch_size` while the trunk is shared with a light tenant, else None."""
+        if self._shared_batch_size >= self._max_batch_size:
+            return None
+        return self._sharing.cap(self._clock() if now is None else now, self._queue.rows,
+                                 self._shared_batch_size)
 
     @property
     def policy(self) -> str:
@@ -401,7 +401,7 @@ class Batcher:
         # Wake the batching task only when it may have something to do: the queue just became
         # non-empty (it may be idle), a batch may now be full, or the last booked rows came
         # (nothing more to wait for). Its timer covers the rest.
-        if (was_empty or len(self._queue) >= self.batch_size(now)
+        if (was_empty or len(self._queue) >= self._max_batch_size
                 or (self._wait_for_booked_only and not self._room.booked)):
             self._wakeup.set()
         return entries
@@ -434,7 +434,7 @@ class Batcher:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
-            full = len(self._queue) >= self.batch_size(now)
+            full = len(self._queue) >= self._max_batch_size
             if self._gather_booked and not full and not self._closing:
                 if self._room.booked:
                     # Rows are being decoded and cannot be while the trunk runs: wait for them
@@ -478,7 +478,8 @@ class Batcher:
                 return False
             return True
 
-        return self._queue.take(self.batch_size(now), live, group)
+        return self._queue.take(self._max_batch_size, live, group,
+                                per_tenant=self.per_tenant(now))
 
     async def _next_batch(self) -> list[Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""

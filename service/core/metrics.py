@@ -140,8 +140,8 @@ class Metrics:
             "--max-batch-size", namespace=ns, registry=r,
         )
         self.batch_size_shared = Gauge(
-            "batch_size_shared", "most images the batcher puts in one trunk batch while more "
-            "than one tenant sent images within the last second (--shared-batch-ms)",
+            "batch_size_shared", "most images of one tenant the batcher puts in one trunk "
+            "batch while the trunk is shared with a light tenant (--shared-batch-ms)",
             namespace=ns, registry=r,
         )
         self._trunk_by_size: dict[int, list[float]] = {}  # size -> [batches, seconds]

@@ -1,36 +1,41 @@
-"""Shared batches are short: the batch size while tenants share the trunk.
+"""Short shares of a batch while the trunk is shared with a light tenant.
 
 A trunk batch cannot be stopped once it runs, so its length is all the isolation there is
 between tenants' latencies: a quiet tenant's request that arrives while another tenant's batch
-of 8 runs waits for it, then runs in the next batch, which fair order (`service.core.fair`)
-fills with the other's rows too. Measured on 2 cores (Xeon, OpenVINO bf16, batch of one 20 ms,
-of four 60 ms): a tenant flooding at its quota of 4 images a second took a quiet tenant's p99
-from 24 to 81 ms.
+of 8 runs waits for it, then shares the next batch with the other's rows. Measured on 2 cores
+(Xeon, OpenVINO bf16, a batch of one 20 ms, of four 60 ms): a tenant flooding at its quota of 4
+images a second took a quiet tenant's p99 from 24 to 81 ms.
 
-So while more than one tenant queued rows within the last SHARING_WINDOW_S (`Sharing`), a
-batch takes at most `shared_batch_size` rows: the largest size the trunk's profile runs within
-a short slice (`--shared-batch-ms`; unset, SHARED_SLICE_FACTOR x a batch of one). The quiet
-tenant then waits for one short batch and runs in one. The price is the throughput larger
-batches would have bought while tenants share; one tenant alone (and `--auth none`, where every
-request is one tenant's) keeps full batches. The batch is still a prefix of the scheduler's
-order: fair order's bounds are unchanged (tests/service/core/test_batcher_sharing.py).
+So while the trunk is shared with a light tenant (`Sharing.cap`: more than one tenant queued
+rows within the last SHARING_WINDOW_S, and one of them has at most `shared` rows queued, none
+maybe: a closed-loop client between two requests), a batch takes at most `shared` rows of each
+tenant (`shared_batch_size`: the largest batch the trunk's profile runs within a short slice,
+`--shared-batch-ms`; unset, SHARED_SLICE_FACTOR x a batch of one). The quiet tenant then waits
+for a short batch and runs in one; a batch still holds a row of every tenant waiting, so many
+light tenants still fill it. The price is the throughput a heavy tenant's longer share would
+have bought while light ones are about; heavy tenants alone (every recent tenant with more
+than `shared` rows queued) keep full batches, and so does one tenant alone (and `--auth none`,
+where every request is one tenant's). A batch is still the scheduler's order with a tenant's
+later rows left for the next: fair order's bound is unchanged (tests/service/core/
+test_sharing.py).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 # The tenants that queued rows this recently share the trunk.
 SHARING_WINDOW_S = 1.0
-# --shared-batch-ms unset: a shared batch runs within this many times a batch of one.
+# --shared-batch-ms unset: a tenant's share of a shared batch runs within this many times a
+# batch of one.
 SHARED_SLICE_FACTOR = 1.5
 
 
 def shared_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: int,
                       slice_ms: float | None) -> int | None:
-    """The most images a batch takes while tenants share the trunk: the largest size up to
-    `batch_size` that the profile (`batch_seconds(n)`, seconds alone) runs within `slice_ms`
-    (unset: SHARED_SLICE_FACTOR x its batch of one), at least 1. None (full batches always)
-    with `slice_ms` 0 or without a profile."""
+    """The most images of one tenant a batch takes while the trunk is shared with a light
+    tenant: the largest size up to `batch_size` that the profile (`batch_seconds(n)`, seconds
+    alone) runs within `slice_ms` (unset: SHARED_SLICE_FACTOR x its batch of one), at least 1.
+    None (no such bound) with `slice_ms` 0 or without a profile."""
     if batch_seconds is None or slice_ms == 0:
         return None
     slice_s = SHARED_SLICE_FACTOR * batch_seconds(1) if slice_ms is None else slice_ms / 1000.0
@@ -39,9 +44,9 @@ def shared_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: 
 
 
 class Sharing:
-    """When each tenant last queued rows, and whether more than one did within the window.
-    Bounded: a tenant older than the window is forgotten at the next `active`. Event loop
-    only (the batcher's)."""
+    """When each tenant last queued rows, and the bound on a tenant's rows in the next batch
+    (`cap`). Bounded: a tenant older than the window is forgotten at the next `cap`. Event
+    loop only (the batcher's)."""
 
     def __init__(self, window_s: float = SHARING_WINDOW_S) -> None:
         self.window_s = window_s
@@ -50,9 +55,17 @@ class Sharing:
     def queued(self, tenant: str, now: float) -> None:
         self._last[tenant] = now
 
-    def active(self, now: float) -> int:
+    def active(self, now: float) -> list[str]:
         """The tenants that queued rows within the window before `now`."""
         since = now - self.window_s
         for tenant in [t for t, when in self._last.items() if when < since]:
             del self._last[tenant]
-        return len(self._last)
+        return list(self._last)
+
+    def cap(self, now: float, queued: Mapping[str, int], shared: int) -> int | None:
+        """`shared` while more than one tenant queued rows within the window and one of them
+        has at most `shared` rows queued now (`queued`: rows by tenant), else None."""
+        active = self.active(now)
+        if len(active) > 1 and any(queued.get(t, 0) <= shared for t in active):
+            return shared
+        return None
