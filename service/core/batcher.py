@@ -12,11 +12,11 @@ that piled up while the previous batch ran go out at once.
 
 Which rows a batch takes is `service.core.fair.TenantQueue`'s: with the `fair` scheduler (the
 default) by the tenants' weighted virtual counters (VTC), FIFO within a tenant; with `fifo` in
-arrival order. Either way a batch takes whatever waits, up to its size (while a light tenant
-shares the trunk, at most `shared_batch_size` rows of each tenant: `service.core.sharing`).
-Under `fair` a tenant also queues at most its weighted share of `max_queue_rows` (429
-`queue_share` beyond it), and a tenant within its share is never refused for another's flood:
-the flooder's newest requests are pushed out instead.
+arrival order. Either way a batch takes whatever waits, up to its size (under `fair`, while a
+light tenant shares the trunk, at most `shared_batch_size` rows of each tenant:
+`service.core.sharing`). Under `fair` a tenant also queues at most its weighted share of
+`max_queue_rows` (429 `queue_share` beyond it), and a tenant within its share is never refused
+for another's flood: the flooder's newest requests are pushed out instead.
 
 The batcher knows nothing of TensorFlow, heads or HTTP; `group` (the bot id) is used only by the
 `per_group` policy and for stats, `tenant` by the fair scheduler and the shares. It is the same
@@ -212,7 +212,7 @@ class Batcher:
     def per_tenant(self, now: float | None = None) -> int | None:
         """The most rows of one tenant the next batch takes (`service.core.sharing.Sharing.
         cap`): `shared_batch_size` while the trunk is shared with a light tenant, else None."""
-        if self._shared_batch_size >= self._max_batch_size:
+        if self._shared_batch_size >= self._max_batch_size or not self._queue.fair:
             return None
         return self._sharing.cap(self._clock() if now is None else now, self._queue.rows,
                                  self._shared_batch_size)

@@ -180,7 +180,8 @@ class Settings:
         "length for less); off, or without a profile: --max-batch-size")
     shared_batch_ms: float | None = setting(
         None,
-        "while more than one tenant sent images within the last second and one of them has "
+        "with --scheduler fair, while more than one tenant sent images within the last "
+        "second and one of them has "
         "few waiting (a light tenant), a trunk batch takes at most the images the batch "
         "profile runs within this many ms of each tenant (at least one): a quiet tenant's "
         "request waits for a short batch beside another's flood, at the cost of the heavy "

@@ -6,7 +6,8 @@ of 8 runs waits for it, then shares the next batch with the other's rows. Measur
 (Xeon, OpenVINO bf16, a batch of one 20 ms, of four 60 ms): a tenant flooding at its quota of 4
 images a second took a quiet tenant's p99 from 24 to 81 ms.
 
-So while the trunk is shared with a light tenant (`Sharing.cap`: more than one tenant queued
+So under the fair scheduler (fifo, kept for comparison, is the arrival order in full batches),
+while the trunk is shared with a light tenant (`Sharing.cap`: more than one tenant queued
 rows within the last SHARING_WINDOW_S, and one of them has at most `shared` rows queued, none
 maybe: a closed-loop client between two requests), a batch takes at most `shared` rows of each
 tenant (`shared_batch_size`: the largest batch the trunk's profile runs within a short slice,

@@ -74,13 +74,13 @@ async def _batches(make_batcher, clock, rows_of):
     return [[r.tenant for r in call] for call in fake.calls[1:]]
 
 
-@pytest.fixture(params=["fair", "fifo"])
-def make_batcher(request):
+@pytest.fixture
+def make_batcher():
     def make(fake, clock, **kwargs):
         # As the engine's: nothing booked, a batch runs with what waits (no max_wait_ms).
+        kwargs.setdefault("scheduler", "fair")
         return Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
-                       shared_batch_size=2, clock=clock, wait_for_booked_only=True,
-                       scheduler=request.param, **kwargs)
+                       shared_batch_size=2, clock=clock, wait_for_booked_only=True, **kwargs)
     return make
 
 
@@ -102,6 +102,14 @@ async def test_beside_a_light_tenant_each_tenant_puts_its_share_in_a_batch(make_
     assert sorted(batches[0]) == ["a", "a", "b", "c"]
     assert [len(x) for x in batches] == [4, 2, 2, 2]
     assert sorted(t for x in batches for t in x) == ["a"] * 8 + ["b", "c"]
+
+
+async def test_fifo_keeps_the_arrival_order_in_full_batches(make_batcher):
+    """Shares are the fair scheduler's: fifo, kept for comparison, takes what waits in
+    arrival order up to the batch size."""
+    batches = await _batches(lambda fake, clock: make_batcher(fake, clock, scheduler="fifo"),
+                             FakeClock(), [("a", 8), ("b", 1), ("c", 1)])
+    assert batches == [["a"] * 8, ["b", "c"]]
 
 
 async def test_a_tenant_between_requests_keeps_the_cap_for_the_window(make_batcher):
