@@ -25,6 +25,8 @@ from accounts.tenants import (
     DEFAULT_TENANT,
     FAIR_LIMIT_NAMES,
     HEAD_BYTES_PER_CLASS,
+    LATENCY_LIMIT_NAMES,
+    LATENCY_TABLE,
     STORAGE_LIMIT_NAMES,
     STORAGE_TABLE,
     TOKEN_PREFIX,
@@ -40,7 +42,8 @@ from accounts.tenants import (
 _KEY_COLUMNS = "id, tenant, scope, hash, created, last_used, revoked"
 _AUDIT_COLUMNS = "id, at, actor, action, tenant, bot_id, version, digest, detail"
 # Each table of limits and its columns.
-_LIMIT_TABLES = {"tenant_limits": FAIR_LIMIT_NAMES, STORAGE_TABLE: STORAGE_LIMIT_NAMES}
+_LIMIT_TABLES = {"tenant_limits": FAIR_LIMIT_NAMES, STORAGE_TABLE: STORAGE_LIMIT_NAMES,
+                 LATENCY_TABLE: LATENCY_LIMIT_NAMES}
 
 
 def _api_key(row: Sequence) -> ApiKey:

@@ -10,8 +10,8 @@ tenants and keys is appended to the store's audit log in the same transaction as
     SCOPES           what a key may do: "infer", "manage", "metrics"
     OPERATOR         the actor name of the operator credential and of the CLI
     LIMITS           the per-tenant limits (`TenantLimits`), each with its range: fair sharing
-                     (weight, rate, burst, max_queued) and storage (max_bots, max_versions,
-                     max_head_bytes, registrations_per_minute)
+                     (weight, rate, burst, max_queued), storage (max_bots, max_versions,
+                     max_head_bytes, registrations_per_minute) and latency (deadline_ms)
 
 A token is `mhk_<key id: 12 hex>_<43 urlsafe characters>` (256 random bits). It is shown once,
 when its key is made; the store keeps only `token_hash(token)`, and nothing here ever puts the
@@ -145,6 +145,7 @@ class ApiKey:
 
 
 STORAGE_TABLE = "tenant_storage_limits"
+LATENCY_TABLE = "tenant_latency_limits"
 
 
 @dataclass(frozen=True)
@@ -193,10 +194,15 @@ LIMITS: dict[str, Limit] = {limit.name: limit for limit in (
           "registrations (new versions and candidates) per minute through the server (a "
           "token bucket of one minute's worth, per process; 429 registration_rate beyond it)",
           STORAGE_TABLE),
+    Limit("deadline_ms", False, 3_600_000.0, "ms",
+          "the deadline of the tenant's requests that give none (no X-Multihead-Deadline-Ms "
+          "header, no gRPC deadline), from their arrival: 504 deadline_unmeetable at once "
+          "when the work ahead cannot end before it", LATENCY_TABLE),
 )}
 LIMIT_NAMES = tuple(LIMITS)
 STORAGE_LIMIT_NAMES = tuple(n for n, limit in LIMITS.items() if limit.table == STORAGE_TABLE)
-FAIR_LIMIT_NAMES = tuple(n for n in LIMIT_NAMES if n not in STORAGE_LIMIT_NAMES)
+FAIR_LIMIT_NAMES = tuple(n for n, limit in LIMITS.items() if limit.table == "tenant_limits")
+LATENCY_LIMIT_NAMES = tuple(n for n, limit in LIMITS.items() if limit.table == LATENCY_TABLE)
 # The stored bytes of one class of a head: a float32 column of weights (1536) and a bias.
 HEAD_BYTES_PER_CLASS = (1536 + 1) * 4
 
@@ -288,6 +294,8 @@ class TenantLimits:
             version of the tenant's bots. Int in [1, 10**12].
         registrations_per_minute: registrations through the server per minute. Int in
             [1, 1_000_000].
+        deadline_ms: the deadline of the tenant's requests that give none, in ms from their
+            arrival. Float in (0, 3_600_000].
         Unset with no serve default: no bound.
     """
 
@@ -299,6 +307,7 @@ class TenantLimits:
     max_versions: int | None = None
     max_head_bytes: int | None = None
     registrations_per_minute: int | None = None
+    deadline_ms: float | None = None
 
     def __post_init__(self) -> None:
         for name, value in validate_limits(**self.to_dict()).items():

@@ -33,7 +33,7 @@ SCOPE_HELP = ("infer: call and list the tenant's bots; manage: also register, re
 DEFAULT_WORD = "default"
 LIMIT_METAVARS = {"weight": "W", "rate": "IMAGES_PER_S", "burst": "N", "max_queued": "ROWS",
                   "max_bots": "BOTS", "max_versions": "VERSIONS", "max_head_bytes": "BYTES",
-                  "registrations_per_minute": "N"}
+                  "registrations_per_minute": "N", "deadline_ms": "MS"}
 # `tenants list` headers (the limit's name in capitals, shorter where it is long)
 LIMIT_HEADERS = {"registrations_per_minute": "REG_PER_MIN"}
 

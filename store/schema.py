@@ -46,7 +46,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from accounts.candidates import MODES
-from accounts.tenants import AUDIT_ACTIONS, LIMITS, SCOPES, STORAGE_TABLE
+from accounts.tenants import AUDIT_ACTIONS, LATENCY_TABLE, LIMITS, SCOPES, STORAGE_TABLE
 from store.backend import POSTGRESQL, SQLITE
 
 # Logical column types.
@@ -182,6 +182,12 @@ TABLES: tuple[Table, ...] = (
     Table(STORAGE_TABLE, (
         Column("name", KEY),
         *(_limit_column(name) for name, limit in LIMITS.items() if limit.table == STORAGE_TABLE),
+        Column("updated", TEXT),
+    ), primary_key=("name",)),
+    # The latency limits of a tenant (deadline_ms), as the storage limits: a table of their own.
+    Table(LATENCY_TABLE, (
+        Column("name", KEY),
+        *(_limit_column(name) for name, limit in LIMITS.items() if limit.table == LATENCY_TABLE),
         Column("updated", TEXT),
     ), primary_key=("name",)),
     # API keys: only the sha256 of each token (see accounts.tenants). No foreign key to tenants:

@@ -14,8 +14,9 @@
   registrations per minute are spent so (`put_bot`), is refused here, before its body is read;
   else the request holds its claim on the bucket until it is charged (`Tenancy.refuse_early`,
   `Quotas.claim`);
-- deadline: the request's `X-Multihead-Deadline-Ms` header (or metadata), once its caller is
-  known (`service.core.deadlines`: 400 invalid_deadline when malformed), kept for the step;
+- deadline: the request's `X-Multihead-Deadline-Ms` header (or metadata), else its tenant's
+  default deadline, once its caller is known (`service.core.deadlines`: 400 invalid_deadline
+  when malformed), kept for the step;
 - admission (`service.core.admission`): the bytes the request holds in the process's in-flight
   budget (`Service.inflight`), under its caller's tenant (`tenant_of`: its share of the
   budget), until its answer is built (a body's declared length, a gRPC
@@ -248,7 +249,9 @@ async def _answer(service: Service, incoming: Incoming, step: Step[T], access: s
     caller = None if access is None else caller_of(service, access, incoming.headers)
     tenant = tenant_of(caller)
     try:
-        deadline = deadlines.from_headers(incoming.headers) if caller is not None else None
+        deadline = (deadlines.from_headers(incoming.headers,
+                                           default_ms=service.tenancy.deadline_ms(tenant))
+                    if caller is not None else None)
         kind = REFUSED_EARLY.get(incoming.route)
         with contextlib.ExitStack() as claim:
             if tenant and kind is not None:

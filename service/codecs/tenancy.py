@@ -53,7 +53,7 @@ def parse_limits(raw: bytes | bytearray) -> dict[str, float | int | None]:
     unknown = sorted(set(body) - set(LIMIT_NAMES))
     if unknown:
         names = ", ".join(repr(name) for name in unknown)
-        shown = names if len(names) <= 64 else names[:61] + "..."
+        shown = names if len(names) <= 40 else names[:37] + "..."
         raise BadRequest(f"unknown field(s) {shown}: the limits are {', '.join(LIMIT_NAMES)}")
     return validate_limits(**body)
 

@@ -4,7 +4,8 @@ protocol, and the one place the request's deadline is kept while it runs.
 A request's deadline is the earliest of:
 - the serve-wide `--request-timeout-s` (always);
 - the header `X-Multihead-Deadline-Ms` (HTTP and gRPC metadata alike): milliseconds from when
-  the request arrived, a number in (0, MAX_MS];
+  the request arrived, a number in (0, MAX_MS]; without it, its tenant's default (`multihead
+  tenants set --deadline-ms`, else `--tenant-deadline-ms`; `request_ms`);
 - the gRPC call's own deadline (`grpc-timeout`), given as that header by the gRPC transport
   when the client set no header of its own;
 - OIP's `parameters.deadline_ms` in the inference request's body (REST and gRPC).
@@ -63,10 +64,19 @@ def header_ms(headers: Mapping[str, str]) -> float | None:
     return None if value is None else parse_ms(value, "X-Multihead-Deadline-Ms")
 
 
-def from_headers(headers: Mapping[str, str], start: float | None = None) -> float | None:
-    """The deadline a request's headers (or gRPC metadata) ask for, as `time.monotonic`
-    seconds counted from `start` (default: now); None without the header."""
+def request_ms(headers: Mapping[str, str], default_ms: float | None = None) -> float | None:
+    """The ms a request is given: its header's (`header_ms`), else `default_ms` (its
+    tenant's default deadline; None: none)."""
     ms = header_ms(headers)
+    return default_ms if ms is None else ms
+
+
+def from_headers(headers: Mapping[str, str], start: float | None = None,
+                 default_ms: float | None = None) -> float | None:
+    """The deadline a request's headers (or gRPC metadata) ask for, else `default_ms` after
+    its arrival, as `time.monotonic` seconds counted from `start` (default: now); None
+    without either."""
+    ms = request_ms(headers, default_ms)
     if ms is None:
         return None
     return (time.monotonic() if start is None else start) + ms / 1000.0
@@ -97,5 +107,5 @@ def earliest(default: float) -> float:
     return default if current is None else min(default, current)
 
 
-__all__ = ["HEADER", "MAX_MS", "earliest", "from_headers", "header_ms", "parse_ms", "scope",
-           "tighten"]
+__all__ = ["HEADER", "MAX_MS", "earliest", "from_headers", "header_ms", "parse_ms",
+           "request_ms", "scope", "tighten"]

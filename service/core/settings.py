@@ -352,6 +352,11 @@ class Settings:
         "Retry-After beyond it; a bucket of one minute's worth, divided between the processes "
         "serving the store as quotas are); unset: no bound",
         at_least=1, at_most=1_000_000)
+    tenant_deadline_ms: float | None = setting(
+        None,
+        "the deadline of a tenant's requests that give none (no X-Multihead-Deadline-Ms, no "
+        "gRPC deadline), in ms from their arrival, when its own deadline_ms is unset; unset: "
+        "--request-timeout-s only", above=0, at_most=3_600_000)
     metrics_top_tenants: int = setting(
         20, "busiest tenants that get their own /metrics label; the rest are 'other'",
         at_least=0)

@@ -43,7 +43,8 @@ class Tenancy:
             burst=settings.tenant_burst, max_queued=settings.tenant_max_queued,
             max_bots=settings.tenant_max_bots, max_versions=settings.tenant_max_versions,
             max_head_bytes=settings.tenant_max_head_bytes,
-            registrations_per_minute=settings.tenant_registrations_per_minute)
+            registrations_per_minute=settings.tenant_registrations_per_minute,
+            deadline_ms=settings.tenant_deadline_ms)
         self._table: dict | None = None
         self._filled: dict[str, TenantLimits] = {}
         # Under Ray the replica count; else the processes serving this store, as last counted.
@@ -76,6 +77,11 @@ class Tenancy:
         """(images per second, burst): None is no quota, and the quota's default burst."""
         limits = self.limits(tenant)
         return limits.rate, limits.burst
+
+    def deadline_ms(self, tenant: str) -> float | None:
+        """The deadline of `tenant`'s requests that give none, in ms (None: none but
+        --request-timeout-s)."""
+        return self.limits(tenant).deadline_ms
 
     def max_queued(self, tenant: str) -> int | None:
         """`tenant`'s own cap on queued images (the batcher's), None for none."""

@@ -189,11 +189,12 @@ def test_removing_a_tenant_with_force_removes_its_bots_and_revokes_its_keys(any_
 
 def test_the_limits_and_their_ranges():
     assert LIMIT_NAMES == ("weight", "rate", "burst", "max_queued", "max_bots", "max_versions",
-                           "max_head_bytes", "registrations_per_minute")
+                           "max_head_bytes", "registrations_per_minute", "deadline_ms")
     assert {n: (lim.integer, lim.maximum) for n, lim in LIMITS.items()} == {
         "weight": (False, 1000), "rate": (False, 1e6), "burst": (True, 10**6),
         "max_queued": (True, 10**6), "max_bots": (True, 10**6), "max_versions": (True, 1000),
-        "max_head_bytes": (True, 10**12), "registrations_per_minute": (True, 10**6)}
+        "max_head_bytes": (True, 10**12), "registrations_per_minute": (True, 10**6),
+        "deadline_ms": (False, 3.6e6)}
     assert TenantLimits().to_dict() == NO_LIMITS
     limits = TenantLimits(weight=2, rate=1e6, burst=4.0, max_queued=1)
     assert limits.to_dict() == {**NO_LIMITS, "weight": 2.0, "rate": 1e6, "burst": 4,

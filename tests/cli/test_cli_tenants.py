@@ -135,7 +135,8 @@ def test_tenant_limits_from_the_command_line(tmp_path, capsys):
                        "--store", store)
     assert code == 0 and out == ("limits of tenant 'acme': weight=2 rate=default burst=40 "
                                  "max_queued=default max_bots=default max_versions=default "
-                                 "max_head_bytes=default registrations_per_minute=default\n")
+                                 "max_head_bytes=default registrations_per_minute=default "
+                                 "deadline_ms=default\n")
     assert run(capsys, "tenants", "set", "default", "--max-queued=1e3", "--weight", "0.5",
                "--store", store)[0] == 0
     with open_store(store) as s:
@@ -149,9 +150,9 @@ def test_tenant_limits_from_the_command_line(tmp_path, capsys):
     code, out, _ = run(capsys, "tenants", "list", "--store", store)
     assert code == 0 and [line.split() for line in out.splitlines()][:3] == [
         ["TENANT", "BOTS", "WEIGHT", "RATE", "BURST", "MAX_QUEUED", "MAX_BOTS", "MAX_VERSIONS",
-         "MAX_HEAD_BYTES", "REG_PER_MIN", "CREATED"],
-        ["acme", "0", "2", "default", "40", *["default"] * 5, out.split()[21]],
-        ["default", "0", "0.5", "default", "default", "1000", *["default"] * 4, "-"]]
+         "MAX_HEAD_BYTES", "REG_PER_MIN", "DEADLINE_MS", "CREATED"],
+        ["acme", "0", "2", "default", "40", *["default"] * 6, out.split()[23]],
+        ["default", "0", "0.5", "default", "default", "1000", *["default"] * 5, "-"]]
     code, out, _ = run(capsys, "tenants", "list", "--json", "--store", store)
     assert {t["name"]: t["limits"] for t in json.loads(out)} == {
         "acme": {**NO_LIMITS, "weight": 2.0, "burst": 40},

@@ -136,11 +136,11 @@ def pg_schema(url: str) -> dict:
 def test_the_description_holds_both_backends_tables_with_their_constraints():
     assert [t.name for t in TABLES] == ["state", "versions", "blobs", "bots", "history",
                                         "tenants", "tenant_limits", "tenant_storage_limits",
-                                        "api_keys", "owners", "audit", "candidates",
+                                        "tenant_latency_limits", "api_keys", "owners", "audit", "candidates",
                                         "serving_processes"]
     assert [t.name for t in tables(SQLITE)] == ["versions", "bots", "history", "tenants",
                                                 "tenant_limits", "tenant_storage_limits",
-                                                "api_keys", "owners", "audit", "candidates"]
+                                                "tenant_latency_limits", "api_keys", "owners", "audit", "candidates"]
     assert [t.name for t in tables(POSTGRESQL)] == [t.name for t in TABLES]
     # Referenced tables come first: the statements run in this order.
     for i, t in enumerate(TABLES):
@@ -188,7 +188,9 @@ def test_the_sqlite_checks_refuse_what_the_description_forbids(store):
                     *(f"INSERT INTO tenant_storage_limits (name, {column}, updated) VALUES "
                       f"('t', {value}, 'x')" for column, value in [
                           ("max_bots", 0), ("max_versions", 1001), ("max_head_bytes", 0),
-                          ("max_head_bytes", 10**12 + 1), ("registrations_per_minute", -1)])]:
+                          ("max_head_bytes", 10**12 + 1), ("registrations_per_minute", -1)]),
+                    *(f"INSERT INTO tenant_latency_limits (name, deadline_ms, updated) VALUES "
+                      f"('t', {value}, 'x')" for value in (0, -1, 3_600_000.5))]:
             with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
                 conn.execute(sql)
     finally:
@@ -294,9 +296,9 @@ def _old_rows(insert_version, insert_bot, insert_history) -> None:
 
 # The tables tenants added: a store of 42dd771 gains them, empty, at its first write.
 TENANT_TABLES = ("tenants", "tenant_limits", "api_keys", "owners", "audit")
-# ... and the tables added since (candidates, storage limits; and PostgreSQL's leases, which a
+# ... and the tables added since (candidates, storage and latency limits; and PostgreSQL's leases, which a
 # directory store keeps in processes.sqlite: test_leases.py).
-ADDED_TABLES = (*TENANT_TABLES, "candidates", "tenant_storage_limits")
+ADDED_TABLES = (*TENANT_TABLES, "candidates", "tenant_storage_limits", "tenant_latency_limits")
 PG_ADDED_TABLES = (*ADDED_TABLES, "serving_processes")
 
 
@@ -496,7 +498,7 @@ def _d17eb97_statements(dialect: str, prefix: str, audit: str) -> list[str]:
     its audit, and its history (whose check lacks the candidates' actions)."""
     today = create_statements(dialect, prefix, only={t.name for t in tables(dialect)}
                               - {"audit", "tenant_limits", "candidates", "history",
-                                 "tenant_storage_limits"})
+                                 "tenant_storage_limits", "tenant_latency_limits"})
     return [*today, HISTORY_3D50DBA[dialect].format(prefix=prefix),
             HISTORY_INDEX.format(prefix=prefix), audit, AUDIT_INDEX.format(prefix=prefix)]
 
@@ -558,7 +560,8 @@ def test_a_directory_store_written_by_d17eb97_gains_the_tenant_set_action(tmp_pa
     assert sqlite_schema(db) == expected_schema(SQLITE)
     assert {t: v for t, v in old_schema.items() if t != "audit"} == {
         t: v for t, v in expected_schema(SQLITE).items()
-        if t not in ("audit", "tenant_limits", "candidates", "tenant_storage_limits")}
+        if t not in ("audit", "tenant_limits", "candidates", "tenant_storage_limits",
+                     "tenant_latency_limits")}
     # Made again once: a later writer finds the check current and leaves the table alone.
     sql = _table_sql(db, "audit")
     with open_store(root) as s:
@@ -598,7 +601,7 @@ def test_a_postgresql_store_written_by_d17eb97_gains_the_tenant_set_action(pg_ur
     assert name == "audit_action_check" and stale_check("audit", old_check)
     assert pg_schema(pg_url) == {t: v for t, v in expected_schema(POSTGRESQL).items()
                                  if t not in ("tenant_limits", "candidates",
-                                              "tenant_storage_limits")}
+                                              "tenant_storage_limits", "tenant_latency_limits")}
 
     _gains_tenant_set(pg_url)
     ((name, check),) = _pg_audit_check(pg_url)

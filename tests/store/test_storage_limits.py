@@ -140,3 +140,23 @@ def test_the_registration_bucket_is_divided_between_the_stores_serving_processes
     with pytest.raises(RegistrationRateLimited) as refused:
         tenancy.take_registration("acme")
     assert refused.value.retry_after_s == pytest.approx(30.0)  # 2/min here: one every 30 s
+
+
+def test_a_tenants_deadline_is_its_own_else_the_serve_default_and_survives_a_reopen(any_store):
+    """deadline_ms is stored in a table of its own (SQLite and PostgreSQL alike), read back
+    on reopen, and filled from --tenant-deadline-ms for a tenant that leaves it unset."""
+    from service.core.settings import Settings
+    from service.core.tenancy import Tenancy
+
+    s = any_store
+    s.add_tenant("acme", limits=TenantLimits(deadline_ms=150))
+    s.add_tenant("globex")
+    assert s.tenant_limits()["acme"].deadline_ms == 150.0
+    tenancy = Tenancy(Settings(store="unused", tenant_deadline_ms=5000), s, threads=None)
+    assert tenancy.deadline_ms("acme") == 150.0
+    assert tenancy.deadline_ms("globex") == 5000.0
+    assert Tenancy(Settings(store="unused"), s, threads=None).deadline_ms("globex") is None
+    s.set_tenant_limits("acme", deadline_ms=None)
+    assert tenancy.deadline_ms("acme") == 5000.0
+    s.set_tenant_limits("acme", deadline_ms=2.5)
+    assert s.audit()[-1].detail == "deadline_ms=2.5"

@@ -83,9 +83,10 @@ async def serve(service: Service, endpoint: Endpoint, caller: Caller, request: w
             closing.append(asyncio.get_running_loop().create_task(ws.close(
                 code=sockets.CLOSE_TRY_LATER, message=sockets.BYTES_CLOSE_REASON.encode())))
 
-        # The upgrade's X-Multihead-Deadline-Ms (checked by the pipeline) is each message's,
-        # counted from the message's arrival.
-        per_message_ms = deadlines.header_ms(neutral.headers)
+        # The upgrade's X-Multihead-Deadline-Ms (checked by the pipeline), else the tenant's
+        # default deadline, is each message's, counted from the message's arrival.
+        per_message_ms = deadlines.request_ms(neutral.headers,
+                                              service.tenancy.deadline_ms(tenant))
         with held.pushable(pushed_out):
             return await _relay(service, socket, session, ws, connections, principal,
                                 per_message_ms)

@@ -28,6 +28,13 @@ class Metrics:
         self.seen.append((route, status, elapsed_s is not None))
 
 
+class Tenancy:
+    """No tenant has a default deadline."""
+
+    def deadline_ms(self, tenant: str) -> None:
+        return None
+
+
 @dataclass
 class Service:
     """What the pipeline reads of a `Service`; `caller` records its calls."""
@@ -38,6 +45,7 @@ class Service:
     metrics: Metrics = field(default_factory=Metrics)
     inflight: ByteBudget = field(default_factory=lambda: ByteBudget(100))
     tracing: None = None
+    tenancy: Tenancy = field(default_factory=Tenancy)
 
     def caller(self, authorization, access, *, route_key=None):
         self.steps.append(f"caller {authorization} {access} {route_key}")

@@ -292,3 +292,36 @@ async def test_a_deadline_is_read_only_once_the_caller_is_known(world):
         async with session.post(f"{world.server.url}/classify/{bot}", data=image,
                                 headers=headers) as resp:
             assert resp.status == 400 and (await resp.json())["code"] == "invalid_deadline"
+
+
+async def test_a_tenants_default_deadline_holds_its_requests_that_give_none(world):
+    """`deadline_ms` (tenants set --deadline-ms, PATCH /tenants/{name}): the deadline of the
+    tenant's requests without X-Multihead-Deadline-Ms, HTTP and each WebSocket message; a
+    request's own header wins; another tenant's requests are not touched."""
+    bot = world.fresh_bot(versions=1)
+    image = encode(pattern(79, size=(64, 48)), "JPEG")
+    jpeg = {"Content-Type": "image/jpeg"}
+    url = f"{world.server.url}/classify/{bot}"
+    assert (await set_limits(world, OWN, deadline_ms=0.001))["deadline_ms"] == 0.001
+    try:
+        async with aiohttp.ClientSession(headers=world.headers["own_infer"]) as session:
+            async with session.post(url, data=image, headers=jpeg) as resp:
+                body = await resp.json()
+                assert resp.status == 504, body
+                assert body["code"] in ("deadline_exceeded", "deadline_unmeetable")
+            async with session.post(url, data=image, headers={
+                    **jpeg, "X-Multihead-Deadline-Ms": "60000"}) as resp:
+                assert resp.status == 200, await resp.text()
+            async with session.ws_connect(f"{world.server.url}/ws/classify/{bot}") as ws:
+                await ws.send_bytes(image)
+                reply = await ws.receive_json(timeout=60)
+                assert (reply["status"], reply["code"]) == (504, "deadline_exceeded"), reply
+        async with aiohttp.ClientSession(headers=world.headers["other_infer"]) as session:
+            async with session.post(f"{world.server.url}/classify/{OTHER_BOT}", data=image,
+                                    headers=jpeg) as resp:
+                assert resp.status == 200, await resp.text()
+    finally:
+        assert (await set_limits(world, OWN, deadline_ms=None))["deadline_ms"] is None
+    async with aiohttp.ClientSession(headers=world.headers["own_infer"]) as session:
+        async with session.post(url, data=image, headers=jpeg) as resp:
+            assert resp.status == 200, await resp.text()
