@@ -10,13 +10,13 @@ A batch is flushed when `max_batch_size` rows are waiting or `max_wait_ms` after
 was queued, whichever comes first; the wait is measured from the oldest row's arrival, so rows
 that piled up while the previous batch ran go out at once.
 
-Which rows a batch takes is `service.core.fair.TenantQueue`'s: with the `fair` scheduler (the
-default) by the tenants' weighted virtual counters (VTC), FIFO within a tenant; with `fifo` in
-arrival order. Either way a batch takes whatever waits, up to its size (under `fair`, while a
-light tenant shares the trunk, at most `shared_batch_size` rows of each tenant:
-`service.core.sharing`). Under `fair` a tenant also queues at most its weighted share of
-`max_queue_rows` (429 `queue_share` beyond it), and a tenant within its share is never refused
-for another's flood: the flooder's newest requests are pushed out instead.
+Which rows a batch takes is `service.core.fair.TenantQueue`'s: `fair` (the default) by the
+tenants' weighted virtual counters (VTC), FIFO within a tenant, `fifo` in arrival order; either
+way whatever waits, up to its size (under `fair` shorter: a share per tenant waiting beside a
+light tenant, `service.core.sharing`; cut for its earliest deadline, `deadlines.batch_cut`).
+Under `fair` a tenant queues at most its weighted share of `max_queue_rows` (429 `queue_share`
+beyond it); one within its share is never refused for another's flood: the flooder's newest
+requests are pushed out instead.
 
 The batcher knows nothing of TensorFlow, heads or HTTP; `group` (the bot id) is used only by the
 `per_group` policy and for stats, `tenant` by the fair scheduler and the shares. It is the same
@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from service.core.booking import Booking, QueueRoom
+from service.core.deadlines import batch_cut
 from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
 from service.core.rows import Entry, Row, deliver, fail, outcome
@@ -83,8 +84,7 @@ class Batcher:
             loop after each batch; `queue_wait_s` has one entry per row. Errors in it are logged.
         wait_for_booked_only: when True, a waiting batch waits out max_wait_ms only while
             some rows are booked (being prepared by their callers: they will come); with none
-            booked it runs at once, as waiting would only add latency. When False (default)
-            it always waits up to max_wait_ms for more rows.
+            booked it runs at once. False (default): it always waits up to max_wait_ms.
         gather_booked: when True (the engine's, when the trunk runs alone on the cores:
             `service.core.cores`), a batch that is not full waits for the rows booked (being
             decoded), past max_wait_ms, while they keep coming: until none is booked, the batch
@@ -105,8 +105,10 @@ class Batcher:
             booked rows (None: none), under either scheduler.
         on_served: hook `on_served({tenant: rows})` called on the event loop with each
             batch's rows per tenant. Errors in it are logged.
-        shared_batch_size: the most rows of one tenant a batch takes while a light tenant
-            shares the trunk (`service.core.sharing`); None: no such bound.
+        shared_batch_size: a tenant's share of a batch beside a light tenant (fair only; the
+            batch takes this many rows per tenant waiting: `sharing`); None: full batches.
+        batch_seconds: the trunk's time alone for a batch of n (the profile's), to cut a fair
+            batch short for its earliest deadline (`deadlines.batch_cut`); None: never cut.
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -130,6 +132,7 @@ class Batcher:
         max_queued: Callable[[str], int | None] = lambda tenant: None,
         on_served: OnServed | None = None,
         shared_batch_size: int | None = None,
+        batch_seconds: Callable[[int], float] | None = None,
     ) -> None:
         if not callable(run_batch):
             raise TypeError("run_batch must be callable")
@@ -144,13 +147,10 @@ class Batcher:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, "
                              f"got {scheduler!r}")
-        shared = max_batch_size if shared_batch_size is None else shared_batch_size
-        if not _is_int(shared) or shared < 1:
-            raise ValueError(f"shared_batch_size must be an int >= 1, got {shared!r}")
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
-        self._shared_batch_size = min(shared, max_batch_size)
-        self._sharing = Sharing()
+        self._sharing = Sharing(shared_batch_size, max_batch_size)
+        self._batch_seconds = batch_seconds
         self._max_wait_s = float(max_wait_ms) / 1000.0
         self._policy = policy
         self._on_batch = on_batch
@@ -207,15 +207,13 @@ class Batcher:
     @property
     def shared_batch_size(self) -> int:
         """The most rows of one tenant a batch takes while tenants share the trunk."""
-        return self._shared_batch_size
+        return self._sharing.shared
 
-    def per_tenant(self, now: float | None = None) -> int | None:
-        """The most rows of one tenant the next batch takes (`service.core.sharing.Sharing.
-        cap`): `shared_batch_size` while the trunk is shared with a light tenant, else None."""
-        if self._shared_batch_size >= self._max_batch_size or not self._queue.fair:
-            return None
-        return self._sharing.cap(self._clock() if now is None else now, self._queue.rows,
-                                 self._shared_batch_size)
+    def batch_size(self, now: float | None = None) -> int:
+        """The most rows the next batch takes (fair: `Sharing.batch_size`)."""
+        if not self._queue.fair:
+            return self._max_batch_size
+        return self._sharing.batch_size(self._clock() if now is None else now, self._queue.rows)
 
     @property
     def policy(self) -> str:
@@ -478,8 +476,9 @@ class Batcher:
                 return False
             return True
 
-        return self._queue.take(self._max_batch_size, live, group,
-                                per_tenant=self.per_tenant(now))
+        cut = None if self._batch_seconds is None else (lambda order: batch_cut(
+            [e.row.deadline for e in order], now, self._batch_seconds))
+        return self._queue.take(self.batch_size(now), live, group, cut=cut)
 
     async def _next_batch(self) -> list[Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""

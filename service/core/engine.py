@@ -296,7 +296,8 @@ class Engine:
                                scheduler=settings.scheduler, weight=weight,
                                max_queued=max_queued, on_served=metrics.observe_tenant_images,
                                shared_batch_size=shared_batch_size(
-                                   batch_seconds, batch_size, settings.shared_batch_ms))
+                                   batch_seconds, batch_size, settings.shared_batch_ms),
+                               batch_seconds=batch_seconds)
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
         metrics.bind_tenant_state(self.batcher.tenant_state)
 

@@ -148,24 +148,35 @@ class TenantQueue:
         return out
 
     def take(self, n: int, live: Callable[[Queued], bool], group: str | None = None, *,
-             per_tenant: int | None = None) -> list:
-        """Removes up to `n` live entries for a batch (only `group`'s if given; FIFO then), at
-        most `per_tenant` of each tenant (None: no such bound): the batch is the scheduler's
-        order with a tenant's later rows left for the next batches, keeping their place.
+             cut: Callable[[list], int] | None = None) -> list:
+        """Removes up to `n` live entries for a batch (only `group`'s if given; FIFO then).
+        `cut(order)` (fair order only): given the entries the batch would take, in order, how
+        many of them it takes (a prefix: the order, and so its bounds, stay the fair order's).
 
         Entries for which `live(e)` is False (cancelled, past their deadline) leave the queue
         too, without counting toward `n` and without charging their tenant.
         """
         if not self.fair or group is not None:
-            return self._take_in_order(n, live, group, per_tenant)
+            return self._take_in_order(n, live, group)
+        if cut is not None:  # the order on copies of the counters: nothing charged
+            order, _ = self._fair_order(n, lambda e: True, dict(self.counters),
+                                        dict(self._picked))
+            n = max(1, min(n, cut(order)))
+        batch, gone = self._fair_order(n, live, self.counters, self._picked)
+        self.remove_many(gone)
+        self._prune()
+        return batch
+
+    def _fair_order(self, n: int, live: Callable[[Queued], bool], counters: dict[str, float],
+                    picked: dict[str, int]) -> tuple[list, list]:
+        """(up to `n` live entries in fair order, every entry visited), charging `counters`
+        and `picked` as it goes (the queue's own, or copies for a look ahead)."""
         by_tenant: dict[str, list] = {}
         for e in self.entries:
             by_tenant.setdefault(e.tenant, []).append(e)
         position = dict.fromkeys(by_tenant, 0)
-        counters, picked = self.counters, self._picked
         batch: list = []
         gone: list = []
-        taken: dict[str, int] = {}  # live rows of each tenant in the batch
         while len(batch) < n and position:
             tenant = min(position, key=lambda t: (counters.get(t, 0.0), picked.get(t, -1),
                                                   by_tenant[t][position[t]].enqueued_s))
@@ -174,37 +185,29 @@ class TenantQueue:
             gone.append(e)
             if live(e):
                 batch.append(e)
-                taken[tenant] = taken.get(tenant, 0) + 1
                 counters[tenant] = counters.get(tenant, 0.0) + e.cost / self.weight(tenant)
                 self._picks += 1
                 picked[tenant] = self._picks
-            if (position[tenant] == len(by_tenant[tenant])
-                    or (per_tenant is not None and taken.get(tenant, 0) >= per_tenant)):
+            if position[tenant] == len(by_tenant[tenant]):
                 del position[tenant]
-        self.remove_many(gone)
-        self._prune()
-        return batch
+        return batch, gone
 
-    def _take_in_order(self, n: int, live: Callable[[Queued], bool], group: str | None,
-                       per_tenant: int | None = None) -> list:
+    def _take_in_order(self, n: int, live: Callable[[Queued], bool], group: str | None) -> list:
         batch: list = []
         kept: list = []
-        taken: collections.Counter[str] = collections.Counter()
         queue = self.entries
         while queue and len(batch) < n:
             e = queue.popleft()
-            if ((group is not None and e.group != group)
-                    or (per_tenant is not None and taken[e.tenant] >= per_tenant)):
+            if group is not None and e.group != group:
                 kept.append(e)
                 continue
             self._left(e)
             if live(e):
                 batch.append(e)
-                taken[e.tenant] += 1
                 if self.fair:
                     self.counters[e.tenant] = (self.counters.get(e.tenant, 0.0)
                                                + e.cost / self.weight(e.tenant))
-        queue.extendleft(reversed(kept))  # rows left keep their place and order
+        queue.extendleft(reversed(kept))  # other groups' rows keep their place and order
         return batch
 
     def _prune(self) -> None:

@@ -7,18 +7,18 @@ of 8 runs waits for it, then shares the next batch with the other's rows. Measur
 images a second took a quiet tenant's p99 from 24 to 81 ms.
 
 So under the fair scheduler (fifo, kept for comparison, is the arrival order in full batches),
-while the trunk is shared with a light tenant (`Sharing.cap`: more than one tenant queued
-rows within the last SHARING_WINDOW_S, and one of them has at most `shared` rows queued, none
-maybe: a closed-loop client between two requests), a batch takes at most `shared` rows of each
-tenant (`shared_batch_size`: the largest batch the trunk's profile runs within a short slice,
-`--shared-batch-ms`; unset, SHARED_SLICE_FACTOR x a batch of one). The quiet tenant then waits
-for a short batch and runs in one; a batch still holds a row of every tenant waiting, so many
-light tenants still fill it. The price is the throughput a heavy tenant's longer share would
-have bought while light ones are about; heavy tenants alone (every recent tenant with more
-than `shared` rows queued) keep full batches, and so does one tenant alone (and `--auth none`,
-where every request is one tenant's). A batch is still the scheduler's order with a tenant's
-later rows left for the next: fair order's bound is unchanged (tests/service/core/
-test_sharing.py).
+while the trunk is shared with a light tenant (`Sharing.cap`: more than one tenant queued rows
+within the last SHARING_WINDOW_S, and one of them has at most a share queued, none maybe: a
+closed-loop client between two requests), a batch takes a share (`shared_batch_size`: the
+largest batch the trunk's profile runs within a short slice, `--shared-batch-ms`; unset,
+SHARED_SLICE_FACTOR x a batch of one) for each tenant with rows waiting, in fair order. A
+heavy tenant alone then runs short batches, and the quiet tenant that arrives waits for one and
+runs in the next beside about a share of each other tenant's rows; many tenants waiting still
+fill a batch. The batch is a prefix of the fair order, so the order's bounds hold (weights
+included: tests/service/core/test_sharing.py). The price is the throughput a heavy tenant's
+longer batches would have bought while light ones are about; heavy tenants alone (every
+recent tenant with more than a share queued) keep full batches, and so does one tenant alone
+(and `--auth none`, where every request is one tenant's).
 """
 from __future__ import annotations
 
@@ -47,9 +47,22 @@ def shared_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: 
 class Sharing:
     """When each tenant last queued rows, and the bound on a tenant's rows in the next batch
     (`cap`). Bounded: a tenant older than the window is forgotten at the next `cap`. Event
-    loop only (the batcher's)."""
+    loop only (the batcher's).
 
-    def __init__(self, window_s: float = SHARING_WINDOW_S) -> None:
+    Args:
+        shared: a tenant's share of a batch while the trunk is shared with a light tenant
+            (an int >= 1; None, or at least `batch_size`: no such bound).
+        batch_size: the batcher's batch size.
+    """
+
+    def __init__(self, shared: int | None, batch_size: int,
+                 window_s: float = SHARING_WINDOW_S) -> None:
+        shared = batch_size if shared is None else shared
+        if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
+            raise ValueError(f"shared_batch_size must be an int >= 1, got {shared!r}")
+        self.shared = min(shared, batch_size)
+        self.max_batch_size = batch_size
+        self._bounded = self.shared < batch_size
         self.window_s = window_s
         self._last: dict[str, float] = {}
 
@@ -63,10 +76,20 @@ class Sharing:
             del self._last[tenant]
         return list(self._last)
 
-    def cap(self, now: float, queued: Mapping[str, int], shared: int) -> int | None:
+    def cap(self, now: float, queued: Mapping[str, int]) -> int | None:
         """`shared` while more than one tenant queued rows within the window and one of them
         has at most `shared` rows queued now (`queued`: rows by tenant), else None."""
+        if not self._bounded:
+            return None
         active = self.active(now)
-        if len(active) > 1 and any(queued.get(t, 0) <= shared for t in active):
-            return shared
+        if len(active) > 1 and any(queued.get(t, 0) <= self.shared for t in active):
+            return self.shared
         return None
+
+    def batch_size(self, now: float, queued: Mapping[str, int]) -> int:
+        """The most rows the next batch takes: while `cap` holds, a share for each tenant
+        with rows queued (`queued`), at most the batch size; else the batch size."""
+        share = self.cap(now, queued)
+        if share is None:
+            return self.max_batch_size
+        return min(self.max_batch_size, share * max(1, len(queued)))

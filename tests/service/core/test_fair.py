@@ -44,9 +44,11 @@ class Trace:
     taken: list[int] = field(default_factory=list)
 
 
-def simulate(arrivals, weights, batch_size, *, scheduler="fair", ticks=None) -> Trace:
+def simulate(arrivals, weights, batch_size, *, scheduler="fair", ticks=None,
+             cut=None) -> Trace:
     """`arrivals[t]` = [(tenant, rows, dead_mask)] arriving before batch t; one batch per tick,
-    until every row left or `ticks` (default: 20 after the last arrival)."""
+    until every row left or `ticks` (default: 20 after the last arrival); `cut` is the
+    queue's (a batch cut short: `TenantQueue.take`)."""
     ticks = len(arrivals) + 20 if ticks is None else ticks
     queue = TenantQueue(scheduler, weight=weights.__getitem__)
     trace = Trace(batch_size, weights)
@@ -57,7 +59,7 @@ def simulate(arrivals, weights, batch_size, *, scheduler="fair", ticks=None) -> 
         live_rows = [e for e in queue.entries if not e.dead]
         trace.backlogged.append({e.tenant for e in live_rows})
         trace.waiting.append(len(live_rows))
-        batch = queue.take(batch_size, lambda e: not e.dead)
+        batch = queue.take(batch_size, lambda e: not e.dead, cut=cut)
         assert all(not e.dead for e in batch)
         for e in batch:
             e.served_at = t
