@@ -44,14 +44,14 @@ async def test_at_most_so_many_of_a_tenants_refusals_are_held_and_none_without_a
 
 
 async def test_a_tenant_with_many_refusals_held_has_its_next_ones_held_the_bound():
-    """A flood: beyond `flood_held` refusals held at once, a tenant's next refusal waits the
-    bound, not its own Retry-After; another tenant's refusals are held as before."""
+    """A flood: beyond `flood_held` refusals held at once, a tenant's next refusal waits
+    `flood_s`, not its own Retry-After; another tenant's refusals are held as before."""
     sleeps = Sleeps()
-    pacer = RefusalPacer(max_s=1.0, flood_held=2, sleep=sleeps)
+    pacer = RefusalPacer(max_s=1.0, flood_held=2, flood_s=2.0, sleep=sleeps)
     held = [asyncio.ensure_future(pacer.pace("acme", 0.25)) for _ in range(3)]
     other = asyncio.ensure_future(pacer.pace("globex", 0.25))
     await asyncio.sleep(0)
-    assert sleeps.seconds == [0.25, 0.25, 1.0, 0.25]
+    assert sleeps.seconds == [0.25, 0.25, 2.0, 0.25]
     sleeps.release.set()
     await asyncio.gather(*held, other)
     await pacer.pace("acme", 0.25)  # none held any more: its own again
