@@ -206,7 +206,7 @@ class Batcher:
 
     @property
     def shared_batch_size(self) -> int:
-        """The most rows of one tenant a batch takes while tenants share the trunk."""
+        """A tenant's share of a batch beside a light tenant (`service.core.sharing`)."""
         return self._sharing.shared
 
     def batch_size(self, now: float | None = None) -> int:

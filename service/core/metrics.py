@@ -140,8 +140,9 @@ class Metrics:
             "--max-batch-size", namespace=ns, registry=r,
         )
         self.batch_size_shared = Gauge(
-            "batch_size_shared", "most images of one tenant the batcher puts in one trunk "
-            "batch while the trunk is shared with a light tenant (--shared-batch-ms)",
+            "batch_size_shared", "a tenant's share of a trunk batch while the trunk is shared "
+            "with a light tenant: a batch takes this many images per tenant waiting "
+            "(--shared-batch-ms)",
             namespace=ns, registry=r,
         )
         self._trunk_by_size: dict[int, list[float]] = {}  # size -> [batches, seconds]
