@@ -48,6 +48,7 @@ from service.core.errors import (
     error_status,
 )
 from service.core.feature_cache import FeatureCache, cache_key
+from service.core.live_profile import LiveProfile
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.rows import Row
@@ -250,8 +251,8 @@ class Engine:
             (default: 1 and none).
         tracing: the spans of each request (`service.core.tracing`); None: tracing is off.
         batch_size: the batcher's batch size (default: `settings.max_batch_size`).
-        batch_seconds: the trunk's time per batch alone by batch size (its profile's
-            `seconds_at`), for admission by deadline (`least_seconds`); None: none.
+        batch_seconds: the trunk's time per batch alone by size (the profile's `seconds_at`),
+            for admission by deadline and, live (`live`), the batcher's cut; None: neither.
     """
 
     def __init__(self, trunk, settings: Settings, metrics: Metrics, *,
@@ -266,16 +267,14 @@ class Engine:
         self.tracing = tracing
         self.settings = settings
         self.metrics = metrics
-        self.candidate_stats = candidate_stats if candidate_stats is not None \
-            else CandidateStats()
+        self.candidate_stats = CandidateStats() if candidate_stats is None else candidate_stats
         self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
         self.cache = FeatureCache(settings.feature_cache_size)
-        # Decodes taken in the tenants' weighted fair order of decode cost (`decoding`).
-        # Heavy decodes (huge images) in a lane of their own at the lowest CPU priority.
-        self.decode_pool = FairDecodePool(settings.preprocess_threads, weight=weight,
-                                          scheduler=settings.scheduler,
-                                          thread_name_prefix="multihead-decode",
-                                          heavy_cost=HEAVY_DECODE_COST)
+        # Decodes in the tenants' weighted fair order of decode cost (`decoding`); huge ones in
+        # a lane of their own at the lowest CPU priority.
+        self.decode_pool = FairDecodePool(
+            settings.preprocess_threads, weight=weight, scheduler=settings.scheduler,
+            thread_name_prefix="multihead-decode", heavy_cost=HEAVY_DECODE_COST)
         # Digests, cache lookups and the heads of fully cached requests: light work that must
         # not queue behind decodes waiting for the trunk's batch (`Cores`).
         self.light_pool = concurrent.futures.ThreadPoolExecutor(
@@ -285,6 +284,7 @@ class Engine:
         self.cores = Cores(settings.own_cores and bool(getattr(trunk, "owns_cores", False)),
                            on_wait=metrics.decode_wait_seconds.inc)
         self.batch_seconds = batch_seconds
+        self.live = None if batch_seconds is None else LiveProfile(batch_seconds)
         batch_size = batch_size or settings.max_batch_size
         self.batcher = Batcher(self.run_batch, max_batch_size=batch_size,
                                max_wait_ms=settings.max_wait_ms,
@@ -297,7 +297,7 @@ class Engine:
                                max_queued=max_queued, on_served=metrics.observe_tenant_images,
                                shared_batch_size=shared_batch_size(
                                    batch_seconds, batch_size, settings.shared_batch_ms),
-                               batch_seconds=batch_seconds)
+                               batch_seconds=self.live and self.live.seconds)
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
         metrics.bind_tenant_state(self.batcher.tenant_state)
 
@@ -328,6 +328,7 @@ class Engine:
                 computed = self.trunk.features(batch_images)
                 took = time.perf_counter() - start
             self.metrics.observe_trunk(len(todo), took)
+            self.live and self.live.observe(len(todo), took)
             features[todo] = computed
             for i, row in zip(todo, computed):
                 self.cache.put(items[i].digest, row)
@@ -577,10 +578,9 @@ class Engine:
             raise
 
     def least_seconds(self, tenant: str, rows: int) -> float:
-        """The least time `rows` more rows of `tenant` need of the trunk: after the tenant's
-        rows already queued (FIFO within a tenant), in batches of the batcher's size, at the
-        profile's times alone (`batch_seconds`), as if nothing else ran. 0 without a
-        profile."""
+        """The least time `rows` more rows of `tenant` need of the trunk: after its rows queued
+        (FIFO within a tenant), in batches of the batcher's size, at the profile's times alone
+        (`batch_seconds`: a lower bound), as if nothing else ran. 0 without a profile."""
         if self.batch_seconds is None:
             return 0.0
         size = self.batcher.max_batch_size

@@ -482,6 +482,8 @@ class Lifecycle:
         if self.engine is not None:
             info["batch_size"] = self.engine.batcher.max_batch_size
             info["shared_batch_size"] = self.engine.batcher.shared_batch_size
+            if self.engine.live is not None:  # the profile as live batches run it here
+                info["live_batch_ms"] = self.engine.live.report()
         in_server = self._metrics.trunk_in_server()
         if in_server:
             info["in_server"] = {

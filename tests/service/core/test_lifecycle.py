@@ -166,10 +166,12 @@ async def test_shared_batches_take_what_the_profile_runs_within_the_slice(
 async def test_metrics_and_readyz_give_the_trunks_time_alone_and_in_the_server(
         aiohttp_client, tmp_path, fake_runtime, fake_checkpoint):
     """/metrics has the profile as trunk_alone_seconds by batch size, and the batches run as
-    trunk_batch_seconds/trunk_batches; /readyz's trunk.in_server has their mean, by size."""
+    trunk_batch_seconds/trunk_batches; /readyz's trunk.in_server has their mean, by size, and
+    trunk.live_batch_ms the live profile the batcher's deadline cut reads (one batch: its
+    time)."""
     settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint)
     client, service, body = await ready(aiohttp_client, settings)
-    assert "in_server" not in body["trunk"]  # no batch yet
+    assert "in_server" not in body["trunk"] and body["trunk"]["live_batch_ms"] == {}
     text = await (await client.get("/metrics")).text()
     assert {int(n): s for n, s in prometheus.by_labels(text, "multihead_trunk_alone_seconds")
             .items()} == pytest.approx(service.batch_profile.seconds)
@@ -183,6 +185,7 @@ async def test_metrics_and_readyz_give_the_trunks_time_alone_and_in_the_server(
     body = await (await client.get("/readyz")).json()
     assert body["trunk"]["in_server"] == {"batch_ms": {"2": pytest.approx(took * 1e3, abs=1e-3)},
                                           "batches": {"2": 1}}
+    assert body["trunk"]["live_batch_ms"] == {"2": pytest.approx(took * 1e3, abs=1e-2)}
     await client.close()
 
 

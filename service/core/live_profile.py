@@ -1,0 +1,58 @@
+"""The trunk's time per batch as it runs in this server (issue 32, item 1: the profile
+refreshed from live batches).
+
+The warm-up profile (`backbone.profile.BatchProfile`) measures each batch size alone. Inside
+the server the same batch takes longer when decoding, the event loop and the client share the
+cores (measured on 2 Xeon cores: a batch of 8 ran 129-132 ms in the server against 90 ms
+alone), and the machine's speed drifts. `LiveProfile` follows the live batches: per batch size
+an exponentially weighted mean of its runs (weight ALPHA for the newest), and for a size not
+run yet its time alone times the live / alone ratio of the sizes that did run.
+
+What reads which: admission by deadline refuses only what cannot be met even at the times
+alone (a lower bound: nothing with time left is refused), so it keeps the profile's; a batch
+cut for a deadline (`deadlines.batch_cut`) must end before it in fact, so it reads these.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+ALPHA = 0.2  # the newest batch's weight in a size's running mean
+
+
+class LiveProfile:
+    """Seconds per batch by size, from live batches over the times alone. Thread-safe: the
+    batch thread observes, the event loop reads.
+
+    Args:
+        alone: the warm-up profile's seconds for a batch of n alone (`seconds_at`).
+    """
+
+    def __init__(self, alone: Callable[[int], float], alpha: float = ALPHA) -> None:
+        self._alone = alone
+        self._alpha = alpha
+        self._live: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, n: int, seconds: float) -> None:
+        """A batch of `n` images that ran `seconds` in the server."""
+        if n < 1 or not seconds > 0:
+            return
+        with self._lock:
+            mean = self._live.get(n)
+            self._live[n] = seconds if mean is None else mean + self._alpha * (seconds - mean)
+
+    def seconds(self, n: int) -> float:
+        """The time a batch of `n` takes here now: its live mean, else its time alone times
+        the live / alone ratio of the sizes run (1 before any)."""
+        with self._lock:
+            live = dict(self._live)
+        if n in live:
+            return live[n]
+        ratios = [t / self._alone(k) for k, t in live.items() if self._alone(k) > 0]
+        return self._alone(n) * (sum(ratios) / len(ratios) if ratios else 1.0)
+
+    def report(self) -> dict[str, float]:
+        """{batch size: live ms} of the sizes run, for the full /readyz."""
+        with self._lock:
+            return {str(n): round(1000 * t, 3) for n, t in sorted(self._live.items())}

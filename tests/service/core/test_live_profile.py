@@ -1,0 +1,39 @@
+"""The trunk's time per batch as it runs in the server (`service.core.live_profile`), and the
+batcher's deadline cut reading it rather than the times alone."""
+from __future__ import annotations
+
+import pytest
+
+from service.core.deadlines import batch_cut
+from service.core.live_profile import LiveProfile
+
+
+def alone(n: int) -> float:
+    return 0.010 * n  # 10 ms an image alone
+
+
+def test_live_batches_refresh_the_profile_and_sizes_not_run_follow_their_ratio():
+    live = LiveProfile(alone, alpha=0.5)
+    assert live.seconds(4) == pytest.approx(0.040)  # nothing run yet: the time alone
+    live.observe(2, 0.030)  # 1.5 x alone here
+    assert live.seconds(2) == pytest.approx(0.030)
+    assert live.seconds(8) == pytest.approx(0.120)  # 80 ms alone x 1.5
+    live.observe(2, 0.020)  # the newest weighs alpha
+    assert live.seconds(2) == pytest.approx(0.025)
+    live.observe(4, 0.080)  # 2 x alone
+    assert live.seconds(8) == pytest.approx(0.080 * (1.25 + 2.0) / 2)
+    for bad in ((0, 0.01), (3, 0.0), (3, float("nan"))):
+        live.observe(*bad)  # ignored
+    assert live.report() == {"2": 25.0, "4": 80.0}
+
+
+def test_a_deadline_cut_reads_the_live_times():
+    """A batch of 4 fits a 45 ms deadline at the times alone (40 ms) but not at the server's
+    (1.5 x: 60 ms); the cut made from the live profile keeps 2 rows (30 ms)."""
+    live = LiveProfile(alone)
+    deadlines = [0.045, None, None, None]
+    assert batch_cut(deadlines, 0.0, alone) == 4
+    live.observe(2, 0.030)
+    assert batch_cut(deadlines, 0.0, live.seconds) == 3  # 3 x 15 ms = 45 ms: just in time
+    live.observe(3, 0.050)
+    assert batch_cut(deadlines, 0.0, live.seconds) == 2
