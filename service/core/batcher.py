@@ -399,7 +399,7 @@ class Batcher:
         # Wake the batching task only when it may have something to do: the queue just became
         # non-empty (it may be idle), a batch may now be full, or the last booked rows came
         # (nothing more to wait for). Its timer covers the rest.
-        if (was_empty or len(self._queue) >= self._max_batch_size
+        if (was_empty or len(self._queue) >= self.batch_size(now)
                 or (self._wait_for_booked_only and not self._room.booked)):
             self._wakeup.set()
         return entries
@@ -432,7 +432,7 @@ class Batcher:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
-            full = len(self._queue) >= self._max_batch_size
+            full = len(self._queue) >= self.batch_size(now)
             if self._gather_booked and not full and not self._closing:
                 if self._room.booked:
                     # Rows are being decoded and cannot be while the trunk runs: wait for them

@@ -149,3 +149,20 @@ def test_batches_cut_short_keep_the_fair_orders_bound(case, rng):
     trace = simulate(arrivals, weights, batch_size,
                      cut=lambda order: rng.randint(1, max(1, len(order))))
     assert worst_gap(trace) <= 2 * batch_size
+
+
+async def test_a_shared_batch_full_at_its_shares_does_not_wait_for_rows_being_decoded():
+    """On a CPU trunk the batcher gathers the rows being decoded into a batch that is not
+    full (`gather_booked`); a batch full at its tenants' shares is full: it runs at once,
+    however many of the heavy tenant's rows are still being decoded."""
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
+                shared_batch_size=1, clock=clock, wait_for_booked_only=True,
+                gather_booked=True)
+    await gather5(b.submit("b0", group="g", tenant="b"))  # b: light, recent
+    decoding = b.book(4, "a")  # another request of a: its 4 rows being decoded
+    assert await asyncio.wait_for(b.submit("a0", group="g", tenant="a"), 5) == ("ok", "a0")
+    assert [[r.payload for r in call] for call in fake.calls] == [["b0"], ["a0"]]
+    decoding.release()
+    await asyncio.wait_for(b.close(), 5)
