@@ -14,7 +14,9 @@ The archive is a plain tar (float32 tensors do not compress):
 It is written as `.<name>.tmp-<pid>` beside the file, fsynced, then renamed over it: a backup
 killed at any point leaves the file as it was. `ArchiveSnapshot` checks everything (the
 manifest's format and version, every member against its sha256, the counts) before a restore
-writes anything, and refuses a damaged or newer file with a one-line reason.
+writes anything, and refuses a damaged or newer file with a one-line reason. An archive of an
+older format version reads the tables added since (`ADDED_IN`) as empty: format 1 (before
+tenant_latency_limits) restores unchanged.
 """
 from __future__ import annotations
 
@@ -42,7 +44,10 @@ from store.ops.dump import DATA_TABLES, Snapshot, counts, decode_head, encode_he
 from store.schema import BLOB_NAMES
 
 FORMAT = "multihead-store-backup"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# The tables each format version added: an archive of an older version has none of them (read
+# back empty); a newer multihead's archive, with tables this one does not know, is refused.
+ADDED_IN = {"tenant_latency_limits": 2}
 MANIFEST = "manifest.json"
 
 
@@ -160,12 +165,17 @@ class ArchiveSnapshot(Snapshot):
         self.manifest = manifest
         self.identity = f"backup:{manifest.get('id')} of {manifest.get('source')}"
         self.rows = {}
+        wanted_counts = dict(manifest.get("counts") or {})
         for t in DATA_TABLES:
             digest = manifest["tables"].get(t.name)
+            if digest is None and version < ADDED_IN.get(t.name, 1):
+                self.rows[t.name] = []  # written before the table existed
+                wanted_counts.setdefault(t.name, 0)
+                continue
             if digest is None:
                 raise StoreOpRefused(f"{self.path} is damaged: table {t.name} is missing")
             self.rows[t.name] = json.loads(self._checked(f"tables/{t.name}.json", digest))
-        if counts(self.rows) != manifest.get("counts"):
+        if counts(self.rows) != wanted_counts:
             raise StoreOpRefused(f"{self.path} is damaged: its tables do not match the counts "
                                  "of its manifest")
         self._blobs = {(b["bot_id"], int(b["version"])): b["sha256"] for b in manifest["blobs"]}

@@ -28,7 +28,7 @@ def build(location) -> dict[str, str]:
     with open_store(location) as s:
         s.add_tenant("acme")
         s.add_tenant("globex")
-        s.set_tenant_limits("acme", weight=2.0, max_versions=5)
+        s.set_tenant_limits("acme", weight=2.0, max_versions=5, deadline_ms=150.0)
         s.register("a1", *random_head(3, seed=1), tenant="acme")
         s.register("a1", *random_head(3, seed=2), tenant="acme")
         s.rollback("a1")
@@ -177,10 +177,13 @@ def test_backup_and_restore_keep_every_row_and_head(location, tmp_path):
 
 
 def _rewrite(archive, out, change) -> None:
-    """A copy of `archive` with `change(name, data) -> data` applied to each member."""
+    """A copy of `archive` with `change(name, data) -> data` applied to each member (None:
+    the member left out)."""
     with tarfile.open(archive) as src, tarfile.open(out, "w") as dst:
         for member in src.getmembers():
             data = change(member.name, src.extractfile(member).read())
+            if data is None:  # left out
+                continue
             member.size = len(data)
             dst.addfile(member, io.BytesIO(data))
 
@@ -193,13 +196,46 @@ def _newer(name: str, data: bytes) -> bytes:
     if name != "manifest.json":
         return data
     manifest = json.loads(data)
-    manifest["format_version"] = 2
+    manifest["format_version"] = 3
     return json.dumps(manifest).encode()
+
+
+def _format_1(name: str, data: bytes) -> bytes | None:
+    """An archive as format 1 wrote it: no tenant_latency_limits table (None: member left
+    out)."""
+    if name == "tables/tenant_latency_limits.json":
+        return None
+    if name != "manifest.json":
+        return data
+    manifest = json.loads(data)
+    manifest["format_version"] = 1
+    del manifest["tables"]["tenant_latency_limits"], manifest["counts"]["tenant_latency_limits"]
+    return json.dumps(manifest).encode()
+
+
+def test_an_archive_of_format_1_restores_without_the_tables_added_since(tmp_path):
+    """A backup written before tenant_latency_limits existed (format 1) restores: that table
+    empty, everything else as it was; the same archive claiming format 2 is damaged."""
+    build(tmp_path / "source")
+    archive = tmp_path / "store.tar"
+    backup(tmp_path / "source", archive)
+    old = tmp_path / "old.tar"
+    _rewrite(archive, old, _format_1)
+    restore(old, tmp_path / "restored")
+    rows = rows_of(tmp_path / "restored")
+    assert rows.pop("tenant_latency_limits", []) == []
+    assert rows == {t: r for t, r in rows_of(tmp_path / "source").items()
+                    if t != "tenant_latency_limits"}
+    lying = tmp_path / "lying.tar"
+    _rewrite(old, lying, lambda name, data: data.replace(b'"format_version": 1',
+                                                           b'"format_version": 2'))
+    with pytest.raises(StoreOpRefused, match="table tenant_latency_limits is missing"):
+        restore(lying, tmp_path / "restored-2")
 
 
 @pytest.mark.parametrize("damage, reason", [
     (_flip_weights, "is damaged: blobs/.*/weights does not match its sha256"),
-    (_newer, "newer multihead .backup format 2; this one reads up to 1"),
+    (_newer, "newer multihead .backup format 3; this one reads up to 2"),
     (lambda name, data: b"[]" if name == "tables/api_keys.json" else data,
      "is damaged: tables/api_keys.json does not match its sha256"),
 ])
