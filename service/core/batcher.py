@@ -149,7 +149,7 @@ class Batcher:
                              f"got {scheduler!r}")
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
-        self._sharing = Sharing(shared_batch_size, max_batch_size)
+        self.sharing = Sharing(shared_batch_size, max_batch_size)  # `.shared`: the share
         self._batch_seconds = batch_seconds
         self._max_wait_s = float(max_wait_ms) / 1000.0
         self._policy = policy
@@ -204,16 +204,16 @@ class Batcher:
     def max_batch_size(self) -> int:
         return self._max_batch_size
 
-    @property
-    def shared_batch_size(self) -> int:
-        """A tenant's share of a batch beside a light tenant (`service.core.sharing`)."""
-        return self._sharing.shared
-
-    def batch_size(self, now: float | None = None) -> int:
-        """The most rows the next batch takes (fair: `Sharing.batch_size`)."""
+    def batch_size(self, now: float | None = None) -> tuple[int, int]:
+        """(most rows the next batch takes, how many are queued): `Sharing.batch` (fair)."""
         if not self._queue.fair:
-            return self._max_batch_size
-        return self._sharing.batch_size(self._clock() if now is None else now, self._queue.rows)
+            return self._max_batch_size, len(self._queue)
+        return self.sharing.batch(self._clock() if now is None else now, self._queue.rows,
+                                   self._room.tenant_booked)
+
+    def _full(self, now: float) -> bool:
+        size, ready = self.batch_size(now)
+        return ready >= size
 
     @property
     def policy(self) -> str:
@@ -382,7 +382,7 @@ class Batcher:
             return []
         now = self._clock()
         self._last_progress_s = now
-        self._sharing.queued(tenant, now)
+        self.sharing.queued(tenant, now)
         if deadline is not None and deadline <= now:
             self.poke()  # the booked rows will not come
             raise DeadlineExceeded("the request's deadline passed before it was queued")
@@ -399,7 +399,7 @@ class Batcher:
         # Wake the batching task only when it may have something to do: the queue just became
         # non-empty (it may be idle), a batch may now be full, or the last booked rows came
         # (nothing more to wait for). Its timer covers the rest.
-        if (was_empty or len(self._queue) >= self.batch_size(now)
+        if (was_empty or self._full(now)
                 or (self._wait_for_booked_only and not self._room.booked)):
             self._wakeup.set()
         return entries
@@ -432,7 +432,7 @@ class Batcher:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
-            full = len(self._queue) >= self.batch_size(now)
+            full = self._full(now)
             if self._gather_booked and not full and not self._closing:
                 if self._room.booked:
                     # Rows are being decoded and cannot be while the trunk runs: wait for them
@@ -478,7 +478,7 @@ class Batcher:
 
         cut = None if self._batch_seconds is None else (lambda order: batch_cut(
             [e.row.deadline for e in order], now, self._batch_seconds))
-        return self._queue.take(self.batch_size(now), live, group, cut=cut)
+        return self._queue.take(self.batch_size(now)[0], live, group, cut=cut)
 
     async def _next_batch(self) -> list[Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""

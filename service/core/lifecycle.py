@@ -389,7 +389,7 @@ class Lifecycle:
             trunk, self.batch_size(),
             self.batch_profile.seconds_at if self.batch_profile is not None else None)
         self._metrics.set_batch_size(self.engine.batcher.max_batch_size,
-                                     self.engine.batcher.shared_batch_size)
+                                     self.engine.batcher.sharing.shared)
         await self.engine.batcher.start()
 
     def batch_size(self) -> int:
@@ -481,7 +481,7 @@ class Lifecycle:
             info["profile"] = self.batch_profile.report()
         if self.engine is not None:
             info["batch_size"] = self.engine.batcher.max_batch_size
-            info["shared_batch_size"] = self.engine.batcher.shared_batch_size
+            info["shared_batch_size"] = self.engine.batcher.sharing.shared
             if self.engine.live is not None:  # the profile as live batches run it here
                 info["live_batch_ms"] = self.engine.live.report()
         in_server = self._metrics.trunk_in_server()

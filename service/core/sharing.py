@@ -76,20 +76,28 @@ class Sharing:
             del self._last[tenant]
         return list(self._last)
 
-    def cap(self, now: float, queued: Mapping[str, int]) -> int | None:
+    def cap(self, now: float, waiting: Mapping[str, int]) -> int | None:
         """`shared` while more than one tenant queued rows within the window and one of them
-        has at most `shared` rows queued now (`queued`: rows by tenant), else None."""
+        has at most `shared` rows waiting now (`waiting`: rows queued or being prepared, by
+        tenant), else None."""
         if not self._bounded:
             return None
         active = self.active(now)
-        if len(active) > 1 and any(queued.get(t, 0) <= self.shared for t in active):
+        if len(active) > 1 and any(waiting.get(t, 0) <= self.shared for t in active):
             return self.shared
         return None
 
-    def batch_size(self, now: float, queued: Mapping[str, int]) -> int:
-        """The most rows the next batch takes: while `cap` holds, a share for each tenant
-        with rows queued (`queued`), at most the batch size; else the batch size."""
-        share = self.cap(now, queued)
+    def batch(self, now: float, queued: Mapping[str, int],
+              booked: Mapping[str, int]) -> tuple[int, int]:
+        """(the most rows the next batch takes, how many of them are queued now), from the
+        rows queued and being prepared (`booked`), by tenant: while `cap` holds, a share for
+        each tenant with rows waiting, at most the batch size, of which each tenant's queued
+        rows up to its share (a batch short of that waits for the rows being prepared, the
+        batcher's gathering); else the batch size and the rows queued."""
+        waiting = {t: queued.get(t, 0) + booked.get(t, 0) for t in {*queued, *booked}}
+        share = self.cap(now, waiting)
         if share is None:
-            return self.max_batch_size
-        return min(self.max_batch_size, share * max(1, len(queued)))
+            return self.max_batch_size, sum(queued.values())
+        tenants = sum(1 for n in waiting.values() if n > 0)
+        size = min(self.max_batch_size, share * max(1, tenants))
+        return size, min(size, sum(min(n, share) for n in queued.values()))

@@ -156,7 +156,7 @@ async def test_shared_batches_take_what_the_profile_runs_within_the_slice(
         client, service, body = await restart(aiohttp_client, client, settings_for(
             tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint,
             shared_batch_ms=slice_ms))
-        assert service.engine.batcher.shared_batch_size == shared, slice_ms
+        assert service.engine.batcher.sharing.shared == shared, slice_ms
         assert body["trunk"]["shared_batch_size"] == shared
         text = await (await client.get("/metrics")).text()
         assert prometheus.value(text, "multihead_batch_size_shared") == shared

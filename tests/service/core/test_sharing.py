@@ -54,6 +54,10 @@ def test_the_cap_holds_while_a_light_tenant_shares_the_trunk():
     assert sharing.cap(0.9, {"a": 8}) == 2  # b is between two requests
     assert sharing.cap(0.9, {"a": 8, "b": 2}) == 2  # b is light
     assert sharing.cap(0.9, {"a": 8, "b": 3}) is None  # both heavy: full batches
+    # (most rows, rows queued of them): a share per tenant waiting, queued or being decoded
+    assert sharing.batch(0.9, {"a": 8}, {"b": 1}) == (4, 2)
+    assert sharing.batch(0.9, {"a": 8, "b": 1}, {}) == (4, 3)
+    assert sharing.batch(0.9, {"a": 5}, {"b": 5}) == (8, 5)  # both heavy
     assert sharing.active(1.2) == ["b"]  # a's last row is older than the window
     assert sharing.cap(1.2, {"b": 0}) is None
     assert sharing.active(1.7) == []
@@ -125,7 +129,7 @@ async def test_a_tenant_between_requests_keeps_the_cap_for_the_window(make_batch
     await gather5(*(b.submit_many(range(6), group="g", tenant="a") for _ in range(1)))
     assert [len(c) for c in fake.calls[1:]] == [2, 2, 2]
     clock.advance(SHARING_WINDOW_S * 0.6)  # b's row is now older than the window
-    assert b.batch_size() == 8
+    assert b.batch_size()[0] == 8
     await gather5(b.submit_many(range(8), group="g", tenant="a"))
     assert [len(c) for c in fake.calls[-1:]] == [8]
     await asyncio.wait_for(b.close(), 5)
@@ -165,4 +169,29 @@ async def test_a_shared_batch_full_at_its_shares_does_not_wait_for_rows_being_de
     assert await asyncio.wait_for(b.submit("a0", group="g", tenant="a"), 5) == ("ok", "a0")
     assert [[r.payload for r in call] for call in fake.calls] == [["b0"], ["a0"]]
     decoding.release()
+    await asyncio.wait_for(b.close(), 5)
+
+
+async def test_a_light_tenants_row_being_decoded_is_gathered_into_the_shared_batch():
+    """b's row is being decoded (booked) while a's rows wait: the batch, a share for each of
+    the two tenants, is not full with a's rows alone, so it waits for b's (the gathering of a
+    CPU trunk) and takes it; before, a batch full of a's rows left without it and b's
+    row waited for the next (fair order: b, served b0 already, after a)."""
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
+                shared_batch_size=1, clock=clock, wait_for_booked_only=True,
+                gather_booked=True)
+    held = spawn(b.submit("b0", group="g", tenant="b"))  # b: light, recent
+    await fake.entered()
+    a_rows = spawn(b.submit_many(["a0", "a1", "a2"], group="g", tenant="a"))
+    decoding = b.book(1, "b")  # b's next row, being decoded
+    await settle()
+    fake.release()
+    await gather5(held)
+    await settle()
+    assert len(fake.calls) == 1  # waiting for b's row (the fake clock does not move)
+    b_row = spawn(b.submit_many(["b1"], group="g", booking=decoding))
+    await gather5(a_rows, b_row)
+    assert [[r.payload for r in call] for call in fake.calls][:2] == [["b0"], ["a0", "b1"]]
     await asyncio.wait_for(b.close(), 5)
