@@ -107,8 +107,8 @@ class Batcher:
             batch's rows per tenant. Errors in it are logged.
         shared_batch_size: a tenant's share of a batch beside a light tenant (fair only; the
             batch takes this many rows per tenant waiting: `sharing`); None: full batches.
-        batch_seconds: the trunk's time alone for a batch of n (the profile's), to cut a fair
-            batch short for its earliest deadline (`deadlines.batch_cut`); None: never cut.
+        batch_seconds: the trunk's time for a batch of n (the engine's live profile), to cut
+            a fair batch short for its earliest deadline (`deadlines.batch_cut`); None: never.
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -204,7 +204,7 @@ class Batcher:
     def max_batch_size(self) -> int:
         return self._max_batch_size
 
-    def batch_size(self, now: float | None = None) -> tuple[int, int]:
+    def next_batch(self, now: float | None = None) -> tuple[int, int]:
         """(most rows the next batch takes, how many are queued): `Sharing.batch` (fair)."""
         if not self._queue.fair:
             return self._max_batch_size, len(self._queue)
@@ -212,7 +212,7 @@ class Batcher:
                                    self._room.tenant_booked)
 
     def _full(self, now: float) -> bool:
-        size, ready = self.batch_size(now)
+        size, ready = self.next_batch(now)
         return ready >= size
 
     @property
@@ -478,7 +478,7 @@ class Batcher:
 
         cut = None if self._batch_seconds is None else (lambda order: batch_cut(
             [e.row.deadline for e in order], now, self._batch_seconds))
-        return self._queue.take(self.batch_size(now)[0], live, group, cut=cut)
+        return self._queue.take(self.next_batch(now)[0], live, group, cut=cut)
 
     async def _next_batch(self) -> list[Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""

@@ -22,8 +22,9 @@ trunk's batch profile: a lower bound of the time) is refused at once, 504
 deadline passes while it waits is dropped before the trunk (504 `deadline_exceeded`).
 Nothing with time left is refused by the first rule: the bound never overestimates.
 
-Inside the fair order (`batch_cut`, the batcher's with a batch profile): a batch is cut short
-when, run whole, it would end after the earliest deadline among its rows and a shorter prefix
+Inside the fair order (`batch_cut`, the batcher's with a batch profile, at the trunk's live
+times): a batch is cut short when, run whole, it would end after the earliest deadline among
+its rows and a shorter prefix
 of the same order, holding that row, ends before every deadline in it. The order is unchanged,
 so the fair order's bounds hold; the rows left run in the next batch.
 """
@@ -115,7 +116,8 @@ def earliest(default: float) -> float:
 def batch_cut(deadlines: Sequence[float | None], now: float,
               seconds: Callable[[int], float]) -> int:
     """How many rows of a batch to run, given their deadlines in the scheduler's order (None:
-    none) and the trunk's time alone for a batch of n (`seconds(n)`, the profile's): all of
+    none) and the trunk's time for a batch of n (`seconds(n)`: the batcher's live profile,
+    `service.core.live_profile`): all of
     them when the batch, run now, ends before each of their deadlines; else the largest
     shorter prefix that holds the row of the earliest deadline and ends before each of its
     rows' deadlines (the rows left run in the next batch); all of them again when no shorter

@@ -8,17 +8,18 @@ images a second took a quiet tenant's p99 from 24 to 81 ms.
 
 So under the fair scheduler (fifo, kept for comparison, is the arrival order in full batches),
 while the trunk is shared with a light tenant (`Sharing.cap`: more than one tenant queued rows
-within the last SHARING_WINDOW_S, and one of them has at most a share queued, none maybe: a
-closed-loop client between two requests), a batch takes a share (`shared_batch_size`: the
-largest batch the trunk's profile runs within a short slice, `--shared-batch-ms`; unset,
-SHARED_SLICE_FACTOR x a batch of one) for each tenant with rows waiting, in fair order. A
-heavy tenant alone then runs short batches, and the quiet tenant that arrives waits for one and
-runs in the next beside about a share of each other tenant's rows; many tenants waiting still
-fill a batch. The batch is a prefix of the fair order, so the order's bounds hold (weights
-included: tests/service/core/test_sharing.py). The price is the throughput a heavy tenant's
-longer batches would have bought while light ones are about; heavy tenants alone (every
-recent tenant with more than a share queued) keep full batches, and so does one tenant alone
-(and `--auth none`, where every request is one tenant's).
+within the last SHARING_WINDOW_S, and one of them has at most a share waiting, queued or being
+decoded, none maybe: a closed-loop client between two requests), a batch takes a share
+(`shared_batch_size`: the largest batch the trunk's profile runs within a short slice,
+`--shared-batch-ms`; unset, SHARED_SLICE_FACTOR x a batch of one) for each tenant with rows
+waiting (a batch short of its queued shares waits for the rows being decoded: the batcher's
+gathering), in fair order. A heavy tenant alone then runs short batches, and the quiet tenant
+that arrives waits for one and runs in the next beside about a share of each other tenant's
+rows; many tenants waiting still fill a batch. The batch is a prefix of the fair order, so the
+order's bounds hold (weights included: tests/service/core/test_sharing.py). The price is the
+throughput a heavy tenant's longer batches would have bought while light ones are about;
+heavy tenants alone (every recent tenant with more than a share waiting) keep full batches,
+and so does one tenant alone (and `--auth none`, where every request is one tenant's).
 """
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ async def test_a_tenant_between_requests_keeps_the_cap_for_the_window(make_batch
     await gather5(*(b.submit_many(range(6), group="g", tenant="a") for _ in range(1)))
     assert [len(c) for c in fake.calls[1:]] == [2, 2, 2]
     clock.advance(SHARING_WINDOW_S * 0.6)  # b's row is now older than the window
-    assert b.batch_size()[0] == 8
+    assert b.next_batch()[0] == 8
     await gather5(b.submit_many(range(8), group="g", tenant="a"))
     assert [len(c) for c in fake.calls[-1:]] == [8]
     await asyncio.wait_for(b.close(), 5)
