@@ -19,10 +19,9 @@ beyond it); one within its share is never refused for another's flood: the flood
 requests are pushed out instead.
 
 The batcher knows nothing of TensorFlow, heads or HTTP; `group` (the bot id) is used only by the
-`per_group` policy and for stats, `tenant` by the fair scheduler and the shares. It is the same
-shape as Ray Serve's `_BatchQueue` and MLServer's adaptive batcher, and guards against the bugs
-those had: a wrong number of results, an exception in `run_batch`, futures whose client went
-away, a per-row failure.
+`per_group` policy and for stats, `tenant` by the fair scheduler and the shares. Shaped like Ray
+Serve's `_BatchQueue` and MLServer's adaptive batcher, it guards against the bugs those had (a
+wrong number of results, a failing `run_batch`, futures whose client went away, a row failing).
 
     batcher = Batcher(run_batch, max_batch_size=16, max_wait_ms=5, max_queue_rows=256)
     result = await batcher.submit(payload, group="acme-7", tenant="acme")
@@ -30,8 +29,7 @@ away, a per-row failure.
 
 Queue room is checked in ONE place, `book(n)` (`service.core.booking`): a caller that prepares
 its rows before queueing them books their room first and hands the `Booking` to `submit_many`.
-What is queued, a `Row` in an `Entry`, and how an entry's future is finished, are
-`service.core.rows`'.
+A `Row` in an `Entry`, and how its future is finished: `service.core.rows`.
 """
 from __future__ import annotations
 
@@ -45,10 +43,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from service.core.booking import Booking, QueueRoom
-from service.core.deadlines import batch_cut
 from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
 from service.core.rows import Entry, Row, deliver, fail, outcome
+from service.core.schedule import Schedule
 from service.core.sharing import Sharing
 
 log = logging.getLogger(__name__)
@@ -85,16 +83,11 @@ class Batcher:
         wait_for_booked_only: when True, a waiting batch waits out max_wait_ms only while
             some rows are booked (being prepared by their callers: they will come); with none
             booked it runs at once. False (default): it always waits up to max_wait_ms.
-        gather_booked: when True (the engine's, when the trunk runs alone on the cores:
-            `service.core.cores`), a batch that is not full waits for the rows booked (being
-            decoded), past max_wait_ms, while they keep coming: until none is booked, the batch
-            is full, or none came for GATHER_IDLE_S (counted from the last batch's end at the
-            earliest); with none booked but fewer rows queued than the last batch had, it waits
-            max_wait_ms after the last row or batch (its callers, just answered, may be coming
-            back: a closed loop's stragglers would otherwise arrive during the trunk's batch).
-            Decoding cannot overlap the trunk's batch there, so a batch that left without them
-            would hold up their decoding for a whole batch and then run them in a small one.
-            The "mixed" policy only.
+        gather_booked: when True (the trunk runs alone on the cores, `service.core.cores`:
+            decoding cannot overlap its batch), a batch that is not full waits for the rows
+            being decoded, past max_wait_ms, until none is booked, the batch is full, or none
+            came for GATHER_IDLE_S; with none booked but fewer rows queued than the last batch
+            had, it waits max_wait_ms for its callers coming back. "mixed" policy only.
         clock: the monotonic clock of arrivals, waits, deadlines and batch times (tests pass
             a controlled one; a change of time is noticed on the next submit or `poke()`).
         scheduler: "fair" (rows taken by the tenants' weighted counters, queue shares; see
@@ -107,8 +100,10 @@ class Batcher:
             batch's rows per tenant. Errors in it are logged.
         shared_batch_size: a tenant's share of a batch beside a light tenant (fair only; the
             batch takes this many rows per tenant waiting: `sharing`); None: full batches.
-        batch_seconds: the trunk's time for a batch of n (the engine's live profile), to cut
-            a fair batch short for its earliest deadline (`deadlines.batch_cut`); None: never.
+        batch_seconds: the trunk's time for a batch of n (the engine's live profile's
+            `upper`), for deadlines (`service.core.schedule.Schedule`: admission's estimate,
+            `expected_at`; rows that can no longer make theirs dropped; a fair batch's most
+            urgent rows first); None: rows are dropped once their deadline passed, no more.
 
     NOTE: asyncio objects are created on first use inside the running loop (or by `start()`),
     and the batcher is then bound to that loop.
@@ -150,7 +145,7 @@ class Batcher:
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
         self.sharing = Sharing(shared_batch_size, max_batch_size)  # `.shared`: the share
-        self._batch_seconds = batch_seconds
+        self.deadlines = Schedule(batch_seconds)  # admission, drops and picks by deadline
         self._max_wait_s = float(max_wait_ms) / 1000.0
         self._policy = policy
         self._on_batch = on_batch
@@ -211,17 +206,21 @@ class Batcher:
         return self.sharing.batch(self._clock() if now is None else now, self._queue.rows,
                                    self._room.tenant_booked)
 
+    def expected_at(self, tenant: str, rows: int,
+                    deadline: float | None = None) -> tuple[float, float] | None:
+        """(when `rows` new rows of `tenant` would be answered, how many times that long they
+        may take): `Schedule.expected_at` in batches of the next one's size; None without a
+        profile."""
+        now = self._clock()
+        return self.deadlines.expected_at(self._queue, self._room.tenant_booked, tenant, rows,
+                                          deadline, self.next_batch(now)[0], now)
+
     def _full(self, now: float) -> bool:
         size, ready = self.next_batch(now)
         return ready >= size
 
-    @property
-    def policy(self) -> str:
-        return self._policy
-
-    @property
-    def scheduler(self) -> str:
-        return self._queue.scheduler
+    policy = property(lambda self: self._policy)
+    scheduler = property(lambda self: self._queue.scheduler)
 
     def tenant_state(self) -> dict[str, tuple[int, float]]:
         """{tenant: (rows queued, its fair counter)} of the tenants with queued rows or a
@@ -236,13 +235,10 @@ class Batcher:
         self._ensure_started()
 
     async def close(self, *, timeout_s: float | None = None) -> None:
-        """Stop accepting (`ShuttingDown`), finish the queued rows, then stop the worker thread.
-
-        Queued rows are flushed at once (no `max_wait_ms`). With `timeout_s`, rows still queued
-        when it passes fail with `ShuttingDown`; the batch already in `run_batch` is always
-        waited for, so whatever `run_batch` uses (the TF session) can be closed right after.
-        Safe to call more than once and concurrently.
-        """
+        """Stop accepting (`ShuttingDown`), finish the queued rows (at once, no max_wait_ms),
+        then stop the worker thread. With `timeout_s`, rows still queued when it passes fail
+        with `ShuttingDown`; the batch in `run_batch` is always waited for (what it uses can
+        be closed right after). Safe to call more than once and concurrently."""
         self._closing = True
         if self._close_task is None:
             self._close_task = asyncio.get_running_loop().create_task(self._close(timeout_s))
@@ -250,11 +246,11 @@ class Batcher:
 
     # -- submitting -----------------------------------------------------------------------------
 
-    def book(self, n: int, tenant: str = "") -> Booking:
-        """Holds room for `n` rows in the queue bound (the one room check,
-        `service.core.booking.QueueRoom.book`): counting the rows queued and the rows booked. A
-        caller that prepares rows before submitting them books first (admission before work)
-        and passes the booking to `submit_many`.
+    def book(self, n: int, tenant: str = "", due: float | None = None) -> Booking:
+        """Holds room for `n` rows in the queue bound (the one room check, `QueueRoom.book`),
+        counting the rows queued and booked. A caller that prepares rows before submitting
+        them books first (admission before work) and passes the booking to `submit_many`.
+        `due`: when admission expects the rows answered (`schedule.Schedule` learns from it).
 
         Raises:
             ShuttingDown: `close()` was called.
@@ -265,11 +261,10 @@ class Batcher:
         """
         if self._closing:
             raise ShuttingDown("the service is shutting down and accepts no new requests")
-        return self._room.book(n, tenant)
-
-    def queued_rows(self, tenant: str) -> int:
-        """`tenant`'s rows in the queue now."""
-        return self._queue.rows.get(tenant, 0)
+        booking = self._room.book(n, tenant)
+        booking.made, booking.backlog = self._clock(), sum(self._room.tenant_booked.values())
+        booking.due = None if due is None else (booking.made, due)
+        return booking
 
     def poke(self) -> None:
         """Re-evaluate the waiting batch now (e.g. a clock moved, or rows booked will not
@@ -286,8 +281,7 @@ class Batcher:
             ShuttingDown: `close()` was called.
             DeadlineExceeded: `deadline` (time.monotonic() based) passed before the row ran.
             Exception: whatever `run_batch` raised for the batch, or returned for this row.
-        If the caller is cancelled (client went away) before the row runs, the row is removed
-        from the queue and costs nothing.
+        A caller cancelled (gone) before the row runs takes its row out of the queue.
         """
         (entry,) = self._enqueue((payload,), group, deadline, tenant=tenant, costs=(cost,))
         try:
@@ -372,6 +366,8 @@ class Batcher:
         n = len(payloads)
         if costs is not None and len(costs) != n:
             raise ValueError(f"{len(costs)} costs for {n} rows")
+        made, due = (None, None) if booking is None else (booking.made, booking.due)
+        backlog = 0 if booking is None else booking.backlog
         if booking is None:
             if n == 0:
                 return []
@@ -383,13 +379,15 @@ class Batcher:
         now = self._clock()
         self._last_progress_s = now
         self.sharing.queued(tenant, now)
+        if made is not None:  # booked before the rows were prepared: decoded since
+            self.deadlines.queued_after(now - made, backlog)
         if deadline is not None and deadline <= now:
             self.poke()  # the booked rows will not come
             raise DeadlineExceeded("the request's deadline passed before it was queued")
         assert self._loop is not None and self._wakeup is not None
         was_empty = not self._queue
         entries = [
-            Entry(Row(p, group, deadline, now, tenant, 1.0 if costs is None else costs[i]),
+            Entry(Row(p, group, deadline, now, tenant, 1.0 if costs is None else costs[i], due),
                    self._loop.create_future())
             for i, p in enumerate(payloads)
         ]
@@ -462,23 +460,24 @@ class Batcher:
 
     def _take(self, group: str | None, now: float) -> list[Entry]:
         """Remove up to max_batch_size live rows (of `group`, if given) from the queue, in the
-        scheduler's order, failing those whose deadline passed."""
+        scheduler's order (picked for deadlines: `Schedule.picker`), after failing those that
+        can no longer be answered in time (`Schedule.take_doomed`)."""
+        doomed = self.deadlines.take_doomed(self._queue, now)
+        self._rows_expired += len(doomed)
+        for e in doomed:
+            e.queued = False
+        passed = [e for e in doomed if (e.row.deadline or 0.0) <= now]
+        fail(passed, DeadlineExceeded("the request's deadline passed while it waited for the "
+                                      "trunk"))
+        fail(doomed, DeadlineExceeded("the request's deadline would pass before its answer: "
+                                      "dropped before the trunk"))
 
         def live(e: Entry) -> bool:
             e.queued = False
-            if e.future.done():  # cancelled by a caller without running _discard yet
-                return False
-            if e.row.deadline is not None and e.row.deadline <= now:
-                self._rows_expired += 1
-                e.future.set_exception(
-                    DeadlineExceeded("the request's deadline passed while it waited for the trunk")
-                )
-                return False
-            return True
+            return not e.future.done()  # else cancelled by a caller not yet gone
 
-        cut = None if self._batch_seconds is None else (lambda order: batch_cut(
-            [e.row.deadline for e in order], now, self._batch_seconds))
-        return self._queue.take(self.next_batch(now)[0], live, group, cut=cut)
+        return self._queue.take(self.next_batch(now)[0], live, group,
+                                pick=self.deadlines.picker(now))
 
     async def _next_batch(self) -> list[Entry] | None:
         """Wait until a batch is ready and take it; None when closing and nothing is left."""
@@ -518,6 +517,7 @@ class Batcher:
         queue_wait_s = [start - r.enqueued_s for r in rows]
         self._batches_run += 1
         self._last_batch_rows = len(rows)
+        self.deadlines.running(start, len(rows))
         try:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
         except asyncio.CancelledError:
@@ -530,6 +530,7 @@ class Batcher:
         else:
             deliver(batch, results)
         end = self._clock()
+        self.deadlines.ran(rows, end)
         run_s = end - start
         self._last_progress_s = max(self._last_progress_s, end)
         self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s

@@ -35,7 +35,7 @@ class Booking:
     queued (`Batcher.submit_many(..., booking=)`) or the booking is released (leaving its
     `with` block, or `release()`). Released twice or after use: nothing happens."""
 
-    __slots__ = ("rows", "tenant", "_room", "pushed", "on_push")
+    __slots__ = ("rows", "tenant", "_room", "pushed", "on_push", "made", "due", "backlog")
 
     def __init__(self, room: QueueRoom, rows: int, tenant: str = "") -> None:
         self.rows = rows
@@ -45,6 +45,9 @@ class Booking:
         self.pushed: QueueShareExceeded | None = None
         # Called when pushed out (the holder cancels the work not started yet).
         self.on_push: Callable[[], object] | None = None
+        self.made: float | None = None  # when `Batcher.book` made it (its clock)
+        self.due: tuple[float, float] | None = None  # (made, when admission expects them)
+        self.backlog = 0  # rows being prepared with it when made (itself included)
 
     @property
     def held(self) -> bool:

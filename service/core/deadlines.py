@@ -15,18 +15,8 @@ The pipeline reads the header once the caller is known (a malformed value is 400
 (`scope`, a context variable: the tasks it starts see it too); a codec that reads a deadline
 from the body tightens it (`tighten`); `Inference.deadline` reads it (`earliest`).
 
-What a deadline does (`service.core.engine`): a request whose rows cannot be run before it
-even if the trunk ran nothing else of anybody's but its tenant's rows ahead of them (the
-trunk's batch profile: a lower bound of the time) is refused at once, 504
-`deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), before any image is decoded; a row whose
-deadline passes while it waits is dropped before the trunk (504 `deadline_exceeded`).
-Nothing with time left is refused by the first rule: the bound never overestimates.
-
-Inside the fair order (`batch_cut`, the batcher's with a batch profile, at the trunk's live
-times): a batch is cut short when, run whole, it would end after the earliest deadline among
-its rows and a shorter prefix
-of the same order, holding that row, ends before every deadline in it. The order is unchanged,
-so the fair order's bounds hold; the rows left run in the next batch.
+What a deadline does once the request's rows reach the batcher (admission, drops, the order
+of a batch's rows): `service.core.schedule`.
 """
 from __future__ import annotations
 
@@ -34,7 +24,7 @@ import contextlib
 import contextvars
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 
 from service.core.errors import InvalidDeadline
 
@@ -113,27 +103,5 @@ def earliest(default: float) -> float:
     return default if current is None else min(default, current)
 
 
-def batch_cut(deadlines: Sequence[float | None], now: float,
-              seconds: Callable[[int], float]) -> int:
-    """How many rows of a batch to run, given their deadlines in the scheduler's order (None:
-    none) and the trunk's time for a batch of n (`seconds(n)`: the batcher's live profile,
-    `service.core.live_profile`): all of
-    them when the batch, run now, ends before each of their deadlines; else the largest
-    shorter prefix that holds the row of the earliest deadline and ends before each of its
-    rows' deadlines (the rows left run in the next batch); all of them again when no shorter
-    prefix does (the earliest row misses its deadline either way: nothing is gained)."""
-    n = len(deadlines)
-
-    def meets(k: int) -> bool:
-        end = now + seconds(k)
-        return all(d is None or end <= d for d in deadlines[:k])
-
-    if n <= 1 or meets(n):
-        return n
-    dated = [(d, i) for i, d in enumerate(deadlines) if d is not None]
-    first = min(dated)[1] + 1  # the earliest deadline's row, counted from 1
-    return next((k for k in range(n - 1, first - 1, -1) if meets(k)), n)
-
-
-__all__ = ["HEADER", "MAX_MS", "batch_cut", "earliest", "from_headers", "header_ms",
-           "parse_ms", "request_ms", "scope", "tighten"]
+__all__ = ["HEADER", "MAX_MS", "earliest", "from_headers", "header_ms", "parse_ms", "request_ms",
+           "scope", "tighten"]

@@ -252,7 +252,8 @@ class Engine:
         tracing: the spans of each request (`service.core.tracing`); None: tracing is off.
         batch_size: the batcher's batch size (default: `settings.max_batch_size`).
         batch_seconds: the trunk's time per batch alone by size (the profile's `seconds_at`),
-            for admission by deadline and, live (`live`), the batcher's cut; None: neither.
+            the start of the live profile (`live`) that the batcher's deadlines read; None:
+            no deadline is planned, rows are only dropped once theirs passed.
     """
 
     def __init__(self, trunk, settings: Settings, metrics: Metrics, *,
@@ -297,7 +298,8 @@ class Engine:
                                max_queued=max_queued, on_served=metrics.observe_tenant_images,
                                shared_batch_size=shared_batch_size(
                                    batch_seconds, batch_size, settings.shared_batch_ms),
-                               batch_seconds=self.live and self.live.seconds)
+                               batch_seconds=self.live and self.live.upper)
+        self.batcher.deadlines.on_late = metrics.observe_rows_late
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
         metrics.bind_tenant_state(self.batcher.tenant_state)
 
@@ -454,10 +456,10 @@ class Engine:
         for the misses); raises the first failed row's error.
 
         Admission before work, in order, all before any image is decoded:
-        - the deadline (with a batch profile, `batch_seconds`): the rows, after the tenant's
-          rows already queued, must be able to run before `deadline` in batches of the
-          batcher's size at the profile's times alone, else DeadlineUnmeetable (a lower
-          bound: nothing with time left is refused);
+        - the deadline (with a batch profile, `batch_seconds`): the rows must be expected to
+          be answered before it (`Batcher.expected_at`: the batch running, the rows the
+          scheduler takes before them, the trunk's live times, the slack the estimates were
+          seen to need: `service.core.schedule`), else DeadlineUnmeetable;
         - the tenant's quota takes each cache miss's decode cost (`Quotas.take`; the cost,
           read from the image's header by `look`: `backbone.preprocess.decode_cost`, at
           least 1 token, more for an image larger or deeper than 640 x 480 RGB 8-bit, or
@@ -552,40 +554,32 @@ class Engine:
 
     def _admit(self, tenant: str, misses: float, rows: int,
                deadline: float | None = None) -> Booking:
-        """A request's admission: its deadline (`least_seconds`), then the tenant's quota
-        takes its misses' decode costs, then the queue room of its rows is booked
-        (`Batcher.book`). A refusal is counted; when the queue refuses, the tokens are given
-        back (nothing was decoded)."""
+        """A request's admission: its deadline (`Batcher.expected_at`: when its rows would be
+        answered, times the slack that estimate needs), then the tenant's quota takes its
+        misses' decode costs, then the queue room of its rows is booked (`Batcher.book`). A
+        refusal is counted; when the queue refuses, the tokens are given back (nothing was
+        decoded)."""
         try:
-            if deadline is not None and self.batch_seconds is not None:
-                need = self.least_seconds(tenant, rows)
-                left = deadline - time.monotonic()
-                if need > left:
+            due = None if deadline is None else self.batcher.expected_at(tenant, rows, deadline)
+            if due is not None and deadline is not None:
+                now = time.monotonic()
+                need = (due[0] - now) * due[1]  # the estimate, times its slack
+                if need > deadline - now:
                     raise DeadlineUnmeetable(
-                        f"the request's deadline is in {max(left, 0) * 1e3:.0f} ms; its "
-                        f"{rows} image(s) need at least {need * 1e3:.0f} ms of the trunk "
-                        f"(with its tenant's rows queued ahead of them)")
+                        f"the request's deadline is in {max(deadline - now, 0) * 1e3:.0f} ms; "
+                        f"its {rows} image(s) would be answered in {need * 1e3:.0f} ms (after "
+                        "the batch running and the rows the scheduler takes before them)")
             self.quotas.take(tenant, misses)
         except (Overloaded, DeadlineExceeded) as exc:
             self.metrics.observe_refusal(tenant, error_status(exc)[1])
             raise
         try:
-            return self.batcher.book(rows, tenant)
+            return self.batcher.book(rows, tenant, due=None if due is None else due[0])
         except BaseException as exc:
             self.quotas.refund(tenant, misses)
             if isinstance(exc, Overloaded):
                 self.metrics.observe_refusal(tenant, error_status(exc)[1])
             raise
-
-    def least_seconds(self, tenant: str, rows: int) -> float:
-        """The least time `rows` more rows of `tenant` need of the trunk: after its rows queued
-        (FIFO within a tenant), in batches of the batcher's size, at the profile's times alone
-        (`batch_seconds`: a lower bound), as if nothing else ran. 0 without a profile."""
-        if self.batch_seconds is None:
-            return 0.0
-        size = self.batcher.max_batch_size
-        full, part = divmod(self.batcher.queued_rows(tenant) + rows, size)
-        return full * self.batch_seconds(size) + (self.batch_seconds(part) if part else 0.0)
 
     def _observe_bots(self, heads: Sequence[Head], n: int) -> None:
         for head in heads:

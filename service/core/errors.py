@@ -113,8 +113,9 @@ class DeadlineExceeded(ServiceError):
 
 
 class DeadlineUnmeetable(DeadlineExceeded):
-    """The request's deadline is sooner than its rows could run even with nothing else of any
-    other tenant ahead of them (the trunk's batch profile): refused before any decode."""
+    """The request's rows would be answered after its deadline, by the batcher's estimate (the
+    batch running and the rows taken before them, at the trunk's live times, times the slack
+    the estimate was seen to need: `service.core.schedule`): refused before any decode."""
 
 
 class InvalidDeadline(BadRequest):

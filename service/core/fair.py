@@ -148,22 +148,36 @@ class TenantQueue:
         return out
 
     def take(self, n: int, live: Callable[[Queued], bool], group: str | None = None, *,
-             cut: Callable[[list], int] | None = None) -> list:
+             pick: Callable[[list], Iterable[int]] | None = None) -> list:
         """Removes up to `n` live entries for a batch (only `group`'s if given; FIFO then).
-        `cut(order)` (fair order only): given the entries the batch would take, in order, how
-        many of them it takes (a prefix: the order, and so its bounds, stay the fair order's).
+        `pick(order)` (fair order only): given the entries the batch would take, in order, the
+        positions of those it takes (at least the first one when none: the others stay at
+        the head of the order, for the next batch; who is served stays the fair order's).
 
         Entries for which `live(e)` is False (cancelled, past their deadline) leave the queue
         too, without counting toward `n` and without charging their tenant.
         """
         if not self.fair or group is not None:
             return self._take_in_order(n, live, group)
-        if cut is not None:  # the order on copies of the counters: nothing charged
+        if pick is not None:  # the order on copies of the counters: nothing charged
             order, _ = self._fair_order(n, lambda e: True, dict(self.counters),
                                         dict(self._picked))
-            n = max(1, min(n, cut(order)))
+            chosen = sorted({i for i in pick(order) if 0 <= i < len(order)}) or [0]
+            return self._take_chosen([order[i] for i in chosen] if order else [], live)
         batch, gone = self._fair_order(n, live, self.counters, self._picked)
         self.remove_many(gone)
+        self._prune()
+        return batch
+
+    def _take_chosen(self, chosen: list, live: Callable[[Queued], bool]) -> list:
+        """Removes `chosen` (queued entries), charging the live ones' tenants in that order."""
+        batch = [e for e in chosen if live(e)]
+        for e in batch:
+            self.counters[e.tenant] = self.counters.get(e.tenant, 0.0) + e.cost / self.weight(
+                e.tenant)
+            self._picks += 1
+            self._picked[e.tenant] = self._picks
+        self.remove_many(chosen)
         self._prune()
         return batch
 
@@ -191,6 +205,26 @@ class TenantQueue:
             if position[tenant] == len(by_tenant[tenant]):
                 del position[tenant]
         return batch, gone
+
+    def ahead(self, tenant: str, rows: int, waiting: Mapping[str, int]) -> int:
+        """How many rows the order takes before the last of `rows` new rows of `tenant` (each
+        costing 1), were they queued now, of the rows `waiting` (by tenant: those that may go
+        first, queued or being decoded): under fifo all of them; in fair order the tenant's
+        own and each other tenant's whose counter, row by row, stays below the tenant's at
+        that row (ties aside); and the new ones before it."""
+        others = {t: n for t, n in waiting.items() if n > 0 and t != tenant}
+        own = waiting.get(tenant, 0) + rows - 1
+        if not self.fair:
+            return own + sum(others.values())
+        floor = min((self.counters.get(t, 0.0) for t in self.rows), default=self._last_left)
+
+        def counter(t: str) -> float:  # lifted as `push` would, if not queued yet
+            c = self.counters.get(t, 0.0)
+            return c if self.rows.get(t) else max(c, floor)
+
+        at = counter(tenant) + own / self.weight(tenant)
+        return own + sum(min(n, max(0, math.ceil((at - counter(t)) * self.weight(t))))
+                         for t, n in others.items())
 
     def _take_in_order(self, n: int, live: Callable[[Queued], bool], group: str | None) -> list:
         batch: list = []

@@ -8,9 +8,10 @@ alone), and the machine's speed drifts. `LiveProfile` follows the live batches: 
 an exponentially weighted mean of its runs (weight ALPHA for the newest), and for a size not
 run yet its time alone times the live / alone ratio of the sizes that did run.
 
-What reads which: admission by deadline refuses only what cannot be met even at the times
-alone (a lower bound: nothing with time left is refused), so it keeps the profile's; a batch
-cut for a deadline (`deadlines.batch_cut`) must end before it in fact, so it reads these.
+What reads which: deadlines (`service.core.schedule.Schedule`: admission, the rows that can
+no longer make theirs, a batch's most urgent rows) must be met in fact, so they read `upper`: the
+mean plus UPPER_DEVIATIONS x the size's mean absolute deviation (EWMA too), a batch's time
+that the live batches rarely exceed.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable
 
 ALPHA = 0.2  # the newest batch's weight in a size's running mean
+UPPER_DEVIATIONS = 3.0  # `upper`: the mean + this many mean absolute deviations
 
 
 class LiveProfile:
@@ -32,6 +34,7 @@ class LiveProfile:
         self._alone = alone
         self._alpha = alpha
         self._live: dict[int, float] = {}
+        self._spread: dict[int, float] = {}  # EWMA of |run - mean| per size
         self._lock = threading.Lock()
 
     def observe(self, n: int, seconds: float) -> None:
@@ -40,7 +43,11 @@ class LiveProfile:
             return
         with self._lock:
             mean = self._live.get(n)
-            self._live[n] = seconds if mean is None else mean + self._alpha * (seconds - mean)
+            if mean is None:
+                self._live[n], self._spread[n] = seconds, 0.0
+                return
+            self._live[n] = mean + self._alpha * (seconds - mean)
+            self._spread[n] += self._alpha * (abs(seconds - mean) - self._spread[n])
 
     def seconds(self, n: int) -> float:
         """The time a batch of `n` takes here now: its live mean, else its time alone times
@@ -51,6 +58,18 @@ class LiveProfile:
             return live[n]
         ratios = [t / self._alone(k) for k, t in live.items() if self._alone(k) > 0]
         return self._alone(n) * (sum(ratios) / len(ratios) if ratios else 1.0)
+
+    def upper(self, n: int) -> float:
+        """A batch of `n`'s time that live batches rarely exceed: `seconds(n)` plus
+        UPPER_DEVIATIONS x its mean absolute deviation (for a size not run yet, the sizes
+        run's mean deviation relative to their mean)."""
+        with self._lock:
+            live, spread = dict(self._live), dict(self._spread)
+        mean = self.seconds(n)
+        if n in spread:
+            return mean + UPPER_DEVIATIONS * spread[n]
+        relative = [spread[k] / t for k, t in live.items() if t > 0]
+        return mean * (1 + UPPER_DEVIATIONS * (sum(relative) / len(relative) if relative else 0))
 
     def report(self) -> dict[str, float]:
         """{batch size: live ms} of the sizes run, for the full /readyz."""

@@ -74,7 +74,8 @@ class Metrics:
         bot_int8_agreement{bot} (set from `bind_int8_agreement` at each `render`),
         feature_cache_hits_total,
         feature_cache_misses_total, bot_requests_total{bot},
-        tenant_images_total{tenant}, tenant_refusals_total{tenant,code} (code: one of
+        tenant_images_total{tenant}, tenant_rows_late_total{tenant} (`observe_rows_late`),
+        tenant_refusals_total{tenant,code} (code: one of
         `REFUSAL_CODES`), tenant_queued_rows{tenant}, tenant_counter{tenant} (the last two set
         from `bind_tenant_state` at each `render`), candidate_images_total{bot,version},
         candidate_agreed_total, candidate_top1_abs_diff_total, candidate_answers_total,
@@ -211,6 +212,11 @@ class Metrics:
         self.tenant_images_total = Counter(
             "tenant_images", f"trunk images served per tenant: rows that ran in a trunk batch "
             f"({tenants})", ["tenant"], namespace=ns, registry=r,
+        )
+        self.tenant_rows_late_total = Counter(
+            "tenant_rows_late", f"trunk images per tenant whose batch ended after the row's "
+            f"deadline: the trunk's work for an answer too late ({tenants})", ["tenant"],
+            namespace=ns, registry=r,
         )
         self.tenant_refusals_total = Counter(
             "tenant_refusals", f"requests refused per tenant by error code: "
@@ -358,6 +364,14 @@ class Metrics:
             for (_, rows), label in zip(batch, self._observe_tenants(batch)):
                 self.tenant_images_total.labels(tenant=label).inc(rows)
 
+    def observe_rows_late(self, counts: Mapping[str, int]) -> None:
+        """Count the rows of one batch that ended after their deadline, per tenant (the
+        batcher's `Schedule.on_late`)."""
+        batch = [(tenant, rows) for tenant, rows in counts.items() if rows > 0]
+        with self._lock:
+            for (_, rows), label in zip(batch, self._observe_tenants(batch)):
+                self.tenant_rows_late_total.labels(tenant=label).inc(rows)
+
     def observe_refusal(self, tenant: str, code: str) -> str:
         """Count one request of `tenant` refused with `code` (one of `REFUSAL_CODES`); returns
         the tenant label used (`tenant` or "other").
@@ -391,6 +405,7 @@ class Metrics:
                 demoted.add(lost)
         for tenant in demoted - top.labelled:
             self.tenant_images_total.remove(tenant)
+            self.tenant_rows_late_total.remove(tenant)
             for code in REFUSAL_CODES:
                 self.tenant_refusals_total.remove(tenant, code)
         return [label if label in top.labelled else OTHER for label in labels]

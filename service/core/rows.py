@@ -27,6 +27,8 @@ class Row:
         tenant: whom the row is charged to (fair order, queue shares, quotas).
         cost: what the row costs its tenant's counter: 1 for a trunk image, 0 for a row
             whose features are already known.
+        due: (when admitted, when admission expected it answered): `deadlines.Schedule`'s
+            record of its estimate, or None.
     """
 
     payload: Any
@@ -35,6 +37,7 @@ class Row:
     enqueued_s: float
     tenant: str = ""
     cost: float = 1.0
+    due: tuple[float, float] | None = None
 
 
 class Entry:

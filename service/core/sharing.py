@@ -19,7 +19,7 @@ rows; many tenants waiting still fill a batch. The batch is a prefix of the fair
 order's bounds hold (weights included: tests/service/core/test_sharing.py). The price is the
 throughput a heavy tenant's longer batches would have bought while light ones are about;
 heavy tenants alone (every recent tenant with more than a share waiting) keep full batches,
-and so does one tenant alone (and `--auth none`, where every request is one tenant's).
+and so does one tenant alone.
 """
 from __future__ import annotations
 

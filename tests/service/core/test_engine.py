@@ -114,11 +114,11 @@ async def make_engine(tmp_path):
     teardown."""
     made: list[Engine] = []
 
-    def make(trunk=None, **overrides) -> Engine:
+    def make(trunk=None, batch_seconds=None, **overrides) -> Engine:
         values = dict(store=str(tmp_path / "store"), max_wait_ms=0.0, feature_cache_size=16)
         values.update(overrides)
         e = Engine(trunk or GatedTrunk(FakeTrunk(), open=True, wait_s=WAIT_S), Settings(**values),
-                   Metrics())
+                   Metrics(), batch_seconds=batch_seconds)
         made.append(e)
         return e
 
@@ -517,41 +517,57 @@ async def test_a_request_whose_deadline_passed_is_refused(make_engine):
 
 
 async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make_engine):
-    """With a batch profile: a request whose rows, after its tenant's rows already queued,
-    cannot run before its deadline even with nothing else ahead (batches of the batcher's
-    size at the profile's times alone) is refused at once, 504 deadline_unmeetable, nothing
-    decoded, queued or charged; one with the time is served."""
+    """With a batch profile: a request whose rows would be answered after its deadline (in
+    batches of the batcher's size at the profile's times, plus the answer's margin) is refused
+    at once, 504 deadline_unmeetable, nothing decoded, queued or charged; one with the time is
+    served; without a profile nothing is refused early."""
     from service.core.errors import DeadlineUnmeetable
     from service.core.quota import Quotas
+    from service.core.schedule import ANSWER_S
 
-    e = make_engine(max_batch_size=2)
+    e = make_engine(max_batch_size=2, batch_seconds=lambda n: 0.2 * n)  # 200 ms an image
     e.quotas = Quotas(lambda tenant: (1.0, 10))
-    e.batch_seconds = lambda n: 0.2 * n  # 200 ms an image alone
-    assert e.least_seconds("t", 3) == pytest.approx(0.2 * 2 + 0.2 * 1)  # a batch of 2, of 1
+    due, slack = e.batcher.expected_at("t", 3, time.monotonic() + 1)
+    assert due - time.monotonic() == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
+    assert slack == 1.0  # nothing learnt yet
     decoded = []
     decode = e._decode  # noqa: SLF001 - counted
     e._decode = lambda data: decoded.append(data) or decode(data)  # noqa: SLF001
     a = RecordingHead("a")
     with pytest.raises(DeadlineUnmeetable) as refused:
-        await e.classify(pngs(3), [a], top_k=1, tenant="t", deadline=time.monotonic() + 0.5)
+        await e.classify(pngs(3), [a], top_k=1, tenant="t", deadline=time.monotonic() + 0.55)
     assert error_status(refused.value)[:2] == (504, "deadline_unmeetable")
     assert decoded == [] and e.trunk.batches == [] and e.quotas.tokens("t") == 10
     await e.classify(pngs(3), [a], top_k=1, tenant="t", deadline=time.monotonic() + 5)
     assert len(decoded) == 3 and e.quotas.tokens("t") < 10
-    e.batch_seconds = None  # without a profile: no estimate, nothing refused early
-    await e.classify(pngs(3, start=9), [a], top_k=1, tenant="t",
-                     deadline=time.monotonic() + 0.5)
+    plain = make_engine(max_batch_size=2)  # without a profile: no estimate
+    assert plain.batcher.expected_at("t", 3, time.monotonic() + 1) is None
+    await plain.classify(pngs(3, start=9), [a], top_k=1, tenant="t",
+                         deadline=time.monotonic() + 0.05)
 
 
-async def test_the_tenants_rows_queued_ahead_count_toward_its_deadline(make_engine):
-    e = make_engine(max_batch_size=2)
-    e.batch_seconds = lambda n: 0.2 * n
+async def test_the_running_batch_and_the_rows_taken_first_count_toward_a_deadline(make_engine):
+    """The trunk holds a batch of 2 of tenant t (400 ms at the profile) with 4 more of t's
+    rows queued: a new row of t waits for the rest of the running batch, then t's 4 rows and
+    itself (batches of 2, 2, 1); a row of tenant u is taken first by the fair order (u is
+    lifted to t's counter and was served least recently): only the running batch, then its
+    own."""
+    from service.core.schedule import ANSWER_S
+
+    e = make_engine(max_batch_size=2, batch_seconds=lambda n: 0.2 * n)
     e.trunk.gate.clear()  # the trunk holds its first batch: the rows behind it wait
     first = spawn(e.classify(pngs(2, start=20), [RecordingHead("a")], top_k=1, tenant="t"))
     queued = spawn(e.classify(pngs(4, start=30), [RecordingHead("a")], top_k=1, tenant="t"))
-    await until(lambda: e.batcher.queued_rows("t") == 4)
-    assert e.least_seconds("t", 1) == pytest.approx(2 * 0.4 + 0.2)
-    assert e.least_seconds("u", 1) == pytest.approx(0.2)  # another tenant's rows: not its
+    await until(lambda: e.batcher.tenant_state().get("t", (0,))[0] == 4)
+    soon = time.monotonic() + 10  # later than every queued row's deadline (they have none)
+
+    def expected_s(tenant: str, deadline: float | None) -> float:
+        return e.batcher.expected_at(tenant, 1, deadline)[0] - time.monotonic()
+
+    assert expected_s("t", soon) == pytest.approx(0.4 + 2 * 0.4 + 0.2 + ANSWER_S, abs=0.05)
+    assert expected_s("u", None) == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
+    # Rows without a deadline yield to one with a deadline in a batch's picks: not counted.
+    assert expected_s("u", soon) == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
     e.trunk.gate.set()
     await asyncio.gather(first, queued)
 

@@ -45,10 +45,10 @@ class Trace:
 
 
 def simulate(arrivals, weights, batch_size, *, scheduler="fair", ticks=None,
-             cut=None) -> Trace:
+             pick=None) -> Trace:
     """`arrivals[t]` = [(tenant, rows, dead_mask)] arriving before batch t; one batch per tick,
-    until every row left or `ticks` (default: 20 after the last arrival); `cut` is the
-    queue's (a batch cut short: `TenantQueue.take`)."""
+    until every row left or `ticks` (default: 20 after the last arrival); `pick` is the
+    queue's (the rows of a batch, `TenantQueue.take`)."""
     ticks = len(arrivals) + 20 if ticks is None else ticks
     queue = TenantQueue(scheduler, weight=weights.__getitem__)
     trace = Trace(batch_size, weights)
@@ -59,7 +59,7 @@ def simulate(arrivals, weights, batch_size, *, scheduler="fair", ticks=None,
         live_rows = [e for e in queue.entries if not e.dead]
         trace.backlogged.append({e.tenant for e in live_rows})
         trace.waiting.append(len(live_rows))
-        batch = queue.take(batch_size, lambda e: not e.dead, cut=cut)
+        batch = queue.take(batch_size, lambda e: not e.dead, pick=pick)
         assert all(not e.dead for e in batch)
         for e in batch:
             e.served_at = t
@@ -389,3 +389,37 @@ async def test_tenant_state_reports_queued_rows_and_counters():
     assert b.tenant_state() == {"a": (0, 1.0)}  # 2 images / weight 2
     assert served == [{"a": 2}]
     await b.close()
+
+
+@st.composite
+def queue_states(draw):
+    """A queue after random arrivals and batches (counters apart), and a tenant's new rows."""
+    batch_size, weights, arrivals = draw(traces())
+    queue = TenantQueue(draw(st.sampled_from(["fair", "fifo"])), weight=weights.__getitem__)
+    for t, tick in enumerate(arrivals):
+        for tenant, rows, _ in tick:
+            queue.push([Entry(tenant, float(t)) for _ in range(rows)])
+        if draw(st.booleans()):
+            queue.take(batch_size, lambda e: True)
+    booked = {t: draw(st.integers(0, 3)) for t in [*weights, "late"] if draw(st.booleans())}
+    return queue, draw(st.sampled_from([*weights, "new"])), draw(st.integers(1, 4)), booked
+
+
+@SETTINGS
+@given(queue_states())
+def test_ahead_counts_the_rows_the_order_takes_before_a_new_requests_last_row(case):
+    """`ahead` (admission's estimate, `schedule.Schedule.expected_at`) against the order itself:
+    the new rows queued, everything taken; the last new row's place is `ahead`, give or take
+    one row per other tenant (ties of equal counters). Rows booked (being decoded) count as
+    if queued: they are queued first, then the new ones."""
+    queue, tenant, rows, booked = case
+    others = len((set(queue.rows) | {t for t, n in booked.items() if n}) - {tenant})
+    estimate = queue.ahead(tenant, rows, collections.Counter(queue.rows) + collections.Counter(
+        booked))
+    for t, n in booked.items():
+        queue.push([Entry(t, 1e8) for _ in range(n)])
+    new = [Entry(tenant, 1e9) for _ in range(rows)]
+    queue.push(new)
+    order = queue.take(len(queue), lambda e: True)
+    actual = order.index(new[-1])
+    assert abs(estimate - actual) <= (others if queue.fair else 0), (estimate, actual)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.core.deadlines import batch_cut
 from service.core.live_profile import LiveProfile
+from service.core.schedule import batch_pick
 
 
 def alone(n: int) -> float:
@@ -32,8 +32,25 @@ def test_a_deadline_cut_reads_the_live_times():
     (1.5 x: 60 ms); the cut made from the live profile keeps 2 rows (30 ms)."""
     live = LiveProfile(alone)
     deadlines = [0.045, None, None, None]
-    assert batch_cut(deadlines, 0.0, alone) == 4
+    assert len(batch_pick(deadlines, 0.0, alone)) == 4
     live.observe(2, 0.030)
-    assert batch_cut(deadlines, 0.0, live.seconds) == 3  # 3 x 15 ms = 45 ms: just in time
+    assert len(batch_pick(deadlines, 0.0, live.seconds)) == 3  # 3 x 15 ms = 45 ms: just in time
     live.observe(3, 0.050)
-    assert batch_cut(deadlines, 0.0, live.seconds) == 2
+    assert len(batch_pick(deadlines, 0.0, live.seconds)) == 2
+
+
+def test_the_upper_time_is_the_mean_plus_deviations_and_follows_sizes_not_run():
+    """`upper` (what deadlines read): a size run steadily stays at its mean; one whose runs
+    spread gets UPPER_DEVIATIONS x its mean absolute deviation above; a size not run yet, its
+    live time x (1 + that many times the relative deviation of the sizes run)."""
+    from service.core.live_profile import UPPER_DEVIATIONS
+
+    live = LiveProfile(alone, alpha=0.5)
+    assert live.upper(2) == pytest.approx(0.020)  # nothing run: the time alone
+    live.observe(2, 0.030)
+    live.observe(2, 0.030)
+    assert live.upper(2) == pytest.approx(0.030)  # steady: no spread
+    live.observe(2, 0.050)  # mean 0.040, deviation 0.5 x |0.050 - 0.030| = 0.010
+    assert live.seconds(2) == pytest.approx(0.040)
+    assert live.upper(2) == pytest.approx(0.040 + UPPER_DEVIATIONS * 0.010)
+    assert live.upper(4) == pytest.approx(live.seconds(4) * (1 + UPPER_DEVIATIONS * 0.25))

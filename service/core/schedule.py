@@ -1,0 +1,179 @@
+"""What the batcher does with deadlines (issue 32, items 3 and 4), at the trunk's times as it
+runs in this server (`LiveProfile.upper`: what live batches rarely exceed, so a row let through
+is answered in time, not just run in time). A request's deadline itself, on every protocol:
+`service.core.deadlines`.
+
+- Admission (`Schedule.expected_at`, read by `service.core.engine` before any decoding): when
+  the request's rows would be answered, given the batch running, the rows the scheduler takes
+  before them (their tenant's queued and being decoded, and other tenants' with a deadline no
+  later, in fair order: `TenantQueue.ahead`) in batches of the next one's size, or, when
+  longer, the time requests take from admission to queue (decoding) and a batch of one. It
+  is an estimate; how far off it was is learnt from the rows answered since (`slack`: the
+  SLACK_QUANTILE of the ratio answered / expected of the last rows whose deadline it
+  decided), and the request is refused at once when the estimate times that ratio passes its
+  deadline: 504 `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run.
+- Drops (`take_doomed`, before each batch): a row that could no longer be answered in time
+  even in a batch of its own is failed before the trunk (504 `deadline_exceeded`); a row with
+  that much time left is never dropped. Without a batch profile, a row is dropped once its
+  deadline passed.
+- A batch's rows (`batch_pick`): the batch holds what the scheduler's order gives it when all
+  of it ends before the earliest deadline among them; else the most urgent of those rows, as
+  many as end before it, and the others head the next batch. The order still decides who is
+  served (its bounds hold: tests/service/core/test_sharing.py); deadlines decide only which of
+  a batch's rows go first.
+- Rows the trunk ran whose batch ended after their deadline are counted per tenant
+  (`on_late`: `multihead_trunk_rows_late_total`): the trunk's work for answers too late.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+# The time a row's answer takes after its batch (the heads, the answer, the transport): a
+# batch is run for a row only if it ends this much before the row's deadline.
+ANSWER_S = 0.005
+# The newest request's weight in the running mean of the time from admission to queue.
+PATH_ALPHA = 0.2
+# Admission's slack (`Schedule.slack`): the SLACK_QUANTILE of the last SLACK_KEPT rows' time to
+# their answer over their expected time, once SLACK_MIN were; only rows whose deadline was
+# within SLACK_TIGHT x their expected time count (for a row with more time, a late estimate
+# decided nothing, and `batch_pick` lets it wait).
+SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.95, 256, 16, 4.0
+
+
+def batch_pick(deadlines: Sequence[float | None], now: float,
+               seconds: Callable[[int], float]) -> list[int]:
+    """Which rows of a batch to run now, given their deadlines in the scheduler's order (None:
+    none) and the time a batch of n takes (`seconds(n)`): all of them when, run now, they end
+    before the earliest deadline among them; else the k most urgent (earliest deadline first,
+    then the order's), k the most that end before it (at least 1: `Schedule.take_doomed`
+    drops a row that cannot make it even alone). Rows with more time run in the next batch."""
+    n = len(deadlines)
+    urgent = sorted(range(n), key=lambda i: (deadlines[i] is None, deadlines[i] or 0.0, i))
+    earliest = deadlines[urgent[0]] if n else None
+    if earliest is None or now + seconds(n) <= earliest:
+        return list(range(n))
+    k = max([k for k in range(1, n) if now + seconds(k) <= earliest], default=1)
+    return sorted(urgent[:k])
+
+
+class Schedule:
+    """The batcher's deadlines (see the module doc).
+
+    Args:
+        seconds: the time a batch of n takes here (the engine's `LiveProfile.upper`); None
+            (no batch profile): no estimate, no picks, rows dropped once their deadline passed.
+    """
+
+    def __init__(self, seconds: Callable[[int], float] | None) -> None:
+        self.seconds = seconds
+        self.on_late: Callable[[Mapping[str, int]], object] | None = None
+        self._running: tuple[float, int] | None = None  # (start, rows) of the running batch
+        # EWMA of a request's time from admission to its rows queued, per row being prepared
+        # (decoded) at its admission, itself included: decoding's pace.
+        self.path_per_row_s = 0.0
+        self._ratios: collections.deque[float] = collections.deque(maxlen=SLACK_KEPT)
+
+    def _answered(self, n: int) -> float:
+        assert self.seconds is not None
+        return self.seconds(n) + ANSWER_S
+
+    # -- admission ------------------------------------------------------------------------
+
+    def expected_at(self, queue, booked: Mapping[str, int], tenant: str, rows: int,
+                    deadline: float | None, batch_size: int,
+                    now: float) -> tuple[float, float] | None:
+        """(when `rows` new rows of `tenant` with `deadline` would be answered, `slack`) with
+        `queue` (a `TenantQueue` of entries) and the rows `booked` (being decoded) by tenant;
+        None without a profile."""
+        if self.seconds is None:
+            return None
+        waiting = collections.Counter(
+            e.row.tenant for e in queue.entries
+            if e.row.tenant == tenant or deadline is None
+            or (math.inf if e.row.deadline is None else e.row.deadline) <= deadline)
+        waiting[tenant] += booked.get(tenant, 0)
+        ahead = queue.ahead(tenant, rows, waiting)
+        backlog = sum(booked.values()) + rows
+        return now + self.expected_s(now, ahead, 1, batch_size, backlog), self.slack()
+
+    def expected_s(self, now: float, ahead: int, rows: int, batch_size: int,
+                   backlog: int = 0) -> float:
+        """Seconds from `now` until the last of `rows` new rows is answered, with `ahead` rows
+        taken before it and batches of `batch_size`: after the running batch's rest; or, when
+        longer, after its rows are prepared (decoding's pace x the `backlog` of rows being
+        prepared, its own included) and a batch of one."""
+        assert self.seconds is not None
+        left = 0.0
+        if self._running is not None:
+            start, size = self._running
+            left = max(0.0, start + self.seconds(size) - now)
+        full, part = divmod(ahead + rows, batch_size)
+        trunk = left + full * self.seconds(batch_size) + (self.seconds(part) if part else 0.0)
+        # Decoding overlaps the trunk's work ahead; the rows join the queue once decoded.
+        path = self.path_per_row_s * max(backlog, rows)
+        return max(trunk, path + self.seconds(1)) + ANSWER_S
+
+    def slack(self) -> float:
+        """How many times its expected time (from admission) a row takes to be answered, bar
+        the worst: the SLACK_QUANTILE of the last SLACK_KEPT rows whose deadline their
+        estimate decided, at least 1; 1 before SLACK_MIN of them."""
+        if len(self._ratios) < SLACK_MIN:
+            return 1.0
+        ratios = sorted(self._ratios)
+        return max(1.0, ratios[min(len(ratios) - 1, int(SLACK_QUANTILE * len(ratios)))])
+
+    def queued_after(self, seconds: float, backlog: int) -> None:
+        """A request's rows were queued `seconds` after its admission, with `backlog` rows
+        being prepared (decoded) then, its own included."""
+        per_row = max(0.0, seconds) / max(1, backlog)
+        self.path_per_row_s += PATH_ALPHA * (per_row - self.path_per_row_s)
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def doomed(self, deadline: float | None, now: float) -> bool:
+        """Whether a row of `deadline` is dropped before a batch taken at `now`."""
+        if deadline is None:
+            return False
+        return deadline <= now if self.seconds is None else now + self._answered(1) > deadline
+
+    def take_doomed(self, queue, now: float) -> list:
+        """Removes from `queue` the entries not done that are `doomed` now, and returns them
+        (the caller fails them); each counts as answered a batch of one from now in `slack`."""
+        doomed = [e for e in queue.entries
+                  if not e.future.done() and self.doomed(e.row.deadline, now)]
+        queue.remove_many(doomed)
+        if doomed and self.seconds is not None:
+            self._learn([e.row for e in doomed], now + self._answered(1))
+        return doomed
+
+    def picker(self, now: float) -> Callable[[list], list[int]] | None:
+        """`TenantQueue.take`'s `pick` for a batch taken at `now` (`batch_pick` on the
+        entries' deadlines); None without a profile (the order's rows, as many as fit)."""
+        if self.seconds is None:
+            return None
+        return lambda order: batch_pick([e.row.deadline for e in order], now, self._answered)
+
+    def running(self, start: float, rows: int) -> None:
+        """A batch of `rows` started at `start`."""
+        self._running = (start, rows)
+
+    def ran(self, rows: Sequence, end: float) -> None:
+        """The running batch of `rows` (`Row`s) ended at `end`: rows past their deadline are
+        counted (`on_late`); how late admission's estimates were is learnt (`slack`)."""
+        self._running = None
+        late = collections.Counter(r.tenant for r in rows
+                                   if r.deadline is not None and r.deadline < end)
+        if late and self.on_late is not None:
+            self.on_late(late)
+        self._learn(rows, end + ANSWER_S)
+
+    def _learn(self, rows: Sequence, answered: float) -> None:
+        for r in rows:
+            if r.due is None or r.deadline is None:
+                continue
+            admitted, due = r.due
+            expected = max(due - admitted, 1e-3)
+            if r.deadline - admitted <= SLACK_TIGHT * expected:  # its estimate decided
+                self._ratios.append((answered - admitted) / expected)

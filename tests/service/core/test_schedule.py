@@ -1,0 +1,243 @@
+"""What the batcher does with deadlines (issue 32, items 3 and 4; `service.core.schedule`):
+`batch_pick` on random batches, the batcher picking a fair batch's rows for its earliest
+deadline and dropping rows that cannot make theirs (fake clock, fake `run_batch`), admission's
+estimate and the slack it learns. Fair order's bound with picks: tests/service/core/
+test_sharing.py."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from service.core.batcher import Batcher
+from service.core.schedule import ANSWER_S, Schedule, batch_pick
+from tests.service.core.test_batcher import LONG_MS, FakeRunBatch, gather5, settle, spawn
+from tests.support.fakes import FakeClock
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def linear(n: int) -> float:
+    """A trunk that batches about linearly (OpenVINO bf16 on 2 Xeon cores): 20 ms + 13 ms an
+    image."""
+    return 0.007 + 0.013 * n
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_batch_runs_whole_or_its_most_urgent_rows_that_end_in_time(seed):
+    """On random batches (deadlines or none, in the scheduler's order): every row when they
+    all end before the earliest deadline; else the k most urgent (earliest deadline first,
+    then the order's) for the largest k ending before it (one row when none does: the
+    batcher drops such a row first); a shorter batch only when the whole one would miss."""
+    rng = random.Random(seed)
+    now = rng.uniform(0, 100)
+    n = rng.randint(1, 16)
+    deadlines = [None if rng.random() < 0.5 else now + rng.uniform(0.0, 0.3) for _ in range(n)]
+    dated = [d for d in deadlines if d is not None]
+    earliest = min(dated) if dated else None
+
+    def ends_in_time(k: int) -> bool:
+        return earliest is None or now + linear(k) <= earliest
+
+    picked = batch_pick(deadlines, now, linear)
+    assert picked == sorted(set(picked)) and picked and all(0 <= i < n for i in picked)
+    k = len(picked)
+    if ends_in_time(n):
+        assert k == n
+        return
+    assert ends_in_time(k) or k == 1
+    assert not any(ends_in_time(j) for j in range(k + 1, n + 1))  # the most that do
+
+    def key(i: int):
+        return (deadlines[i] is None, deadlines[i] or 0.0, i)
+
+    left = set(range(n)) - set(picked)
+    assert all(key(i) < key(j) for i in picked for j in left)  # the most urgent
+
+
+def test_a_batch_without_deadlines_or_one_that_meets_them_is_whole():
+    assert batch_pick([None] * 8, 0.0, linear) == list(range(8))
+    assert batch_pick([None, 1.0, None], 0.0, linear) == [0, 1, 2]
+    assert batch_pick([], 0.0, linear) == []
+    # The urgent row last in the order runs first; the others wait for the next batch.
+    assert batch_pick([None, 5.0, 0.04], 0.0, linear) == [1, 2]
+
+
+async def test_the_batcher_cuts_a_fair_batch_for_its_earliest_deadline():
+    """b's row with 40 ms left beside a's 7 rows: fair order puts b's first, a batch of 8
+    would end at 111 ms, so the batch is the longest prefix ending in time (2 rows, 33 ms);
+    a's rows run next, whole. Without a profile (no batch_seconds) the batch is whole."""
+    for seconds, expected in ((linear, [2, 6]), (None, [8])):
+        clock = FakeClock()
+        fake = FakeRunBatch(hold=True)
+        b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
+                    wait_for_booked_only=True, clock=clock, batch_seconds=seconds)
+        held = spawn(b.submit("held", group="g", tenant="a"))
+        await fake.entered()
+        rows = [spawn(b.submit_many(range(7), group="g", tenant="a")),
+                spawn(b.submit("quick", group="g", tenant="b", deadline=clock.now + 0.04))]
+        await settle()
+        fake.release()
+        await gather5(held, *rows)
+        await asyncio.wait_for(b.close(), 5)
+        batches = [[r.tenant for r in call] for call in fake.calls[1:]]
+        assert [len(x) for x in batches] == expected, batches
+        assert "b" in batches[0]
+
+
+async def test_a_row_that_cannot_be_answered_in_time_even_alone_is_dropped_before_the_trunk():
+    """While the trunk holds a batch, b's row with less time left than a batch of one and the
+    answer take (20 ms + ANSWER_S) and c's with more queue behind it: b's is dropped unrun,
+    504 deadline_exceeded (counted in rows_expired), c's runs; without a profile a row runs
+    until its deadline has passed."""
+    from service.core.errors import DeadlineExceeded
+
+    for seconds, dropped in ((linear, True), (None, False)):
+        clock = FakeClock()
+        fake = FakeRunBatch(hold=True)
+        b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
+                    wait_for_booked_only=True, clock=clock, batch_seconds=seconds)
+        held = spawn(b.submit("held", group="g", tenant="a"))
+        await fake.entered()
+        late = spawn(b.submit("late", group="g", tenant="b",
+                              deadline=clock.now + linear(1) + ANSWER_S - 0.001))
+        fine = spawn(b.submit("fine", group="g", tenant="c",
+                              deadline=clock.now + linear(1) + ANSWER_S + 0.001))
+        await settle()
+        fake.release()
+        await gather5(held, fine)
+        if dropped:
+            with pytest.raises(DeadlineExceeded) as refused:
+                await late
+            assert str(refused.value) == ("the request's deadline would pass before its "
+                                          "answer: dropped before the trunk")
+        else:
+            await late
+        await asyncio.wait_for(b.close(), 5)
+        ran = [r.payload for call in fake.calls[1:] for r in call]
+        assert ("late" in ran) is not dropped and "fine" in ran
+        assert b.rows_expired == int(dropped)
+
+
+def test_the_expected_time_waits_for_the_running_batch_the_rows_ahead_or_decoding():
+    """`Schedule.expected_s`: the running batch's rest, then the rows ahead and the new one in
+    batches of the working size, plus ANSWER_S; when its rows would take longer to be
+    prepared (decoding's pace per row, learnt, x the rows being prepared), that time and a
+    batch of one."""
+    plan = Schedule(linear)
+    assert plan.expected_s(10.0, 0, 1, 8) == pytest.approx(linear(1) + ANSWER_S)
+    assert plan.expected_s(10.0, 9, 1, 8) == pytest.approx(linear(8) + linear(2) + ANSWER_S)
+    plan.running(9.99, 8)  # a batch of 8 started 10 ms ago
+    assert plan.expected_s(10.0, 0, 1, 8) == pytest.approx(linear(8) - 0.01 + linear(1)
+                                                            + ANSWER_S)
+    plan.ran([], 10.0)
+    for _ in range(200):
+        plan.queued_after(0.3, 10)  # 30 ms a row being prepared
+    assert plan.path_per_row_s == pytest.approx(0.03)
+    trunk = linear(8) + linear(2) + ANSWER_S
+    assert plan.expected_s(10.0, 9, 1, 8, backlog=2) == pytest.approx(trunk)  # the trunk's
+    assert plan.expected_s(10.0, 9, 1, 8, backlog=20) == pytest.approx(0.6 + linear(1)
+                                                                       + ANSWER_S)
+
+
+def row(deadline, due=None, tenant="t"):
+    from service.core.rows import Row
+
+    return Row(None, "g", deadline, 0.0, tenant, 1.0, due)
+
+
+def test_the_slack_is_a_high_quantile_of_how_late_tight_rows_were_answered():
+    """`Schedule.slack`: 1 until SLACK_MIN rows were answered; then the SLACK_QUANTILE of the
+    ratio (answered - admitted) / (expected - admitted) of the rows whose deadline was within
+    SLACK_TIGHT x their expected time; rows with more time teach nothing; a dropped row counts
+    as answered a batch of one after its drop."""
+    from service.core.schedule import SLACK_MIN, SLACK_TIGHT
+
+    plan = Schedule(linear)
+    rows = [row(deadline=0.15, due=(0.0, 0.1)) for _ in range(SLACK_MIN - 1)]
+    plan.ran(rows, 0.1 - ANSWER_S)  # answered as expected
+    assert plan.slack() == 1.0  # too few yet
+    plan.ran([row(deadline=SLACK_TIGHT * 0.1 + 1, due=(0.0, 0.1))] * 50, 1.0)  # loose: ignored
+    assert plan.slack() == 1.0
+    plan.ran([row(deadline=0.15, due=(0.0, 0.1))], 0.2 - ANSWER_S)  # twice as long
+    assert plan.slack() == pytest.approx(2.0)  # the worst of 16 is above the quantile's rank
+    plan.ran([row(deadline=0.15, due=(0.0, 0.1))] * 200, 0.1 - ANSWER_S)
+    assert plan.slack() == pytest.approx(1.0)  # one late row in 216: below the 95th
+    late = [row(deadline=0.15, due=(0.0, 0.1)) for _ in range(20)]  # more than 5 % now
+    queue = TenantQueueOf(late)
+    assert [e.row for e in plan.take_doomed(queue, 0.14)] == late and not queue.entries
+    assert plan.slack() == pytest.approx((0.14 + linear(1) + ANSWER_S) / 0.1)
+
+
+def test_rows_answered_after_their_deadline_are_counted_per_tenant():
+    plan = Schedule(linear)
+    seen = []
+    plan.on_late = seen.append
+    plan.running(0.0, 3)
+    plan.ran([row(0.05, tenant="a"), row(0.2, tenant="a"), row(None, tenant="b"),
+              row(0.01, tenant="b")], 0.1)
+    assert seen == [{"a": 1, "b": 1}]
+    plan.ran([row(0.2)], 0.1)
+    assert len(seen) == 1  # none late: no call
+
+
+def test_without_a_profile_rows_are_dropped_once_their_deadline_passed_and_nothing_is_planned():
+    plan = Schedule(None)
+    rows = [row(0.10), row(0.12), row(None)]
+    queue = TenantQueueOf(rows)
+    assert [e.row for e in plan.take_doomed(queue, 0.11)] == [rows[0]]
+    assert len(queue.entries) == 2
+    assert plan.picker(0.11) is None
+    assert plan.expected_at(queue, {}, "t", 1, 1.0, 8, 0.11) is None
+
+
+class TenantQueueOf:
+    """A queue of entries over `rows` (what `take_doomed` reads and changes)."""
+
+    def __init__(self, rows) -> None:
+        from types import SimpleNamespace
+
+        done = SimpleNamespace(done=lambda: False)
+        self.entries = [SimpleNamespace(row=r, future=done) for r in rows]
+
+    def remove_many(self, gone) -> None:
+        ids = {id(e) for e in gone}
+        self.entries = [e for e in self.entries if id(e) not in ids]
+
+
+async def test_an_urgent_row_runs_before_rows_with_time_that_the_order_put_first():
+    """a's 7 rows without a deadline come first in the fair order (a was served less), then b's
+    row with 40 ms left: a batch of 8 would end at 111 ms, so the batch holds b's row and the
+    one of a's that fits beside it (33 ms); a's other rows run next."""
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
+                wait_for_booked_only=True, clock=clock, batch_seconds=linear)
+    held = spawn(b.submit("held", group="g", tenant="b"))  # b is served first: a's counter is lower
+    await fake.entered()
+    rows = [spawn(b.submit_many([f"a{i}" for i in range(7)], group="g", tenant="a")),
+            spawn(b.submit("quick", group="g", tenant="b", deadline=clock.now + 0.04))]
+    await settle()
+    fake.release()
+    await gather5(held, *rows)
+    await asyncio.wait_for(b.close(), 5)
+    batches = [[r.payload for r in call] for call in fake.calls[1:]]
+    assert batches == [["a0", "quick"], ["a1", "a2", "a3", "a4", "a5", "a6"]], batches
+
+
+def test_late_rows_reach_the_metrics_per_tenant():
+    """The engine's hook: `Schedule.on_late` counts into multihead_tenant_rows_late_total."""
+    from service.core.metrics import Metrics
+
+    metrics = Metrics()
+    plan = Schedule(linear)
+    plan.on_late = metrics.observe_rows_late
+    plan.running(0.0, 2)
+    plan.ran([row(0.05, tenant="a"), row(0.05, tenant="a"), row(0.5, tenant="b")], 0.1)
+
+    def late(tenant: str) -> float | None:
+        return metrics.registry.get_sample_value("multihead_tenant_rows_late_total",
+                                                 {"tenant": tenant})
+
+    assert late("a") == 2.0 and late("b") is None
