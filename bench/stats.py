@@ -81,6 +81,33 @@ def poisson_arrivals(rate_per_s: float, count: int, seed: int = 0) -> np.ndarray
     return np.cumsum(rng.exponential(1.0 / rate_per_s, size=count))
 
 
+def bursty_arrivals(rate_per_s: float, duration_s: float, *, factor: float = 10.0,
+                    burst_s: float = 0.3, gap_s: float = 3.0,
+                    seed: int = 0) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """Arrival times (s, from 0, sorted) over `duration_s` of a Poisson process whose rate
+    switches between a base and `factor` x the base (a two-state Markov-modulated Poisson
+    process): quiet spells of exponential length (mean `gap_s`) and bursts (mean `burst_s`).
+    The base is set from the spells drawn, so the expected number of arrivals is exactly
+    `rate_per_s * duration_s`. Returns (arrivals, the bursts as (begin, end))."""
+    if not (rate_per_s > 0 and duration_s > 0 and factor >= 1 and burst_s > 0 and gap_s > 0):
+        raise ValueError("rate, duration, burst and gap must be > 0 and factor >= 1; got "
+                         f"{rate_per_s}, {duration_s}, {burst_s}, {gap_s}, {factor}")
+    rng = np.random.default_rng(seed)
+    spells: list[tuple[float, float, float]] = []  # (begin, end, rate factor)
+    t, burst = 0.0, False
+    while t < duration_s:
+        length = rng.exponential(burst_s if burst else gap_s)
+        spells.append((t, min(t + length, duration_s), factor if burst else 1.0))
+        t, burst = t + length, not burst
+    weight = sum((end - begin) * f for begin, end, f in spells)
+    base = rate_per_s * duration_s / weight
+    arrivals = [begin + np.sort(rng.uniform(0.0, end - begin,
+                                            rng.poisson(base * f * (end - begin))))
+                for begin, end, f in spells]
+    bursts = [(begin, end) for begin, end, f in spells if f != 1.0]
+    return np.concatenate(arrivals) if arrivals else np.zeros(0), bursts
+
+
 # -- processes and the machine --------------------------------------------------------------
 
 def rss_bytes(pid: int | str = "self") -> int:

@@ -13,6 +13,8 @@ with a `SECTION`, and list it here.
     baselines  rebuild per request; K full models (one Trunk per bot)
     overload   N concurrent 10 MB uploads: RSS start/peak/after, refused vs answered
     fairness   one tenant's flood vs quiet tenants, fair vs fifo scheduler; a tenant's quota
+    deadlines  at serve's defaults: a quiet tenant beside a flood; a bursty trace of tenants
+               with 150 ms and 5 s deadlines, fifo vs fair vs deadline-aware
     cancellation  16 clients, 8 giving up after 2 x the median: with vs without cancellation
     isolation  a hostile tenant's attacks vs another tenant's closed loop: its p50/p99 alone
                and under each attack, every answer a clear one
@@ -26,6 +28,7 @@ from bench.sections import (
     baselines,
     cancellation,
     coldstart,
+    deadlines,
     fairness,
     fanout,
     grpc,
@@ -42,7 +45,7 @@ from bench.sections.base import Section
 
 SECTIONS: tuple[Section, ...] = (
     trunk.SECTION, service.SECTION, fanout.SECTION, grpc.SECTION, scale.SECTION,
-    coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION,
+    coldstart.SECTION, baselines.SECTION, overload.SECTION, fairness.SECTION, deadlines.SECTION,
     cancellation.SECTION, isolation.SECTION, soak.SECTION, replicas.SECTION, store.SECTION)
 NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
 

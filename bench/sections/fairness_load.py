@@ -72,8 +72,11 @@ def _seconds(header: str | None) -> float | None:
 
 
 async def post_images(session, url: str, images: Sequence[bytes], *,
-                      timeout_s: float | None = None) -> tuple[int, str, float | None]:
-    """POSTs `images` to `url` (one: the raw body; more: multipart `image` parts); returns
+                      timeout_s: float | None = None,
+                      headers: Mapping[str, str] | None = None
+                      ) -> tuple[int, str, float | None]:
+    """POSTs `images` to `url` (one: the raw body; more: multipart `image` parts) with
+    `headers` added, if given; returns
     (status, error code, Retry-After seconds); status -1 and the error's type on a transport
     error. With `timeout_s`, the client gives up after that many seconds (status -1,
     "TimeoutError"): aiohttp then closes the request's connection, as a client that goes away
@@ -81,14 +84,15 @@ async def post_images(session, url: str, images: Sequence[bytes], *,
     import aiohttp
 
     timeout = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
+    extra = dict(headers or {})
     if len(images) == 1:
-        data, headers = images[0], {"Content-Type": "image/jpeg"}
+        data, sent = images[0], {"Content-Type": "image/jpeg", **extra}
     else:
-        data, headers = aiohttp.FormData(), None
+        data, sent = aiohttp.FormData(), extra or None
         for i, image in enumerate(images):
             data.add_field("image", image, filename=f"{i}.jpg", content_type="image/jpeg")
     try:
-        async with session.post(url, data=data, headers=headers, **timeout) as response:
+        async with session.post(url, data=data, headers=sent, **timeout) as response:
             body = await response.read()
             status, retry_after = response.status, response.headers.get("Retry-After")
     except asyncio.CancelledError:

@@ -177,6 +177,37 @@ def _isolation() -> dict:
                                  "seconds": 12.0} for a in ATTACKS}}
 
 
+def _deadlines() -> dict:
+    """The deadlines section: quiet p50 fair 60 ms vs fifo 1,000 (0.06) and alone 20 (3 x);
+    the flood 48 vs 45 images/s; the trace's interactive tenant 495 of 500 admitted within
+    150 ms (0.99), goodput 24 vs 15 answers in time per second (1.6 x), no trunk row late."""
+    def tenant(sent: int, refused: int, within: int, seconds: float) -> dict:
+        admitted = sent - refused
+        return {"deadline_ms": 150.0, "sent": sent, "refused_at_admission": refused,
+                "admitted": admitted, "answered": within, "within": within, "late": 0,
+                "met_of_admitted": within / admitted, "goodput_per_s": within / seconds,
+                "p50_ms": 30.0, "p99_ms": 140.0, "statuses": {"200": within}}
+
+    def run(goodput: float, late: int, interactive: dict) -> dict:
+        return {"span_s": 60.0, "goodput_per_s": goodput, "late": late, "late_rows": {},
+                "trunk_rows_late": 0, "sent": 1000,
+                "tenants": {"interactive": interactive, "batch": tenant(200, 0, 200, 60.0)}}
+
+    def flood(quiet_p50: float, rate: float) -> dict:
+        return {"total_images_per_s": rate, "quiet": _latency(quiet_p50),
+                "tenants": {"noisy": _tenant(48, 900, rate - 1, 900.0)},
+                "mean_batch_size": 2.0, "server_trunk_ms": 30.0}
+
+    return {"image": "640×480 JPEG", "runtime": "openvino-bf16", "noisy_clients": 48,
+            "warmup_s": 10.0, "duration_s": 30.0, "alone": _latency(20.0),
+            "floods": {"fifo": flood(1000.0, 45.0), "fair": flood(60.0, 48.0)},
+            "capacity": 45.0, "trace": {"rate": 36.0, "duration_s": 60.0, "requests": 1000,
+                                        "bursts": 20, "burst_s": 6.0},
+            "runs": {"fifo": run(15.0, 300, tenant(800, 0, 300, 60.0)),
+                     "fair": run(15.5, 280, tenant(800, 0, 310, 60.0)),
+                     "deadline-aware": run(24.0, 2, tenant(800, 300, 495, 60.0))}}
+
+
 def passing_results() -> dict:
     """Results in which every target passes, with distinctive numbers. The service's servers
     ran `serve`'s default, the OpenVINO int8 trunk, whose batch-16 rate is the raw trunk it is
@@ -282,6 +313,7 @@ def passing_results() -> dict:
                      "peak_over_start_bytes": 280_000_000, "peak_limit_bytes": 335_544_320,
                      "after_over_start": 0.0099},
         "fairness": _fairness(),
+        "deadlines": _deadlines(),
         "cancellation": _cancellation(),
         "isolation": _isolation(),
         "soak": {"duration_s": 300.0, "clients": 8, "requests": 4321,

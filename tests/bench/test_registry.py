@@ -16,7 +16,7 @@ from tests.bench.helpers import passing_results
 
 def test_the_registry_lists_each_section_once_in_run_order():
     assert NAMES == ("trunk", "service", "fanout", "grpc", "scale", "coldstart", "baselines",
-                     "overload", "fairness", "cancellation", "isolation", "soak", "replicas",
+                     "overload", "fairness", "deadlines", "cancellation", "isolation", "soak", "replicas",
                      "store")
     assert len(set(NAMES)) == len(NAMES)
 
