@@ -5,7 +5,7 @@ trains anything."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +53,21 @@ def register_bots(store_dir: str | Path, count: int, classes: int, seed: int, st
         if own:
             store.close()
     return ids
+
+
+def register_tenant_bots(store_dir: str | Path, tenants: Sequence[str], classes: int,
+                         seed: int) -> dict[str, str]:
+    """A store at `store_dir` with `tenants`, each owning one random bot `<tenant>-bot`;
+    returns {tenant: bot}."""
+    from store import HeadStore
+
+    rng = np.random.default_rng(seed)
+    bots = {}
+    with HeadStore(store_dir) as heads:
+        for tenant in tenants:
+            heads.add_tenant(tenant)
+            weights, biases, labels = random_head(rng, classes)
+            bots[tenant] = f"{tenant}-bot"
+            heads.register(bots[tenant], weights, biases, labels, source="bench",
+                           tenant=tenant)
+    return bots

@@ -95,21 +95,10 @@ class DeadlinesResult(Result):
 
 def deadline_store(context: Context) -> tuple[Path, dict[str, str]]:
     """A new store of the section's tenants, each owning one random bot `<tenant>-bot`."""
-    import numpy as np
-
-    from bench.bots import random_head
-    from store import HeadStore
+    from bench.bots import register_tenant_bots
 
     store = context.tmp / "deadlines-store"
-    rng = np.random.default_rng(context.plan.seed + 32)
-    bots = {}
-    with HeadStore(store) as heads:
-        for tenant in TENANTS:
-            heads.add_tenant(tenant)
-            weights, biases, labels = random_head(rng, context.plan.classes)
-            bots[tenant] = f"{tenant}-bot"
-            heads.register(bots[tenant], weights, biases, labels, source="bench",
-                           tenant=tenant)
+    bots = register_tenant_bots(store, TENANTS, context.plan.classes, context.plan.seed + 32)
     context.share_graph_cache(store)
     return store, bots
 

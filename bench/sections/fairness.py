@@ -134,21 +134,10 @@ def _measure_in_process(context: Context):
 def tenant_store(context: Context) -> tuple[Path, dict[str, str]]:
     """A new store with the five tenants, each owning one random bot `<tenant>-bot`; returns
     (store, {tenant: bot})."""
-    import numpy as np
-
-    from bench.bots import random_head
-    from store import HeadStore
+    from bench.bots import register_tenant_bots
 
     store = context.tmp / "fairness-store"
-    rng = np.random.default_rng(context.plan.seed + 22)
-    bots = {}
-    with HeadStore(store) as heads:
-        for tenant in TENANTS:
-            heads.add_tenant(tenant)
-            weights, biases, labels = random_head(rng, context.plan.classes)
-            bots[tenant] = f"{tenant}-bot"
-            heads.register(bots[tenant], weights, biases, labels, source="bench",
-                           tenant=tenant)
+    bots = register_tenant_bots(store, TENANTS, context.plan.classes, context.plan.seed + 22)
     context.share_graph_cache(store)
     return store, bots
 

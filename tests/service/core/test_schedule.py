@@ -64,17 +64,24 @@ def test_a_batch_without_deadlines_or_one_that_meets_them_is_whole():
     assert batch_pick([None, 5.0, 0.04], 0.0, linear) == [1, 2]
 
 
-async def test_the_batcher_cuts_a_fair_batch_for_its_earliest_deadline():
+async def holding(seconds, tenant: str):
+    """A batcher of batch 8 (profile `seconds`, a fake clock) whose trunk holds a first batch
+    of one row of `tenant`: (clock, the fake trunk, the batcher, the held row's task)."""
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
+                wait_for_booked_only=True, clock=clock, batch_seconds=seconds)
+    held = spawn(b.submit("held", group="g", tenant=tenant))
+    await fake.entered()
+    return clock, fake, b, held
+
+
+async def test_the_batcher_picks_a_fair_batchs_rows_for_its_earliest_deadline():
     """b's row with 40 ms left beside a's 7 rows: fair order puts b's first, a batch of 8
-    would end at 111 ms, so the batch is the longest prefix ending in time (2 rows, 33 ms);
-    a's rows run next, whole. Without a profile (no batch_seconds) the batch is whole."""
+    would end at 111 ms, so the batch holds the most urgent rows that end in time (b's and one
+    of a's, 33 ms); a's rows run next, whole. Without a profile the batch is whole."""
     for seconds, expected in ((linear, [2, 6]), (None, [8])):
-        clock = FakeClock()
-        fake = FakeRunBatch(hold=True)
-        b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
-                    wait_for_booked_only=True, clock=clock, batch_seconds=seconds)
-        held = spawn(b.submit("held", group="g", tenant="a"))
-        await fake.entered()
+        clock, fake, b, held = await holding(seconds, "a")
         rows = [spawn(b.submit_many(range(7), group="g", tenant="a")),
                 spawn(b.submit("quick", group="g", tenant="b", deadline=clock.now + 0.04))]
         await settle()
@@ -94,12 +101,7 @@ async def test_a_row_that_cannot_be_answered_in_time_even_alone_is_dropped_befor
     from service.core.errors import DeadlineExceeded
 
     for seconds, dropped in ((linear, True), (None, False)):
-        clock = FakeClock()
-        fake = FakeRunBatch(hold=True)
-        b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
-                    wait_for_booked_only=True, clock=clock, batch_seconds=seconds)
-        held = spawn(b.submit("held", group="g", tenant="a"))
-        await fake.entered()
+        clock, fake, b, held = await holding(seconds, "a")
         late = spawn(b.submit("late", group="g", tenant="b",
                               deadline=clock.now + linear(1) + ANSWER_S - 0.001))
         fine = spawn(b.submit("fine", group="g", tenant="c",
@@ -210,12 +212,7 @@ async def test_an_urgent_row_runs_before_rows_with_time_that_the_order_put_first
     """a's 7 rows without a deadline come first in the fair order (a was served less), then b's
     row with 40 ms left: a batch of 8 would end at 111 ms, so the batch holds b's row and the
     one of a's that fits beside it (33 ms); a's other rows run next."""
-    clock = FakeClock()
-    fake = FakeRunBatch(hold=True)
-    b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
-                wait_for_booked_only=True, clock=clock, batch_seconds=linear)
-    held = spawn(b.submit("held", group="g", tenant="b"))  # b is served first: a's counter is lower
-    await fake.entered()
+    clock, fake, b, held = await holding(linear, "b")  # b served first: a's counter is lower
     rows = [spawn(b.submit_many([f"a{i}" for i in range(7)], group="g", tenant="a")),
             spawn(b.submit("quick", group="g", tenant="b", deadline=clock.now + 0.04))]
     await settle()
