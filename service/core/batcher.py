@@ -208,9 +208,7 @@ class Batcher:
 
     def expected_at(self, tenant: str, rows: int,
                     deadline: float | None = None) -> tuple[float, float] | None:
-        """(when `rows` new rows of `tenant` would be answered, how many times that long they
-        may take): `Schedule.expected_at` in batches of the next one's size; None without a
-        profile."""
+        """`Schedule.expected_at` in batches of the next one's size; None without a profile."""
         now = self._clock()
         return self.deadlines.expected_at(self._queue, self._room.tenant_booked, tenant, rows,
                                           deadline, self.next_batch(now)[0], now)
@@ -430,22 +428,23 @@ class Batcher:
             # Nobody else is on the way: waiting out max_wait_ms would only add latency.
             due_in = min(due_in, 0.0)
         if self._policy == "mixed":
-            full = self._full(now)
-            if self._gather_booked and not full and not self._closing:
+            size, queued = self.next_batch(now)
+            # A batch waits for more rows only while its rows' deadlines allow it.
+            start_in, full = self.deadlines.start_in(self._queue, now, queued), queued >= size
+            if self._gather_booked and not full and not self._closing and start_in > 0:
                 if self._room.booked:
                     # Rows are being decoded and cannot be while the trunk runs: wait for them
                     # while they keep coming.
                     idle_in = self._last_progress_s + GATHER_IDLE_S - now
                     if idle_in > 0:
-                        return False, None, max(due_in, idle_in)
+                        return False, None, min(max(due_in, idle_in), start_in)
                 elif len(self._queue) < self._last_batch_rows:
                     # Fewer rows than the last batch had, whose callers were just answered: they
                     # may be on their way back; wait max_wait_ms after the last row for them.
                     back_in = self._last_progress_s + self._max_wait_s - now
                     if back_in > 0:
-                        return False, None, back_in
-            ready = self._closing or due_in <= 0 or full
-            return ready, None, due_in
+                        return False, None, min(back_in, start_in)
+            return self._closing or min(due_in, start_in) <= 0 or full, None, min(due_in, start_in)
         # per_group: the oldest row's group when its time is up (or when closing); otherwise any
         # group that already has a full batch, oldest-first. The earliest timer of all groups is
         # the oldest row's, so `due_in` is the right sleep either way.

@@ -21,6 +21,8 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   many as end before it, and the others head the next batch. The order still decides who is
   served (its bounds hold: tests/service/core/test_sharing.py); deadlines decide only which of
   a batch's rows go first.
+- A batch waits for more rows (max_wait_ms, or the rows being decoded) only while the
+  earliest deadline among its rows allows (`start_in`).
 - Rows the trunk ran whose batch ended after their deadline are counted per tenant
   (`on_late`: `multihead_trunk_rows_late_total`): the trunk's work for answers too late.
 """
@@ -33,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 # The time a row's answer takes after its batch (the heads, the answer, the transport): a
 # batch is run for a row only if it ends this much before the row's deadline.
 ANSWER_S = 0.005
+# A batch that waits for more rows starts this long before the last moment its deadlines allow.
+START_LEAD_S = 0.002
 # The newest request's weight in the running mean of the time from admission to queue.
 PATH_ALPHA = 0.2
 # Admission's slack (`Schedule.slack`): the SLACK_QUANTILE of the last SLACK_KEPT rows' time to
@@ -147,6 +151,15 @@ class Schedule:
         if doomed and self.seconds is not None:
             self._learn([e.row for e in doomed], now + self._answered(1))
         return doomed
+
+    def start_in(self, queue, now: float, rows: int) -> float:
+        """Seconds until a batch of the `rows` ready in `queue` must start (START_LEAD_S
+        early) for the earliest deadline among its entries to be met (a batch waits for more
+        rows only that long); inf without a profile or a deadline."""
+        deadlines = [e.row.deadline for e in queue.entries if e.row.deadline is not None]
+        if self.seconds is None or not deadlines or rows < 1:
+            return math.inf
+        return min(deadlines) - self._answered(rows) - START_LEAD_S - now
 
     def picker(self, now: float) -> Callable[[list], list[int]] | None:
         """`TenantQueue.take`'s `pick` for a batch taken at `now` (`batch_pick` on the

@@ -238,3 +238,34 @@ def test_late_rows_reach_the_metrics_per_tenant():
                                                  {"tenant": tenant})
 
     assert late("a") == 2.0 and late("b") is None
+
+
+@pytest.mark.parametrize("deadline", [None, 0.04])
+async def test_a_batch_waits_for_rows_being_decoded_only_within_its_deadlines(deadline):
+    """A CPU trunk's batch waits for the rows being decoded (`gather_booked`, up to
+    GATHER_IDLE_S without news); with a deadline 40 ms away it starts by the time a batch of
+    one still ends in time (40 - 20 - ANSWER_S - START_LEAD_S ms), whatever is still being
+    decoded."""
+    from service.core.schedule import START_LEAD_S
+
+    clock = FakeClock()
+    fake = FakeRunBatch()
+    b = Batcher(fake, max_batch_size=8, max_wait_ms=0, max_queue_rows=64,
+                wait_for_booked_only=True, gather_booked=True, clock=clock,
+                batch_seconds=linear)
+    coming = b.book(2)
+    first = spawn(b.submit("a", group="g", deadline=None if deadline is None
+                           else clock.now + deadline))
+    await settle()
+    clock.advance(0.04 - linear(1) - ANSWER_S - START_LEAD_S - 0.002)
+    b.poke()
+    await settle()
+    assert not first.done()  # both still wait for the rows being decoded
+    clock.advance(0.003)  # past the moment to start for the deadline
+    b.poke()
+    await settle()
+    assert first.done() is (deadline is not None)
+    coming.release()
+    await gather5(first)
+    assert fake.payloads() == [["a"]]
+    await asyncio.wait_for(b.close(), 5)
