@@ -24,7 +24,7 @@ is answered in time, not just run in time). A request's deadline itself, on ever
 - A batch waits for more rows (max_wait_ms, or the rows being decoded) only while the
   earliest deadline among its rows allows (`start_in`).
 - Rows the trunk ran whose batch ended after their deadline are counted per tenant
-  (`on_late`: `multihead_trunk_rows_late_total`): the trunk's work for answers too late.
+  (`on_late`: `multihead_tenant_rows_late_total`): the trunk's work for answers too late.
 """
 from __future__ import annotations
 
