@@ -209,12 +209,15 @@ class TenantQueueOf:
 
 
 async def test_an_urgent_row_runs_before_rows_with_time_that_the_order_put_first():
-    """a's 7 rows without a deadline come first in the fair order (a was served less), then b's
-    row with 40 ms left: a batch of 8 would end at 111 ms, so the batch holds b's row and the
-    one of a's that fits beside it (33 ms); a's other rows run next."""
-    clock, fake, b, held = await holding(linear, "b")  # b served first: a's counter is lower
-    rows = [spawn(b.submit_many([f"a{i}" for i in range(7)], group="g", tenant="a")),
-            spawn(b.submit("quick", group="g", tenant="b", deadline=clock.now + 0.04))]
+    """a's request of 7 rows without a deadline, then a's request with 40 ms left: FIFO within
+    a tenant puts the urgent row 8th, and a batch of 8 would end at 111 ms; no prefix of the
+    order holding it ends in time, so the batch is the urgent row and the one row that fits
+    beside it (33 ms), and the 6 others run next (the prefix rule ran all 8, the urgent row
+    late)."""
+    clock, fake, b, held = await holding(linear, "b")
+    rows = [spawn(b.submit_many([f"a{i}" for i in range(7)], group="g", tenant="a"))]
+    await settle()
+    rows.append(spawn(b.submit("quick", group="g", tenant="a", deadline=clock.now + 0.04)))
     await settle()
     fake.release()
     await gather5(held, *rows)
