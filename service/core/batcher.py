@@ -46,7 +46,7 @@ from service.core.booking import Booking, QueueRoom
 from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
 from service.core.rows import Entry, Row, deliver, fail, outcome
-from service.core.schedule import Schedule
+from service.core.schedule import Schedule, backlog
 from service.core.sharing import Sharing
 
 log = logging.getLogger(__name__)
@@ -259,9 +259,9 @@ class Batcher:
         """
         if self._closing:
             raise ShuttingDown("the service is shutting down and accepts no new requests")
-        booking = self._room.book(n, tenant)
-        booking.made, booking.backlog = self._clock(), sum(self._room.tenant_booked.values())
-        booking.due = None if due is None else (booking.made, due)
+        booking = self._room.book(n, tenant)  # its rows are booked now: counted in the backlog
+        booking.made, booking.due = self._clock(), due
+        booking.backlog = backlog(self._queue.fair, self._room.tenant_booked, booking.tenant, 0)
         return booking
 
     def poke(self) -> None:
@@ -364,8 +364,8 @@ class Batcher:
         n = len(payloads)
         if costs is not None and len(costs) != n:
             raise ValueError(f"{len(costs)} costs for {n} rows")
-        made, due = (None, None) if booking is None else (booking.made, booking.due)
-        backlog = 0 if booking is None else booking.backlog
+        made = None if booking is None else booking.made
+        due = None if booking is None or booking.due is None else (booking.made, booking.due)
         if booking is None:
             if n == 0:
                 return []
@@ -378,7 +378,7 @@ class Batcher:
         self._last_progress_s = now
         self.sharing.queued(tenant, now)
         if made is not None:  # booked before the rows were prepared: decoded since
-            self.deadlines.queued_after(now - made, backlog)
+            self.deadlines.queued_after(tenant, now - made, booking.backlog)
         if deadline is not None and deadline <= now:
             self.poke()  # the booked rows will not come
             raise DeadlineExceeded("the request's deadline passed before it was queued")

@@ -106,12 +106,15 @@ class TenantQueue:
         """Queues `entries` (at the end), lifting a tenant that was not backlogged."""
         for e in entries:
             if self.fair and not self.rows.get(e.tenant):
-                backlogged = [self.counters.get(t, 0.0) for t in self.rows]
-                floor = min(backlogged) if backlogged else self._last_left
-                self.counters[e.tenant] = max(self.counters.get(e.tenant, 0.0), floor)
+                self.counters[e.tenant] = max(self.counters.get(e.tenant, 0.0), self._floor())
             self.entries.append(e)
             self.rows[e.tenant] += 1
             self.groups[e.group] += 1
+
+    def _floor(self) -> float:
+        """What a tenant back from idle is lifted to: the smallest counter of the backlogged
+        tenants (that of the last tenant that left, when none is)."""
+        return min((self.counters.get(t, 0.0) for t in self.rows), default=self._last_left)
 
     def _left(self, e: Queued) -> None:
         """Bookkeeping of an entry that has just left the queue."""
@@ -216,7 +219,7 @@ class TenantQueue:
         own = waiting.get(tenant, 0) + rows - 1
         if not self.fair:
             return own + sum(others.values())
-        floor = min((self.counters.get(t, 0.0) for t in self.rows), default=self._last_left)
+        floor = self._floor()
 
         def counter(t: str) -> float:  # lifted as `push` would, if not queued yet
             c = self.counters.get(t, 0.0)

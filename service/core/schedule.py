@@ -7,11 +7,15 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   the request's rows would be answered, given the batch running, the rows the scheduler takes
   before them (their tenant's queued and being decoded, and other tenants' with a deadline no
   later, in fair order: `TenantQueue.ahead`) in batches of the next one's size, or, when
-  longer, the time requests take from admission to queue (decoding) and a batch of one. It
-  is an estimate; how far off it was is learnt from the rows answered since (`slack`: the
-  SLACK_QUANTILE of the ratio answered / expected of the last rows whose deadline it
-  decided), and the request is refused at once when the estimate times that ratio passes its
-  deadline: 504 `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run.
+  longer, the time its rows take to be decoded (its tenant's pace of decoding, learnt, x the
+  rows decoded before them: its tenant's, and one of each other tenant's in the fair order of
+  decoding) and a batch of one. It is an estimate; how far off it was is learnt from the rows
+  answered since (`slack`: the SLACK_QUANTILE of the ratio answered / expected of its
+  tenant's last rows whose deadline it decided), and the request is refused at once when the
+  estimate times that ratio passes its deadline: 504 `deadline_unmeetable` (gRPC
+  DEADLINE_EXCEEDED), nothing decoded or run. What is learnt is each tenant's own (of the
+  LEARNT_TENANTS that learnt last): a tenant whose rows come late (costly images, say) makes
+  only its own requests refused sooner.
 - Drops (`take_doomed`, before each batch): a row that could no longer be answered in time
   even in a batch of its own is failed before the trunk (504 `deadline_exceeded`); a row with
   that much time left is never dropped. Without a batch profile, a row is dropped once its
@@ -44,6 +48,8 @@ PATH_ALPHA = 0.2
 # within SLACK_TIGHT x their expected time count (for a row with more time, a late estimate
 # decided nothing, and `batch_pick` lets it wait).
 SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.95, 256, 16, 4.0
+# The tenants whose pace and slack are kept (the least recently learnt is forgotten).
+LEARNT_TENANTS = 64
 
 
 def batch_pick(deadlines: Sequence[float | None], now: float,
@@ -62,6 +68,27 @@ def batch_pick(deadlines: Sequence[float | None], now: float,
     return sorted(urgent[:k])
 
 
+def backlog(fair: bool, booked: Mapping[str, int], tenant: str, rows: int) -> int:
+    """The rows decoded before the last of `rows` more rows of `tenant` with the rows `booked`
+    (being decoded) by tenant: in the tenants' fair order of decoding, its own and about one
+    of each other tenant decoding (`service.core.decoding`); in arrival order all of them."""
+    if not fair:
+        return sum(booked.values()) + rows
+    return booked.get(tenant, 0) + rows + sum(1 for t, n in booked.items() if n and t != tenant)
+
+
+class Learnt:
+    """What a `Schedule` learnt of one tenant's requests: its pace of decoding (an EWMA of the
+    time from admission to queue per row decoded before, PATH_ALPHA) and how late its rows
+    were answered against their expected time (the last SLACK_KEPT)."""
+
+    __slots__ = ("pace_s", "ratios")
+
+    def __init__(self) -> None:
+        self.pace_s = 0.0
+        self.ratios: collections.deque[float] = collections.deque(maxlen=SLACK_KEPT)
+
+
 class Schedule:
     """The batcher's deadlines (see the module doc).
 
@@ -74,10 +101,7 @@ class Schedule:
         self.seconds = seconds
         self.on_late: Callable[[Mapping[str, int]], object] | None = None
         self._running: tuple[float, int] | None = None  # (start, rows) of the running batch
-        # EWMA of a request's time from admission to its rows queued, per row being prepared
-        # (decoded) at its admission, itself included: decoding's pace.
-        self.path_per_row_s = 0.0
-        self._ratios: collections.deque[float] = collections.deque(maxlen=SLACK_KEPT)
+        self._learnt: collections.OrderedDict[str, Learnt] = collections.OrderedDict()
 
     def _answered(self, n: int) -> float:
         assert self.seconds is not None
@@ -99,15 +123,14 @@ class Schedule:
             or (math.inf if e.row.deadline is None else e.row.deadline) <= deadline)
         waiting[tenant] += booked.get(tenant, 0)
         ahead = queue.ahead(tenant, rows, waiting)
-        backlog = sum(booked.values()) + rows
-        return now + self.expected_s(now, ahead, 1, batch_size, backlog), self.slack()
+        path_s = self.pace(tenant) * backlog(queue.fair, booked, tenant, rows)
+        return now + self.expected_s(now, ahead, 1, batch_size, path_s), self.slack(tenant)
 
     def expected_s(self, now: float, ahead: int, rows: int, batch_size: int,
-                   backlog: int = 0) -> float:
+                   path_s: float = 0.0) -> float:
         """Seconds from `now` until the last of `rows` new rows is answered, with `ahead` rows
         taken before it and batches of `batch_size`: after the running batch's rest; or, when
-        longer, after its rows are prepared (decoding's pace x the `backlog` of rows being
-        prepared, its own included) and a batch of one."""
+        longer, after `path_s` (until its rows are decoded) and a batch of one."""
         assert self.seconds is not None
         left = 0.0
         if self._running is not None:
@@ -116,23 +139,39 @@ class Schedule:
         full, part = divmod(ahead + rows, batch_size)
         trunk = left + full * self.seconds(batch_size) + (self.seconds(part) if part else 0.0)
         # Decoding overlaps the trunk's work ahead; the rows join the queue once decoded.
-        path = self.path_per_row_s * max(backlog, rows)
-        return max(trunk, path + self.seconds(1)) + ANSWER_S
+        return max(trunk, path_s + self.seconds(1)) + ANSWER_S
 
-    def slack(self) -> float:
-        """How many times its expected time (from admission) a row takes to be answered, bar
-        the worst: the SLACK_QUANTILE of the last SLACK_KEPT rows whose deadline their
-        estimate decided, at least 1; 1 before SLACK_MIN of them."""
-        if len(self._ratios) < SLACK_MIN:
+    def _of(self, tenant: str) -> Learnt:
+        """`tenant`'s learnt state, made (and the least recently learnt one forgotten) when
+        missing, now the most recent."""
+        learnt = self._learnt.get(tenant)
+        if learnt is None:
+            learnt = self._learnt[tenant] = Learnt()
+            while len(self._learnt) > LEARNT_TENANTS:
+                self._learnt.popitem(last=False)
+        self._learnt.move_to_end(tenant)
+        return learnt
+
+    def pace(self, tenant: str) -> float:
+        """Seconds per row decoded before a row of `tenant` is queued (0 before it learnt)."""
+        learnt = self._learnt.get(tenant)
+        return 0.0 if learnt is None else learnt.pace_s
+
+    def slack(self, tenant: str) -> float:
+        """How many times its expected time (from admission) a row of `tenant` takes to be
+        answered, bar the worst: the SLACK_QUANTILE of its last SLACK_KEPT rows whose deadline
+        their estimate decided, at least 1; 1 before SLACK_MIN of them."""
+        learnt = self._learnt.get(tenant)
+        if learnt is None or len(learnt.ratios) < SLACK_MIN:
             return 1.0
-        ratios = sorted(self._ratios)
+        ratios = sorted(learnt.ratios)
         return max(1.0, ratios[min(len(ratios) - 1, int(SLACK_QUANTILE * len(ratios)))])
 
-    def queued_after(self, seconds: float, backlog: int) -> None:
-        """A request's rows were queued `seconds` after its admission, with `backlog` rows
-        being prepared (decoded) then, its own included."""
-        per_row = max(0.0, seconds) / max(1, backlog)
-        self.path_per_row_s += PATH_ALPHA * (per_row - self.path_per_row_s)
+    def queued_after(self, tenant: str, seconds: float, rows_before: int) -> None:
+        """A request of `tenant` had its rows queued `seconds` after its admission, with
+        `rows_before` rows to decode before them then, its own included (`backlog`)."""
+        learnt = self._of(tenant)
+        learnt.pace_s += PATH_ALPHA * (max(0.0, seconds) / max(1, rows_before) - learnt.pace_s)
 
     # -- batches ----------------------------------------------------------------------------
 
@@ -189,4 +228,4 @@ class Schedule:
             admitted, due = r.due
             expected = max(due - admitted, 1e-3)
             if r.deadline - admitted <= SLACK_TIGHT * expected:  # its estimate decided
-                self._ratios.append((answered - admitted) / expected)
+                self._of(r.tenant).ratios.append((answered - admitted) / expected)

@@ -125,8 +125,10 @@ async def test_a_row_that_cannot_be_answered_in_time_even_alone_is_dropped_befor
 def test_the_expected_time_waits_for_the_running_batch_the_rows_ahead_or_decoding():
     """`Schedule.expected_s`: the running batch's rest, then the rows ahead and the new one in
     batches of the working size, plus ANSWER_S; when its rows would take longer to be
-    prepared (decoding's pace per row, learnt, x the rows being prepared), that time and a
-    batch of one."""
+    decoded (its tenant's pace per row, learnt, x the rows decoded before them: `backlog`),
+    that time and a batch of one."""
+    from service.core.schedule import backlog
+
     plan = Schedule(linear)
     assert plan.expected_s(10.0, 0, 1, 8) == pytest.approx(linear(1) + ANSWER_S)
     assert plan.expected_s(10.0, 9, 1, 8) == pytest.approx(linear(8) + linear(2) + ANSWER_S)
@@ -135,12 +137,16 @@ def test_the_expected_time_waits_for_the_running_batch_the_rows_ahead_or_decodin
                                                             + ANSWER_S)
     plan.ran([], 10.0)
     for _ in range(200):
-        plan.queued_after(0.3, 10)  # 30 ms a row being prepared
-    assert plan.path_per_row_s == pytest.approx(0.03)
+        plan.queued_after("t", 0.3, 10)  # 30 ms a row decoded before
+    assert plan.pace("t") == pytest.approx(0.03) and plan.pace("u") == 0.0
     trunk = linear(8) + linear(2) + ANSWER_S
-    assert plan.expected_s(10.0, 9, 1, 8, backlog=2) == pytest.approx(trunk)  # the trunk's
-    assert plan.expected_s(10.0, 9, 1, 8, backlog=20) == pytest.approx(0.6 + linear(1)
+    assert plan.expected_s(10.0, 9, 1, 8, path_s=0.06) == pytest.approx(trunk)  # the trunk's
+    assert plan.expected_s(10.0, 9, 1, 8, path_s=0.6) == pytest.approx(0.6 + linear(1)
                                                                        + ANSWER_S)
+    # Decoded in the tenants' fair order: its own rows and one of each other tenant decoding;
+    # in arrival order, every row being decoded.
+    assert backlog(True, {"t": 3, "u": 5, "v": 0, "w": 1}, "t", 2) == 3 + 2 + 2
+    assert backlog(False, {"t": 3, "u": 5, "v": 0, "w": 1}, "t", 2) == 9 + 2
 
 
 def row(deadline, due=None, tenant="t"):
@@ -159,17 +165,35 @@ def test_the_slack_is_a_high_quantile_of_how_late_tight_rows_were_answered():
     plan = Schedule(linear)
     rows = [row(deadline=0.15, due=(0.0, 0.1)) for _ in range(SLACK_MIN - 1)]
     plan.ran(rows, 0.1 - ANSWER_S)  # answered as expected
-    assert plan.slack() == 1.0  # too few yet
+    assert plan.slack("t") == 1.0  # too few yet
     plan.ran([row(deadline=SLACK_TIGHT * 0.1 + 1, due=(0.0, 0.1))] * 50, 1.0)  # loose: ignored
-    assert plan.slack() == 1.0
+    assert plan.slack("t") == 1.0
     plan.ran([row(deadline=0.15, due=(0.0, 0.1))], 0.2 - ANSWER_S)  # twice as long
-    assert plan.slack() == pytest.approx(2.0)  # the worst of 16 is above the quantile's rank
+    assert plan.slack("t") == pytest.approx(2.0)  # the worst of 16 is above the quantile's rank
     plan.ran([row(deadline=0.15, due=(0.0, 0.1))] * 200, 0.1 - ANSWER_S)
-    assert plan.slack() == pytest.approx(1.0)  # one late row in 216: below the 95th
+    assert plan.slack("t") == pytest.approx(1.0)  # one late row in 216: below the 95th
     late = [row(deadline=0.15, due=(0.0, 0.1)) for _ in range(20)]  # more than 5 % now
     queue = TenantQueueOf(late)
     assert [e.row for e in plan.take_doomed(queue, 0.14)] == late and not queue.entries
-    assert plan.slack() == pytest.approx((0.14 + linear(1) + ANSWER_S) / 0.1)
+    assert plan.slack("t") == pytest.approx((0.14 + linear(1) + ANSWER_S) / 0.1)
+
+
+def test_what_is_learnt_is_each_tenants_own_and_bounded():
+    """A tenant whose rows come 3 x later than expected, and whose decodes are slow, is
+    refused sooner itself; another tenant's slack and pace are untouched. At most
+    LEARNT_TENANTS tenants are kept: the least recently learnt is forgotten."""
+    from service.core.schedule import LEARNT_TENANTS
+
+    plan = Schedule(linear)
+    plan.ran([row(0.15, due=(0.0, 0.1), tenant="attacker")] * 100, 0.3 - ANSWER_S)
+    plan.ran([row(0.15, due=(0.0, 0.1), tenant="victim")] * 100, 0.1 - ANSWER_S)
+    plan.queued_after("attacker", 2.0, 4)
+    assert plan.slack("attacker") == pytest.approx(3.0) and plan.slack("victim") == 1.0
+    assert plan.pace("attacker") > 0 and plan.pace("victim") == 0.0
+    for i in range(LEARNT_TENANTS):
+        plan.queued_after(f"t{i}", 0.01, 1)
+    assert plan.slack("attacker") == 1.0 and plan.pace("attacker") == 0.0  # forgotten
+    assert len(plan._learnt) == LEARNT_TENANTS  # noqa: SLF001 - the bound itself
 
 
 def test_rows_answered_after_their_deadline_are_counted_per_tenant():
