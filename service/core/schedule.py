@@ -8,14 +8,13 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   before them (their tenant's queued and being decoded, and other tenants' with a deadline no
   later, in fair order: `TenantQueue.ahead`) in batches of the next one's size, or, when
   longer, the time its rows take to be decoded (its tenant's pace of decoding, learnt, x the
-  rows decoded before them: its tenant's, and one of each other tenant's in the fair order of
-  decoding) and a batch of one. It is an estimate; how far off it was is learnt from the rows
-  answered since (`slack`: the SLACK_QUANTILE of the ratio answered / expected of its
-  tenant's last rows whose deadline it decided), and the request is refused at once when the
-  estimate times that ratio passes its deadline: 504 `deadline_unmeetable` (gRPC
-  DEADLINE_EXCEEDED), nothing decoded or run. What is learnt is each tenant's own (of the
-  LEARNT_TENANTS that learnt last): a tenant whose rows come late (costly images, say) makes
-  only its own requests refused sooner.
+  rows decoded before them: `backlog`) and a batch of one. It is an estimate; how far off it
+  was is learnt from the rows answered since (`slack`: the SLACK_QUANTILE of the ratio
+  answered / expected of its tenant's last rows whose deadline it decided), and the request
+  is refused at once when the estimate times that ratio passes its deadline: 504
+  `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run. What is learnt is
+  each tenant's own (of the LEARNT_TENANTS that learnt last): a tenant whose rows come late
+  (costly images, say) makes only its own requests refused sooner.
 - Drops (`take_doomed`, before each batch): a row that could no longer be answered in time
   even in a batch of its own is failed before the trunk (504 `deadline_exceeded`); a row with
   that much time left is never dropped. Without a batch profile, a row is dropped once its
@@ -70,11 +69,13 @@ def batch_pick(deadlines: Sequence[float | None], now: float,
 
 def backlog(fair: bool, booked: Mapping[str, int], tenant: str, rows: int) -> int:
     """The rows decoded before the last of `rows` more rows of `tenant` with the rows `booked`
-    (being decoded) by tenant: in the tenants' fair order of decoding, its own and about one
-    of each other tenant decoding (`service.core.decoding`); in arrival order all of them."""
+    (being decoded) by tenant: in the tenants' fair order of decoding (`service.core.decoding`)
+    its own, and of each other tenant's as many as its own at most (taken in turn); in arrival
+    order all of them."""
     if not fair:
         return sum(booked.values()) + rows
-    return booked.get(tenant, 0) + rows + sum(1 for t, n in booked.items() if n and t != tenant)
+    own = booked.get(tenant, 0) + rows
+    return own + sum(min(n, own) for t, n in booked.items() if t != tenant)
 
 
 class Learnt:

@@ -143,10 +143,10 @@ def test_the_expected_time_waits_for_the_running_batch_the_rows_ahead_or_decodin
     assert plan.expected_s(10.0, 9, 1, 8, path_s=0.06) == pytest.approx(trunk)  # the trunk's
     assert plan.expected_s(10.0, 9, 1, 8, path_s=0.6) == pytest.approx(0.6 + linear(1)
                                                                        + ANSWER_S)
-    # Decoded in the tenants' fair order: its own rows and one of each other tenant decoding;
-    # in arrival order, every row being decoded.
-    assert backlog(True, {"t": 3, "u": 5, "v": 0, "w": 1}, "t", 2) == 3 + 2 + 2
-    assert backlog(False, {"t": 3, "u": 5, "v": 0, "w": 1}, "t", 2) == 9 + 2
+    # Decoded in the tenants' fair order: its own rows, and of each other tenant's as many at
+    # most (a flood of another's counts no more); in arrival order, every row being decoded.
+    assert backlog(True, {"t": 3, "u": 50, "v": 0, "w": 1}, "t", 2) == 3 + 2 + 5 + 1
+    assert backlog(False, {"t": 3, "u": 50, "v": 0, "w": 1}, "t", 2) == 54 + 2
 
 
 def row(deadline, due=None, tenant="t"):
