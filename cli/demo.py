@@ -5,9 +5,9 @@ import argparse
 import logging
 import time
 
-from cli.demo_images import KINDS
 from cli.demo_setup import PER_CLASS, ensure_demo, int8_runtimes
 from cli.options import features_option, store_dir, store_option, trunk_kwargs
+from heads.demo_images import KINDS
 from service.core.setting_fields import InvalidSettings
 
 

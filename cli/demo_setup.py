@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cli.demo_images import KINDS, demo_image, write_demo_images
+from heads.demo_images import KINDS, demo_image, write_demo_images
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """Per-bot heads as data: the head maths, the checkpoint format and files, training, slim
-import, the resident cache. Knows nothing of tenants, stores or HTTP.
+import, the resident cache, and the generated labelled images the demo and the benchmark train
+heads on (`heads.demo_images`). Knows nothing of tenants, stores or HTTP.
 
 A bot is a fully connected head `weights [1536, n]`, `biases [n]` with n labels, applied with
 numpy to the shared trunk's features; registering, replacing or removing one never touches the

@@ -26,7 +26,7 @@ from backbone.device import cpu_flags
 from backbone.inception_v4 import LOGITS_SCOPE
 from backbone.precision import float_layers_precision
 from backbone.trunk import choose
-from cli.demo_images import KINDS, demo_image
+from heads.demo_images import KINDS, demo_image
 from tests.support.int8 import SAMPLES, save_artifact
 
 pytest.importorskip("nncf")

@@ -320,7 +320,7 @@ def test_importing_the_module_imports_neither_openvino_nor_nncf():
 
 
 def test_too_few_images_is_a_usage_error_before_any_work(tmp_path, capsys):
-    from cli.demo_images import write_demo_images
+    from heads.demo_images import write_demo_images
 
     folder = write_demo_images(tmp_path / "images", "light", per_class=2)  # 6 < 8 + 1
     with pytest.raises(SystemExit) as exit_info:

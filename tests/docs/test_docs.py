@@ -359,7 +359,7 @@ def test_the_readme_is_a_front_page():
 
 
 def test_the_tour_names_the_demo_bots_the_demo_creates():
-    from cli.demo_images import KINDS as DEMO
+    from heads.demo_images import KINDS as DEMO
 
     tour = _text(README).split("## Five-minute tour", 1)[1].split("\n## ", 1)[0]
     named = {bot: int(n) for bot, n in re.findall(r"`([a-z]+)`: (\d+)", tour)}

@@ -89,7 +89,7 @@ def link_checkpoint(prefix: str, directory: Path) -> str:
 
 @pytest.fixture(scope="session")
 def int8_images(tmp_path_factory) -> Path:
-    from cli.demo_images import write_demo_images
+    from heads.demo_images import write_demo_images
 
     root = tmp_path_factory.mktemp("demo_images")
     write_demo_images(root, "colors", per_class=3)  # 15 images
