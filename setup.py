@@ -28,6 +28,8 @@ setup(
         "aiohttp>=3.14,<3.15",
         "numpy>=1.26,<3",
         "pillow>=10.0",
+        # The request path's resize (backbone.preprocess): remap on the legacy bilinear grid.
+        "opencv-python-headless==5.1.0.95",
         "prometheus_client>=0.20",
         "tqdm>=4.66",
         # multipart/form-data bodies parsed by the codecs, whatever the transport (strict,
