@@ -22,7 +22,8 @@ the result: unbiased, on photos a quarter of a uint8 step from the exact path on
 (Pillow's route: the same) and at most 4.3 steps on a sharp edge (on pure noise, where
 neighbours differ by up to 255, at most 6.5); the features stay within cosine 0.9999 of the
 exact path's on real photos (0.9999998 measured; tests/backbone/test_preprocess.py).
-Smaller images (an upscale), 16-bit and float images, and `exact=True` take the exact path.
+Smaller images (an upscale), 16-bit and float images, images with a side over REMAP_MAX_SIDE
+(OpenCV's int16 coordinates) and `exact=True` take the exact path.
 
 Decoding differs from TF only where it is a deliberate choice:
   - EXIF orientation is applied (TF's decode_jpeg ignores it; phones rely on it);
@@ -50,6 +51,8 @@ from backbone.spec import IMAGE_SIZE, INPUT
 CENTRAL_FRACTION = INPUT.central_fraction
 # Refuse images with more pixels than this before decoding them (decompression bombs).
 DEFAULT_MAX_PIXELS = 40_000_000
+# `cv2.remap`'s fixed-point maps hold int16 coordinates: a longer side takes the exact path.
+REMAP_MAX_SIDE = 32_767
 # The draft size keeps at least this many source pixels per output pixel after the crop.
 _DRAFT_SIDE = int(np.ceil(IMAGE_SIZE / CENTRAL_FRACTION))
 
@@ -343,6 +346,6 @@ def preprocess(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         return _deep_to_input(image)
     if not exact:
         _, _, crop_h, crop_w = _crop_box(image.height, image.width)
-        if min(crop_h, crop_w) >= IMAGE_SIZE:
+        if min(crop_h, crop_w) >= IMAGE_SIZE and max(image.height, image.width) <= REMAP_MAX_SIDE:
             return _downscale_8bit(image)
     return preprocess_array(_to_rgb(image))

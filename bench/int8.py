@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bench.context import say
-from heads.demo_images import KINDS
+from heads.demo_images import KINDS, demo_image, write_demo_images
 
 if TYPE_CHECKING:  # pragma: no cover
     from bench.context import Context
@@ -71,8 +71,6 @@ def _files(directory: Path, key: str | None = None) -> list[Path]:
 def write_images(directory: Path, count: int) -> list[Path]:
     """`count` generated labelled images under `directory/<kind>/<label>/`, the demo's kinds
     with the labels in turn (seeded: the same bytes every run), sorted by path."""
-    from heads.demo_images import KINDS, demo_image
-
     labels = [(kind, label) for kind, names in KINDS.items() for label in names]
     paths = []
     for index in range(count):
@@ -89,7 +87,6 @@ def train_gate_bots(context: Context, log) -> Path:
     """The store of the bots the gate judges: one per demo kind, trained by `multihead train`
     on the run's trunk (its log appended to `log`); returns the store."""
     from bench.load import multihead_command
-    from heads.demo_images import write_demo_images
 
     store = context.tmp / GATE_STORE
     for kind in KINDS:

@@ -354,8 +354,9 @@ def targets(trunk: TrunkResult, results: Results) -> list[Target]:
 
 def int8_targets(trunk: TrunkResult) -> list[Target]:
     """The INT8 trunk against OpenVINO fp32 (any x86 CPU) and bf16 (where the CPU has it) at
-    batch 8, and its fidelity within the bounds of `multihead quantize`. SKIP (saying why)
-    where the run could not make an INT8 trunk or the CPU has no bf16."""
+    batch 8, and its gate within the bounds of `multihead quantize`: the mean cosine, the
+    lowest of the bots trained on generated images (`bench.int8`) and all their answers. SKIP
+    (saying why) where the run could not make an INT8 trunk or the CPU has no bf16."""
     from backbone.gate import MIN_HEAD_AGREEMENT, MIN_MEAN_COSINE, MIN_OVERALL_AGREEMENT
 
     runtimes: dict[str, Any] = trunk.runtimes or {}

@@ -195,6 +195,15 @@ def test_a_uniform_image_is_exact_on_the_fast_route():
     np.testing.assert_array_equal(preprocess(data), preprocess(data, exact=True))
 
 
+def test_an_image_longer_than_opencvs_coordinates_takes_the_exact_path():
+    from backbone.preprocess import REMAP_MAX_SIDE
+
+    ramp = np.linspace(0, 255, REMAP_MAX_SIDE + 2).astype(np.uint8)
+    pixels = np.repeat(np.repeat(ramp[None, :, None], 342, axis=0), 3, axis=2)
+    data = encode(Image.fromarray(pixels))  # 32,769 x 342: within max_pixels
+    np.testing.assert_array_equal(preprocess(data), preprocess(data, exact=True))
+
+
 def test_small_deep_or_exact_images_take_the_exact_path():
     small = encode(pattern(4, size=(300, 200)))  # crop 262 x 175: an upscale
     np.testing.assert_array_equal(preprocess(small), preprocess(small, exact=True))
