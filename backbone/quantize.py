@@ -54,11 +54,6 @@ from backbone.spec import IMAGE_SIZE
 
 log = logging.getLogger(__name__)
 
-# Names the bench reads (bench/sections/trunk.py) until its INT8 targets follow the gate: the
-# per-head bound, and 0.999 for the minimum cosine it still reports against (the gate bounds
-# the mean: `backbone.gate`).
-MIN_TOP1_AGREEMENT = MIN_HEAD_AGREEMENT
-MIN_COSINE = MIN_MEAN_COSINE
 DEFAULT_SAMPLES = 64  # calibration images: the issue measured min cosine 0.9996 with 64
 PREFIX = "inception_v4-int8-"
 # Accuracy control (`quantize_with_accuracy_control`) ranks the quantized layers by how much
@@ -473,7 +468,7 @@ class Int8Artifact:
         return meta
 
 
-__all__ = ["MIN_COSINE", "MIN_TOP1_AGREEMENT", "MIN_HEAD_AGREEMENT", "MIN_OVERALL_AGREEMENT",
+__all__ = ["MIN_HEAD_AGREEMENT", "MIN_OVERALL_AGREEMENT",
            "MIN_MEAN_COSINE", "LOWEST_SHOWN", "DEFAULT_SAMPLES", "RANKING_IMAGES",
            "MAX_FLOAT_GROUPS",
            "FidelityReport", "HeldOut", "agreement", "fidelity", "judge", "float_model",

@@ -63,7 +63,7 @@ def test_gate_images_are_the_same_bytes_every_run_the_labels_in_turn_and_never_t
     assert not {p.read_bytes() for p in first} & (trained | set(make_jpegs(3)))
 
 
-def test_the_run_s_random_bots_are_scored_on_the_held_out_features(tmp_path):
+def test_the_runs_random_bots_are_scored_on_the_held_out_features(tmp_path):
     import numpy as np
 
     from backbone.gate import HeldOut, agreement
