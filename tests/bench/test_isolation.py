@@ -119,3 +119,52 @@ def test_the_memory_bound_is_idle_plus_the_settings_budgets():
     big = {**options, "max-image-pixels": 40_000_000}
     assert rss_bound(0, big) == (SERVER_OPTIONS["max-inflight-bytes"] + 10 * MIB
                                  + (40_000_000 + 3 * 8 * 640 * 480 * 3) * DECODE_BYTES_PER_PIXEL)
+
+
+class _SlowVictim:
+    """B's loop whose first request, sent before the phase, outlasts it; then quick ones."""
+
+    def __init__(self, phase_s: float) -> None:
+        import threading
+        import time
+
+        self.samples: list[Sample] = []
+        first = time.perf_counter() - 0.01
+
+        def loop():
+            time.sleep(phase_s + 0.1)  # the first request spans the whole phase
+            self.samples.append(Sample(first, time.perf_counter() - first, 200))
+            while len(self.samples) < 6:
+                sent = time.perf_counter()
+                time.sleep(0.05)
+                self.samples.append(Sample(sent, 0.05, 200))
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def last_image(self) -> bytes:
+        return b""
+
+    def sent_in(self, start: float, end: float) -> list[Sample]:
+        return [s for s in list(self.samples) if start <= s.start < end]
+
+    def answered_after(self, moment: float, timeout_s: float) -> None:
+        import time
+
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline:
+            if self.samples and self.samples[-1].start >= moment:
+                return
+            time.sleep(0.01)
+
+
+def test_a_phase_that_one_slow_request_spans_runs_on_until_it_holds_one():
+    import os
+    from types import SimpleNamespace
+
+    from bench.hostile.world import run_phase
+
+    phase = run_phase(SimpleNamespace(pid=os.getpid(), b_last=None), _SlowVictim(0.3), "alone",
+                      0.3, drain_s=5.0)
+    assert phase.samples and {s.status for s in phase.samples} == {200}
+    assert phase.seconds > 0.3
