@@ -129,6 +129,7 @@ def quantize(ov_model, calibration: Iterable[np.ndarray], *, samples: int = DEFA
     Returns:
       The quantized `openvino.Model` (same input and outputs, dynamic batch).
     """
+    _ov()  # NOTE: telemetry off before NNCF is imported
     import nncf
 
     if samples < 1:
@@ -176,6 +177,7 @@ def quantize_with_accuracy_control(ov_model, calibration: Iterable[np.ndarray],
     Returns:
       The quantized `openvino.Model`; `float_layers` counts the layers it kept in float.
     """
+    _ov()  # NOTE: telemetry off before NNCF is imported
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
@@ -266,6 +268,9 @@ def features(compiled, images: np.ndarray, *, batch_size: int = 8) -> np.ndarray
 
 
 def _ov():
+    from backbone import telemetry
+
+    telemetry.off()  # before `openvino` imports its converter
     import openvino
 
     return openvino

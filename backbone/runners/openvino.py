@@ -76,6 +76,9 @@ LAYOUT_RT_INFO = ("multihead", "layout")  # where a model keeps its `Layout`
 
 
 def _ov():
+    from backbone import telemetry
+
+    telemetry.off()  # before `openvino` imports its converter
     import openvino
 
     return openvino
