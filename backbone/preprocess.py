@@ -51,8 +51,9 @@ from backbone.spec import IMAGE_SIZE, INPUT
 CENTRAL_FRACTION = INPUT.central_fraction
 # Refuse images with more pixels than this before decoding them (decompression bombs).
 DEFAULT_MAX_PIXELS = 40_000_000
-# `cv2.remap`'s fixed-point maps hold int16 coordinates: a longer side takes the exact path.
-REMAP_MAX_SIDE = 32_767
+# The longest side `cv2.remap` takes (its fixed-point maps hold int16 coordinates: it asserts
+# every side < 32,767); a longer side takes the exact path.
+REMAP_MAX_SIDE = 32_766
 # The draft size keeps at least this many source pixels per output pixel after the crop.
 _DRAFT_SIDE = int(np.ceil(IMAGE_SIZE / CENTRAL_FRACTION))
 

@@ -198,10 +198,15 @@ def test_a_uniform_image_is_exact_on_the_fast_route():
 def test_an_image_longer_than_opencvs_coordinates_takes_the_exact_path():
     from backbone.preprocess import REMAP_MAX_SIDE
 
-    ramp = np.linspace(0, 255, REMAP_MAX_SIDE + 2).astype(np.uint8)
-    pixels = np.repeat(np.repeat(ramp[None, :, None], 342, axis=0), 3, axis=2)
-    data = encode(Image.fromarray(pixels))  # 32,769 x 342: within max_pixels
-    np.testing.assert_array_equal(preprocess(data), preprocess(data, exact=True))
+    for side in (REMAP_MAX_SIDE, REMAP_MAX_SIDE + 1):  # the fast route's last, the first past it
+        ramp = np.linspace(0, 255, side).astype(np.uint8)
+        pixels = np.repeat(np.repeat(ramp[None, :, None], 342, axis=0), 3, axis=2)
+        data = encode(Image.fromarray(pixels))  # side x 342: within max_pixels
+        fast, exact = preprocess(data), preprocess(data, exact=True)
+        if side > REMAP_MAX_SIDE:
+            np.testing.assert_array_equal(fast, exact)
+        else:  # still OpenCV's (no error), within its grid of the exact path
+            assert np.abs(fast - exact).max() <= (2 * 255 / 64 + 0.51) * (2.0 / 255)
 
 
 def test_small_deep_or_exact_images_take_the_exact_path():
