@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backbone import telemetry
 from backbone.gate import (
     LOWEST_SHOWN,
     MIN_HEAD_AGREEMENT,
@@ -129,7 +130,7 @@ def quantize(ov_model, calibration: Iterable[np.ndarray], *, samples: int = DEFA
     Returns:
       The quantized `openvino.Model` (same input and outputs, dynamic batch).
     """
-    _ov()  # NOTE: telemetry off before NNCF is imported
+    telemetry.off()  # before NNCF is imported
     import nncf
 
     if samples < 1:
@@ -177,7 +178,7 @@ def quantize_with_accuracy_control(ov_model, calibration: Iterable[np.ndarray],
     Returns:
       The quantized `openvino.Model`; `float_layers` counts the layers it kept in float.
     """
-    _ov()  # NOTE: telemetry off before NNCF is imported
+    telemetry.off()  # before NNCF is imported
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
@@ -268,8 +269,6 @@ def features(compiled, images: np.ndarray, *, batch_size: int = 8) -> np.ndarray
 
 
 def _ov():
-    from backbone import telemetry
-
     telemetry.off()  # before `openvino` imports its converter
     import openvino
 

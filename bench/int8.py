@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bench.context import say
-from heads.demo_images import KINDS, demo_image, write_demo_images
+from heads.demo_images import KINDS, PER_CLASS, demo_image, write_demo_images
 
 if TYPE_CHECKING:  # pragma: no cover
     from bench.context import Context
@@ -46,7 +46,6 @@ LOG = "int8-calibration.log"  # `multihead quantize`'s output, under the output 
 # images, which the gate's bots train on.
 IMAGE_SEED = 50_000
 TRAIN_SEED = 0  # the gate's bots train on the demo's own training images
-TRAIN_PER_CLASS = 40  # as the demo (`cli.demo_setup.PER_CLASS`)
 GATE_STORE = "int8-gate-store"  # under the run's temp dir: the bots the gate judges
 
 
@@ -90,7 +89,7 @@ def train_gate_bots(context: Context, log) -> Path:
 
     store = context.tmp / GATE_STORE
     for kind in KINDS:
-        folder = write_demo_images(context.tmp / "int8-train-images", kind, TRAIN_PER_CLASS,
+        folder = write_demo_images(context.tmp / "int8-train-images", kind, PER_CLASS,
                                    seed=TRAIN_SEED)
         command = multihead_command("train") + [
             "--store", str(store), "--trunk-checkpoint", context.prefix, "--images",
@@ -117,9 +116,11 @@ def random_heads(held_out, store: Path) -> dict:
     from backbone.gate import MIN_HEAD_AGREEMENT, agreement
     from store import HeadStore
 
+    values = {}
     with HeadStore(str(store)) as heads:
-        values = {info.bot_id: agreement(held_out, head.weights, head.biases)
-                  for info in heads.list() for head in [heads.get(info.bot_id)]}
+        for info in heads.list():
+            head = heads.get(info.bot_id)
+            values[info.bot_id] = agreement(held_out, head.weights, head.biases)
     if not values:
         return {"bots": 0}
     lowest = min(values, key=lambda k: (values[k], k))

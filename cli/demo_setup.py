@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from heads.demo_images import KINDS, demo_image, write_demo_images
+from heads.demo_images import KINDS, PER_CLASS, demo_image, write_demo_images
 
 log = logging.getLogger(__name__)
 
-PER_CLASS = 40  # training images per class (80% fit, 20% early stopping)
 HELD_OUT_PER_CLASS = 10  # separate images (another seed) to report accuracy on
 HELD_OUT_SEED = 1
 

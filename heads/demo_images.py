@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 SIZE = 160
+PER_CLASS = 40  # training images per class of a demo bot (80% fit, 20% early stopping)
 COLORS = {"red": (220, 30, 30), "green": (30, 170, 50), "blue": (30, 60, 220),
           "yellow": (235, 215, 30), "purple": (140, 40, 170)}
 # (sky, ground, accent) colours of each scene.

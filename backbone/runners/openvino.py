@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backbone import telemetry
 from backbone.errors import Int8ArtifactMissing, PrecisionUnsupported
 from backbone.runners import tf as tf_runner
 from backbone.runners.base import (
@@ -76,8 +77,6 @@ LAYOUT_RT_INFO = ("multihead", "layout")  # where a model keeps its `Layout`
 
 
 def _ov():
-    from backbone import telemetry
-
     telemetry.off()  # before `openvino` imports its converter
     import openvino
 
