@@ -216,7 +216,8 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
     url, store = await _serve(aiohttp_server, trunk, tmp_path / "store", feature_cache_size=0)
     clients = {fairness_load.NOISY: 2, "quiet-1": 1}
     try:
-        flood = await fairness_load.flood(url, jpegs, bots, clients, 0.2, 1.0)
+        # NOTE: a 2 s window: beside other jobs no call ended within 1 s (seen twice).
+        flood = await fairness_load.flood(url, jpegs, bots, clients, 0.2, 2.0)
         quota = await fairness_load.quota_load(url, jpegs, bots[fairness_load.LIMITED],
                                                {"quiet-1": bots["quiet-1"]}, 2, 3.0,
                                                opening_images=3, first_refusal_s=60.0)
@@ -227,9 +228,7 @@ async def test_fairness_loads_charge_each_tenant_and_the_quota_client_is_never_r
         store.close()
 
     assert {c.tenant for c in flood["calls"]} == set(clients)
-    # NOTE: a subset: on a loaded machine no call may end within the 1 s window (seen).
-    assert {c.status for c in flood["calls"] if c.end <= flood["window"][1]} <= {200}
-    assert any(c.status == 200 for c in flood["calls"])
+    assert {c.status for c in flood["calls"] if c.end <= flood["window"][1]} == {200}
     summary = fairness_numbers.flood_summary(flood, clients)
     assert set(summary["tenants"]) == set(clients) and "served" in summary
     # Each tenant is charged its own images (the owner of the bot), and its refusals. The
