@@ -30,6 +30,7 @@ import numpy as np
 from accounts import Candidate
 from accounts.tenants import DEFAULT_TENANT
 from backbone import preprocess
+from backbone.preprocess import prepare as prepare_preprocessing
 from backbone.spec import FEATURE_DIM, INPUT
 from heads import Head, top_indices
 from service.core import tracing as trace
@@ -271,6 +272,7 @@ class Engine:
         self.candidate_stats = CandidateStats() if candidate_stats is None else candidate_stats
         self.quotas = quotas if quotas is not None else Quotas(lambda tenant: (None, None))
         self.cache = FeatureCache(settings.feature_cache_size)
+        prepare_preprocessing()  # OpenCV imported before the first request, not in it
         # Decodes in the tenants' weighted fair order of decode cost (`decoding`); huge ones in
         # a lane of their own at the lowest CPU priority.
         self.decode_pool = FairDecodePool(

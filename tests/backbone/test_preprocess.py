@@ -295,3 +295,14 @@ def test_deep_images_are_resized_from_the_pixels_read_bit_for_bit(mode):
     png = encode(image) if mode == "I;16" else None
     if png is not None:  # through preprocess, as a request's 16-bit PNG
         np.testing.assert_array_equal(preprocess(png), _whole_image_reference(image))
+
+
+def test_opencv_runs_without_a_thread_pool_of_its_own():
+    """The fast route's OpenCV adds no threads beside the decode pool's (`prepare`, which the
+    engine calls at start-up, sets it)."""
+    import cv2
+
+    from backbone.preprocess import prepare
+
+    prepare()
+    assert cv2.getNumThreads() == 1
