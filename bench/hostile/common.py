@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from bench.hostile.world import World
+from service.core.errors import HEAD_TIMEOUT_ERROR
 
 MIB = 1 << 20
 
@@ -63,12 +64,17 @@ def client_of(headers: dict[str, str] | None = None, limit: int = 0):
 
 
 async def label_of(resp) -> str:
-    """"<status> <code>" of an answer (its JSON body's code), "<status>" without one."""
+    """"<status> <code>" of an answer (its JSON body's code), "<status>" without one; the
+    header timeout's 408 is "408 request_timeout head" (A's own client sent no head in time),
+    told from a body the server timed out ("408 request_timeout")."""
     body = await resp.read()
     try:
-        code = json.loads(body).get("code")
+        answer = json.loads(body)
+        code = answer.get("code")
     except (ValueError, AttributeError):
-        code = None
+        answer, code = {}, None
+    if code and answer.get("error") == HEAD_TIMEOUT_ERROR:
+        return f"{resp.status} {code} head"
     return f"{resp.status} {code}" if code else str(resp.status)
 
 

@@ -90,6 +90,11 @@ class RequestTimeout(ServiceError):
     the transport closes the connection)."""
 
 
+# The "error" of the 408 a connection gets when its request head is late (`header_timeout_s`,
+# `service.transports.http.timeouts`), which is written before any request exists.
+HEAD_TIMEOUT_ERROR = "request headers not received in time"
+
+
 class SocketShareExceeded(Overloaded):
     """A tenant's open WebSockets would pass its weighted share of `max_websockets`, or its
     socket was closed to make room for a tenant within its share (429 + Retry-After)."""

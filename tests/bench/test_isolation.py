@@ -4,9 +4,12 @@ outcome (`Attack.failures`) and the memory bound from the settings. The attacks 
 server: tests/hostile."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.hostile.attacks import ATTACKS, BY_NAME, Outcome
+from bench.hostile.common import label_of
 from bench.hostile.world import (
     DECODE_BYTES_PER_PIXEL,
     MIB,
@@ -18,6 +21,7 @@ from bench.report import evaluate_targets
 from bench.sections import isolation
 from bench.sections.base import FAIL, PASS
 from bench.sections.isolation import IsolationResult, victim_stats
+from service.core.errors import HEAD_TIMEOUT_ERROR
 from tests.bench.helpers import passing_results
 
 
@@ -108,6 +112,32 @@ def test_a_failures_are_answers_outside_the_allowed_ones_and_defences_never_reac
     bomb = Outcome()
     bomb.add("400 invalid_image")
     assert BY_NAME["decode_bomb"].failures(bomb) == []
+
+
+class _Answer:
+    def __init__(self, status: int, body: dict) -> None:
+        self.status, self._body = status, json.dumps(body).encode()
+
+    async def read(self) -> bytes:
+        return self._body
+
+
+async def test_a_late_head_is_labelled_apart_from_a_late_body_and_only_it_is_allowed_a_flood():
+    # The two 408s of the server (tests/service/transports/test_slow_clients.py checks their
+    # "error"): A's full-speed bodies may meet the header timeout when A's own client is slow
+    # (seen in CI), never a body timeout.
+    head = await label_of(_Answer(408, {"error": HEAD_TIMEOUT_ERROR, "code": "request_timeout"}))
+    body = await label_of(_Answer(408, {"error": "request body too slow: 0 bytes in 1 s",
+                                        "code": "request_timeout"}))
+    assert (head, body) == ("408 request_timeout head", "408 request_timeout")
+    assert await label_of(_Answer(429, {"error": "x", "code": "rate_limited"})) == \
+        "429 rate_limited"
+    attack = BY_NAME["inflight_bytes"]
+    for label, failures in ((head, []), (body, ["A got 408 request_timeout x 1"])):
+        outcome = Outcome()
+        outcome.add("429 rate_limited")
+        outcome.add(label)
+        assert attack.failures(outcome) == failures
 
 
 def test_the_memory_bound_is_idle_plus_the_settings_budgets():

@@ -19,14 +19,15 @@ import logging
 
 from aiohttp import web, web_protocol
 
+from service.core.errors import HEAD_TIMEOUT_ERROR
+
 log = logging.getLogger(__name__)
 
 # The app key create_app sets: the header timeout of that app's connections (0: none).
 HEADER_TIMEOUT = web.AppKey("header_timeout_s", float)
 REQUEST_TIMEOUT = 408
 
-_BODY = json.dumps({"error": "request headers not received in time",
-                    "code": "request_timeout"}).encode()
+_BODY = json.dumps({"error": HEAD_TIMEOUT_ERROR, "code": "request_timeout"}).encode()
 ANSWER = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
           b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(_BODY)) + _BODY
 

@@ -10,6 +10,7 @@ import json
 import pytest
 from PIL import Image
 
+from service.core.errors import HEAD_TIMEOUT_ERROR
 from tests.backbone.helpers import encode
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,6 +65,7 @@ async def test_a_request_head_sent_too_slowly_is_answered_408_and_its_connection
     served = await _served_meanwhile(client, slow)
     status, body = _answer(await slow)  # the connection closed (EOF) within BOUND_S
     assert status == 408 and body["code"] == "request_timeout", body
+    assert body["error"] == HEAD_TIMEOUT_ERROR  # told from a late body (bench.hostile's label)
     assert served >= 1
 
 
@@ -76,6 +78,7 @@ async def test_a_body_sent_below_the_minimum_rate_is_answered_408_and_its_connec
     served = await _served_meanwhile(client, slow)
     status, body = _answer(await slow)
     assert status == 408 and body["code"] == "request_timeout", body
+    assert body["error"] != HEAD_TIMEOUT_ERROR and "body too slow" in body["error"], body
     assert served >= 1
 
 
