@@ -47,7 +47,7 @@ from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
 from service.core.rows import Entry, Row, deliver, fail, outcome
 from service.core.schedule import Schedule, backlog
-from service.core.sharing import Sharing
+from service.core.sharing import RETURN_WAIT, Sharing
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ class Batcher:
             batch's rows per tenant. Errors in it are logged.
         shared_batch_size: a tenant's share of a batch beside a light tenant (fair only; the
             batch takes this many rows per tenant waiting: `sharing`); None: full batches.
+        light_batch_size: the most rows of a batch that carries a light tenant's rows
+            (`sharing`); None: a share per tenant waiting, as any shared batch.
         batch_seconds: the trunk's time for a batch of n (the engine's live profile's
             `upper`), for deadlines (`service.core.schedule.Schedule`: admission's estimate,
             `expected_at`; rows that can no longer make theirs dropped; a fair batch's most
@@ -127,6 +129,7 @@ class Batcher:
         max_queued: Callable[[str], int | None] = lambda tenant: None,
         on_served: OnServed | None = None,
         shared_batch_size: int | None = None,
+        light_batch_size: int | None = None,
         batch_seconds: Callable[[int], float] | None = None,
     ) -> None:
         if not callable(run_batch):
@@ -144,7 +147,8 @@ class Batcher:
                              f"got {scheduler!r}")
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
-        self.sharing = Sharing(shared_batch_size, max_batch_size)  # `.shared`: the share
+        self.sharing = Sharing(shared_batch_size, max_batch_size,  # `.shared`: the share
+                               light=light_batch_size)
         self.deadlines = Schedule(batch_seconds)  # admission, drops and picks by deadline
         self._max_wait_s = float(max_wait_ms) / 1000.0
         self._policy = policy
@@ -155,6 +159,8 @@ class Batcher:
         # held up start again then).
         self._last_progress_s = -math.inf
         self._last_batch_rows = 0  # rows of the last batch run (gather_booked)
+        self._last_batch_tenants: frozenset[str] = frozenset()
+        self._last_end_s = -math.inf  # when the last batch ended
         self._on_served = on_served
         self._clock = clock
         self._own_executor = executor is None
@@ -198,6 +204,11 @@ class Batcher:
     @property
     def max_batch_size(self) -> int:
         return self._max_batch_size
+
+    def _waiting(self) -> dict[str, int]:
+        """Rows queued or being prepared, by tenant."""
+        queued, booked = self._queue.rows, self._room.tenant_booked
+        return {t: queued.get(t, 0) + booked.get(t, 0) for t in {*queued, *booked}}
 
     def next_batch(self, now: float | None = None) -> tuple[int, int]:
         """(most rows the next batch takes, how many are queued): `Sharing.batch` (fair)."""
@@ -431,6 +442,16 @@ class Batcher:
             size, queued = self.next_batch(now)
             # A batch waits for more rows only while its rows' deadlines allow it.
             start_in, full = self.deadlines.start_in(self._queue, now, queued), queued >= size
+            seconds = self.deadlines.seconds
+            if (self._queue.fair and self._gather_booked and seconds is not None
+                    and not self._closing and start_in > 0):
+                back_in = self._last_end_s + RETURN_WAIT * seconds(1) - now
+                # A tenant the last batch answered, light, may be on its way back: wait for it
+                # while the earliest deadline waiting leaves a batch of one to spare after
+                # (a batch started at its deadline's last moment is late at any delay).
+                if (0 < back_in <= start_in - seconds(1) and self.sharing.returning(
+                        now, self._waiting(), self._last_batch_tenants)):
+                    return False, None, back_in
             if self._gather_booked and not full and not self._closing and start_in > 0:
                 if self._room.booked:
                     # Rows are being decoded and cannot be while the trunk runs: wait for them
@@ -516,6 +537,7 @@ class Batcher:
         queue_wait_s = [start - r.enqueued_s for r in rows]
         self._batches_run += 1
         self._last_batch_rows = len(rows)
+        self._last_batch_tenants = frozenset(r.tenant for r in rows)
         self.deadlines.running(start, len(rows))
         try:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
@@ -532,6 +554,7 @@ class Batcher:
         self.deadlines.ran(rows, end)
         run_s = end - start
         self._last_progress_s = max(self._last_progress_s, end)
+        self._last_end_s = end
         self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s
         if self._on_batch is not None:
             try:

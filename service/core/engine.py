@@ -54,7 +54,7 @@ from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.rows import Row
 from service.core.settings import Settings
-from service.core.sharing import shared_batch_size
+from service.core.sharing import light_batch_size, shared_batch_size
 from service.core.tracing import NO_BATCH, BatchTrace, NoBatch, RowTrace, Tracing
 
 log = logging.getLogger(__name__)
@@ -299,6 +299,8 @@ class Engine:
                                scheduler=settings.scheduler, weight=weight,
                                max_queued=max_queued, on_served=metrics.observe_tenant_images,
                                shared_batch_size=shared_batch_size(
+                                   batch_seconds, batch_size, settings.shared_batch_ms),
+                               light_batch_size=light_batch_size(
                                    batch_seconds, batch_size, settings.shared_batch_ms),
                                batch_seconds=self.live and self.live.upper)
         self.batcher.deadlines.on_late = metrics.observe_rows_late

@@ -482,6 +482,7 @@ class Lifecycle:
         if self.engine is not None:
             info["batch_size"] = self.engine.batcher.max_batch_size
             info["shared_batch_size"] = self.engine.batcher.sharing.shared
+            info["light_batch_size"] = self.engine.batcher.sharing.light
             if self.engine.live is not None:  # the profile as live batches run it here
                 info["live_batch_ms"] = self.engine.live.report()
         in_server = self._metrics.trunk_in_server()

@@ -183,9 +183,10 @@ class Settings:
         "with --scheduler fair, while more than one tenant sent images within the last "
         "second and one of them has few waiting (a light tenant), a trunk batch takes, for "
         "each tenant with images waiting, the images the batch profile runs within this many "
-        "ms (at least one): a quiet tenant's request waits for a short batch beside another's "
-        "flood, at the cost of the heavy tenant's throughput meanwhile; unset: 1.5 x the "
-        "profile's batch of one; 0 or without a profile: full batches", at_least=0)
+        "ms (at least one), and a batch carrying the light tenant's images up to twice that: "
+        "a quiet tenant's request waits for a short batch beside another's flood, at the cost "
+        "of some of the heavy tenant's throughput meanwhile; unset: 1.5 x the profile's batch "
+        "of one; 0 or without a profile: full batches", at_least=0)
     max_wait_ms: float = setting(
         5.0, "longest a batch waits for more images after its first one, in ms", at_least=0)
     max_queue_rows: int = setting(

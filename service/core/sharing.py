@@ -20,16 +20,33 @@ order's bounds hold (weights included: tests/service/core/test_sharing.py). The 
 throughput a heavy tenant's longer batches would have bought while light ones are about;
 heavy tenants alone (every recent tenant with more than a share waiting) keep full batches,
 and so does one tenant alone.
+
+A light tenant's rows waiting (queued or being decoded) make the batch that carries them longer
+(`light_batch_size`: what the profile runs within LIGHT_SLICE_FACTOR x the share's slice):
+that batch holds the light rows (first in the fair order) and the heavy tenants' rows up to it.
+Only a batch started while the light tenant has nothing waiting must be short, as its next
+request waits for it; the one it is in costs its latency once either way. So a heavy tenant's
+throughput beside a closed-loop light client is that of a short and a longer batch in turn,
+not of short ones only (measured on 2 Xeon cores, OpenVINO bf16: `multihead bench --sections
+deadlines`, docs/performance.md#deadlines). And after a batch that answered a tenant which now
+has nothing waiting, the next batch waits up to RETURN_WAIT x a batch of one for its next
+request (`returning`, the batcher's gathering): a closed-loop light client back within it
+rides in the next batch, a longer one, instead of waiting for a short batch of the others.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 # The tenants that queued rows this recently share the trunk.
 SHARING_WINDOW_S = 1.0
 # --shared-batch-ms unset: a tenant's share of a shared batch runs within this many times a
 # batch of one.
 SHARED_SLICE_FACTOR = 1.5
+# A batch carrying a light tenant's rows runs within this many times the share's slice.
+LIGHT_SLICE_FACTOR = 2.0
+# The batch after one that answered a light tenant waits for its next request up to this many
+# times a batch of one (the batcher's `batch_seconds(1)`; none without a profile).
+RETURN_WAIT = 0.25
 
 
 def shared_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: int,
@@ -41,6 +58,21 @@ def shared_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: 
     if batch_seconds is None or slice_ms == 0:
         return None
     slice_s = SHARED_SLICE_FACTOR * batch_seconds(1) if slice_ms is None else slice_ms / 1000.0
+    return _within(batch_seconds, batch_size, slice_s)
+
+
+def light_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: int,
+                     slice_ms: float | None) -> int | None:
+    """The most images of a batch that carries a light tenant's rows: the largest size up to
+    `batch_size` that the profile runs within LIGHT_SLICE_FACTOR x the share's slice (see
+    `shared_batch_size`); None where shares are off."""
+    if batch_seconds is None or slice_ms == 0:
+        return None
+    slice_s = SHARED_SLICE_FACTOR * batch_seconds(1) if slice_ms is None else slice_ms / 1000.0
+    return _within(batch_seconds, batch_size, LIGHT_SLICE_FACTOR * slice_s)
+
+
+def _within(batch_seconds: Callable[[int], float], batch_size: int, slice_s: float) -> int:
     fits = [n for n in range(1, batch_size + 1) if batch_seconds(n) <= slice_s]
     return max(fits, default=1)
 
@@ -54,14 +86,19 @@ class Sharing:
         shared: a tenant's share of a batch while the trunk is shared with a light tenant
             (an int >= 1; None, or at least `batch_size`: no such bound).
         batch_size: the batcher's batch size.
+        light: the most rows of a batch that carries a light tenant's rows (an int >= 1;
+            None: a share for each tenant waiting, as any shared batch).
     """
 
     def __init__(self, shared: int | None, batch_size: int,
-                 window_s: float = SHARING_WINDOW_S) -> None:
+                 window_s: float = SHARING_WINDOW_S, light: int | None = None) -> None:
         shared = batch_size if shared is None else shared
-        if not isinstance(shared, int) or isinstance(shared, bool) or shared < 1:
-            raise ValueError(f"shared_batch_size must be an int >= 1, got {shared!r}")
+        for name, value in (("shared_batch_size", shared), ("light_batch_size", light)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.shared = min(shared, batch_size)
+        self.light = min(light or 1, batch_size)
         self.max_batch_size = batch_size
         self._bounded = self.shared < batch_size
         self.window_s = window_s
@@ -88,17 +125,35 @@ class Sharing:
             return self.shared
         return None
 
+    def returning(self, now: float, waiting: Mapping[str, int], last: Iterable[str]) -> bool:
+        """Whether a tenant whose rows the last batch ran may be on its way back: while `cap`
+        holds, one of `last` has nothing waiting (`waiting`: rows queued or being prepared,
+        by tenant), a closed-loop client between its answer and its next request."""
+        if self.cap(now, waiting) is None:
+            return False
+        return any(waiting.get(t, 0) == 0 for t in last if t in self._last)
+
     def batch(self, now: float, queued: Mapping[str, int],
               booked: Mapping[str, int]) -> tuple[int, int]:
         """(the most rows the next batch takes, how many of them are queued now), from the
         rows queued and being prepared (`booked`), by tenant: while `cap` holds, a share for
         each tenant with rows waiting, at most the batch size, of which each tenant's queued
         rows up to its share (a batch short of that waits for the rows being prepared, the
-        batcher's gathering); else the batch size and the rows queued."""
+        batcher's gathering); when a light tenant (at most a share waiting) has rows
+        waiting, at least `light` rows: all the light tenants' and the others' up to it
+        (again: queued, or the batch waits for them); else the batch size and the rows
+        queued."""
         waiting = {t: queued.get(t, 0) + booked.get(t, 0) for t in {*queued, *booked}}
         share = self.cap(now, waiting)
         if share is None:
             return self.max_batch_size, sum(queued.values())
         tenants = sum(1 for n in waiting.values() if n > 0)
         size = min(self.max_batch_size, share * max(1, tenants))
+        light = [t for t, n in waiting.items() if 0 < n <= share]
+        if light and self.light > size:
+            size = self.light
+            light_waiting = sum(waiting[t] for t in light)
+            light_queued = sum(queued.get(t, 0) for t in light)
+            heavy_queued = sum(n for t, n in queued.items() if t not in light)
+            return size, min(size, light_queued + min(heavy_queued, max(0, size - light_waiting)))
         return size, min(size, sum(min(n, share) for n in queued.values()))

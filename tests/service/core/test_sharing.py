@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.core.batcher import Batcher
-from service.core.sharing import SHARING_WINDOW_S, Sharing, shared_batch_size
+from service.core.sharing import (
+    RETURN_WAIT,
+    SHARING_WINDOW_S,
+    Sharing,
+    light_batch_size,
+    shared_batch_size,
+)
 from tests.service.core.test_batcher import LONG_MS, FakeRunBatch, gather5, settle, spawn
 from tests.service.core.test_fair import SETTINGS, simulate, traces, worst_gap
 from tests.support.fakes import FakeClock
@@ -41,6 +47,37 @@ def test_the_shared_size_is_the_largest_batch_within_the_slice():
     assert shared_batch_size(seconds(LINEAR), 8, 5.0) == 1  # at least one
     assert shared_batch_size(seconds(LINEAR), 8, 0) is None  # off
     assert shared_batch_size(None, 8, None) is None  # no profile: full batches
+
+
+def test_a_batch_carrying_a_light_tenants_rows_runs_within_twice_the_slice():
+    assert light_batch_size(seconds(LINEAR), 8, None) == 3  # 2 x 29.6 ms: 3 at 46.7, 4 at 60.1
+    assert light_batch_size(seconds(GPU), 16, None) == 16  # 30 ms: all of them
+    assert light_batch_size(seconds(LINEAR), 8, 31.0) == 4  # 62 ms
+    assert light_batch_size(seconds(LINEAR), 8, 5.0) == 1  # at least one
+    assert light_batch_size(seconds(LINEAR), 8, 0) is None  # shares off
+    assert light_batch_size(None, 8, None) is None
+
+
+def test_a_light_tenants_rows_waiting_make_their_batch_longer_and_it_waits_for_them():
+    """(most rows, rows queued of them): with b light and recent, a batch while b has rows
+    waiting holds `light` rows (b's, then a's up to it); while b's row is being decoded, the
+    batch is not full without it (the batcher gathers it); while b has none, a alone gets
+    its share: the batch b's next request will wait for is short."""
+    sharing = Sharing(1, 8, window_s=1.0, light=4)
+    sharing.queued("a", 0.0)
+    sharing.queued("b", 0.1)
+    assert sharing.batch(0.2, {"a": 8, "b": 1}, {}) == (4, 4)
+    assert sharing.batch(0.2, {"a": 8}, {"b": 1}) == (4, 3)  # b's row not queued yet
+    assert sharing.batch(0.2, {"a": 2, "b": 1}, {}) == (4, 3)  # what is queued of it
+    assert sharing.batch(0.2, {"a": 8}, {}) == (1, 1)  # b between two requests
+    assert sharing.batch(0.2, {"a": 8, "b": 2}, {}) == (8, 10)  # b heavy now: no cap
+    # Never shorter than a share for each tenant waiting (many light tenants).
+    many = Sharing(1, 8, window_s=1.0, light=2)
+    for t in "abc":
+        many.queued(t, 0.0)
+    assert many.batch(0.1, {"a": 5, "b": 1, "c": 1}, {}) == (3, 3)
+    with pytest.raises(ValueError, match="light_batch_size"):
+        Sharing(1, 8, light=0)
 
 
 def test_the_cap_holds_while_a_light_tenant_shares_the_trunk():
@@ -84,8 +121,9 @@ def make_batcher():
     def make(fake, clock, **kwargs):
         # As the engine's: nothing booked, a batch runs with what waits (no max_wait_ms).
         kwargs.setdefault("scheduler", "fair")
+        kwargs.setdefault("shared_batch_size", 2)
         return Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
-                       shared_batch_size=2, clock=clock, wait_for_booked_only=True, **kwargs)
+                       clock=clock, wait_for_booked_only=True, **kwargs)
     return make
 
 
@@ -108,6 +146,16 @@ async def test_beside_a_light_tenant_a_batch_takes_a_share_for_each_tenant_waiti
     assert batches[0][:2] == ["b", "c"] and batches[0][2:] == ["a"] * 4
     assert [len(x) for x in batches] == [6, 2, 2]
     assert sorted(t for x in batches for t in x) == ["a"] * 8 + ["b", "c"]
+
+
+async def test_beside_a_light_tenant_its_batch_is_longer_and_the_others_short(make_batcher):
+    """As above with a batch carrying a light row of at most 4 and a share of 1: the first
+    batch holds b's row and 3 of a's (fair order: b first); a then runs batches of its share
+    while b, recent, has nothing waiting; every row runs once."""
+    batches = await _batches(lambda fake, clock: make_batcher(
+        fake, clock, shared_batch_size=1, light_batch_size=4), FakeClock(), [("a", 8), ("b", 1)])
+    assert batches[0] == ["b", "a", "a", "a"]
+    assert [len(x) for x in batches] == [4, 1, 1, 1, 1, 1]
 
 
 async def test_fifo_keeps_the_arrival_order_in_full_batches(make_batcher):
@@ -198,4 +246,33 @@ async def test_a_light_tenants_row_being_decoded_is_gathered_into_the_shared_bat
     b_row = spawn(b.submit_many(["b1"], group="g", booking=decoding))
     await gather5(a_rows, b_row)
     assert [[r.payload for r in call] for call in fake.calls][:2] == [["b0"], ["a0", "b1"]]
+    await asyncio.wait_for(b.close(), 5)
+
+
+async def test_after_a_light_tenants_batch_the_next_waits_briefly_for_its_next_request():
+    """b (light) was answered by the last batch and has nothing waiting: the next batch waits
+    up to RETURN_WAIT x a batch of one (on the fake clock, until it moves) for b's next
+    request, which then rides in a longer batch beside a's rows, not after a short batch of
+    a's; once the wait is over without b, a runs its share."""
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = Batcher(fake, max_batch_size=8, max_wait_ms=LONG_MS, max_queue_rows=64,
+                shared_batch_size=1, light_batch_size=4, batch_seconds=lambda n: 0.02 * n,
+                clock=clock, wait_for_booked_only=True, gather_booked=True)
+    held = spawn(b.submit("a-held", group="g", tenant="a"))
+    await fake.entered()
+    a_rows = [spawn(b.submit(f"a{i}", group="g", tenant="a")) for i in range(8)]
+    b0 = spawn(b.submit("b0", group="g", tenant="b"))
+    await settle()
+    fake.release()
+    await gather5(held, b0)
+    assert fake.payloads()[1] == ["b0", "a0", "a1", "a2"]  # b light: the longer batch
+    await asyncio.sleep(0.05)
+    assert len(fake.calls) == 2  # waiting for b: the fake clock has not moved
+    await gather5(b.submit("b1", group="g", tenant="b"))
+    assert fake.payloads()[2] == ["b1", "a3", "a4", "a5"]
+    clock.advance(RETURN_WAIT * 0.02 * 1.01)  # b did not come back within the wait
+    b.poke()
+    await gather5(*a_rows)
+    assert [len(c) for c in fake.calls[3:]] == [1, 1]  # a alone beside b: its share
     await asyncio.wait_for(b.close(), 5)
