@@ -86,8 +86,8 @@ class Sharing:
         shared: a tenant's share of a batch while the trunk is shared with a light tenant
             (an int >= 1; None, or at least `batch_size`: no such bound).
         batch_size: the batcher's batch size.
-        light: the most rows of a batch that carries a light tenant's rows (an int >= 1;
-            None: a share for each tenant waiting, as any shared batch).
+        light: the most rows of a batch that carries a light tenant's rows (an int >= 1, at
+            least a share; None: a share for each tenant waiting, as any shared batch).
     """
 
     def __init__(self, shared: int | None, batch_size: int,
@@ -98,7 +98,7 @@ class Sharing:
                                       or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.shared = min(shared, batch_size)
-        self.light = min(light or 1, batch_size)
+        self.light = max(self.shared, min(light or 1, batch_size))  # at least a share
         self.max_batch_size = batch_size
         self._bounded = self.shared < batch_size
         self.window_s = window_s

@@ -152,8 +152,9 @@ async def test_shared_batches_take_what_the_profile_runs_within_the_slice(
     (saved,) = profiles(fake_checkpoint)
     data = json.loads(saved.read_text())
     saved.write_text(json.dumps({**data, "seconds": {"1": 0.010, "2": 0.014, "4": 0.030}}))
-    # (slice, share, a batch carrying a light tenant's rows: within twice the slice)
-    for slice_ms, shared, light in ((None, 2, 4), (30.0, 4, 4), (12.0, 1, 3), (0, 4, 1)):
+    # (slice, share, a batch carrying a light tenant's rows: within twice the slice; shares
+    # off: the whole batch)
+    for slice_ms, shared, light in ((None, 2, 4), (30.0, 4, 4), (12.0, 1, 3), (0, 4, 4)):
         client, service, body = await restart(aiohttp_client, client, settings_for(
             tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint,
             shared_batch_ms=slice_ms))
