@@ -13,7 +13,8 @@ that piled up while the previous batch ran go out at once.
 Which rows a batch takes is `service.core.fair.TenantQueue`'s: `fair` (the default) by the
 tenants' weighted virtual counters (VTC), FIFO within a tenant, `fifo` in arrival order; either
 way whatever waits, up to its size (under `fair` shorter: a share per tenant waiting beside a
-light tenant, `service.core.sharing`; cut for its earliest deadline, `deadlines.batch_cut`).
+light tenant, `service.core.sharing`; its most urgent rows first for its earliest deadline,
+`service.core.schedule`).
 Under `fair` a tenant queues at most its weighted share of `max_queue_rows` (429 `queue_share`
 beyond it); one within its share is never refused for another's flood: the flooder's newest
 requests are pushed out instead.
@@ -47,7 +48,7 @@ from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
 from service.core.rows import Entry, Row, deliver, fail, outcome
 from service.core.schedule import Schedule, backlog
-from service.core.sharing import RETURN_WAIT, Sharing
+from service.core.sharing import Sharing
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +160,6 @@ class Batcher:
         # held up start again then).
         self._last_progress_s = -math.inf
         self._last_batch_rows = 0  # rows of the last batch run (gather_booked)
-        self._last_batch_tenants: frozenset[str] = frozenset()
-        self._last_end_s = -math.inf  # when the last batch ended
         self._on_served = on_served
         self._clock = clock
         self._own_executor = executor is None
@@ -204,11 +203,6 @@ class Batcher:
     @property
     def max_batch_size(self) -> int:
         return self._max_batch_size
-
-    def _waiting(self) -> dict[str, int]:
-        """Rows queued or being prepared, by tenant."""
-        queued, booked = self._queue.rows, self._room.tenant_booked
-        return {t: queued.get(t, 0) + booked.get(t, 0) for t in {*queued, *booked}}
 
     def next_batch(self, now: float | None = None) -> tuple[int, int]:
         """(most rows the next batch takes, how many are queued): `Sharing.batch` (fair)."""
@@ -442,15 +436,11 @@ class Batcher:
             size, queued = self.next_batch(now)
             # A batch waits for more rows only while its rows' deadlines allow it.
             start_in, full = self.deadlines.start_in(self._queue, now, queued), queued >= size
-            seconds = self.deadlines.seconds
-            if (self._queue.fair and self._gather_booked and seconds is not None
-                    and not self._closing and start_in > 0):
-                back_in = self._last_end_s + RETURN_WAIT * seconds(1) - now
-                # A tenant the last batch answered, light, may be on its way back: wait for it
-                # while the earliest deadline waiting leaves a batch of one to spare after
-                # (a batch started at its deadline's last moment is late at any delay).
-                if (0 < back_in <= start_in - seconds(1) and self.sharing.returning(
-                        now, self._waiting(), self._last_batch_tenants)):
+            if self._queue.fair and self._gather_booked and not self._closing:
+                # A light tenant the last batch answered may be on its way back.
+                back_in = self.sharing.return_in(now, self._queue.rows, self._room.tenant_booked,
+                                                 self.deadlines.seconds, start_in)
+                if back_in > 0:
                     return False, None, back_in
             if self._gather_booked and not full and not self._closing and start_in > 0:
                 if self._room.booked:
@@ -481,16 +471,8 @@ class Batcher:
     def _take(self, group: str | None, now: float) -> list[Entry]:
         """Remove up to max_batch_size live rows (of `group`, if given) from the queue, in the
         scheduler's order (picked for deadlines: `Schedule.picker`), after failing those that
-        can no longer be answered in time (`Schedule.take_doomed`)."""
-        doomed = self.deadlines.take_doomed(self._queue, now)
-        self._rows_expired += len(doomed)
-        for e in doomed:
-            e.queued = False
-        passed = [e for e in doomed if (e.row.deadline or 0.0) <= now]
-        fail(passed, DeadlineExceeded("the request's deadline passed while it waited for the "
-                                      "trunk"))
-        fail(doomed, DeadlineExceeded("the request's deadline would pass before its answer: "
-                                      "dropped before the trunk"))
+        can no longer be answered in time (`Schedule.drop_doomed`)."""
+        self._rows_expired += self.deadlines.drop_doomed(self._queue, now)
 
         def live(e: Entry) -> bool:
             e.queued = False
@@ -537,7 +519,6 @@ class Batcher:
         queue_wait_s = [start - r.enqueued_s for r in rows]
         self._batches_run += 1
         self._last_batch_rows = len(rows)
-        self._last_batch_tenants = frozenset(r.tenant for r in rows)
         self.deadlines.running(start, len(rows))
         try:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
@@ -554,7 +535,7 @@ class Batcher:
         self.deadlines.ran(rows, end)
         run_s = end - start
         self._last_progress_s = max(self._last_progress_s, end)
-        self._last_end_s = end
+        self.sharing.ran((r.tenant for r in rows), end)
         self._run_s_avg = run_s if self._run_s_avg is None else 0.8 * self._run_s_avg + 0.2 * run_s
         if self._on_batch is not None:
             try:
@@ -606,7 +587,7 @@ class Batcher:
             await loop.run_in_executor(None, self._executor.shutdown, True)
         elif task is not None:
             # A no-op queued behind a batch still inside run_batch (one worker) to wait for it.
-            await loop.run_in_executor(self._executor, _noop)
+            await loop.run_in_executor(self._executor, lambda: None)
 
 
 def _single_thread_executor() -> concurrent.futures.ThreadPoolExecutor:
@@ -616,7 +597,3 @@ def _single_thread_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _noop() -> None:
-    return None

@@ -15,7 +15,7 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run. What is learnt is
   each tenant's own (of the LEARNT_TENANTS that learnt last): a tenant whose rows come late
   (costly images, say) makes only its own requests refused sooner.
-- Drops (`take_doomed`, before each batch): a row that could no longer be answered in time
+- Drops (`drop_doomed`, before each batch): a row that could no longer be answered in time
   even in a batch of its own is failed before the trunk (504 `deadline_exceeded`); a row with
   that much time left is never dropped. Without a batch profile, a row is dropped once its
   deadline passed.
@@ -34,6 +34,9 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable, Mapping, Sequence
+
+from service.core.errors import DeadlineExceeded
+from service.core.rows import fail
 
 # The time a row's answer takes after its batch (the heads, the answer, the transport): a
 # batch is run for a row only if it ends this much before the row's deadline.
@@ -56,7 +59,7 @@ def batch_pick(deadlines: Sequence[float | None], now: float,
     """Which rows of a batch to run now, given their deadlines in the scheduler's order (None:
     none) and the time a batch of n takes (`seconds(n)`): all of them when, run now, they end
     before the earliest deadline among them; else the k most urgent (earliest deadline first,
-    then the order's), k the most that end before it (at least 1: `Schedule.take_doomed`
+    then the order's), k the most that end before it (at least 1: `Schedule.drop_doomed`
     drops a row that cannot make it even alone). Rows with more time run in the next batch."""
     n = len(deadlines)
     urgent = sorted(range(n), key=lambda i: (deadlines[i] is None, deadlines[i] or 0.0, i))
@@ -182,15 +185,22 @@ class Schedule:
             return False
         return deadline <= now if self.seconds is None else now + self._answered(1) > deadline
 
-    def take_doomed(self, queue, now: float) -> list:
-        """Removes from `queue` the entries not done that are `doomed` now, and returns them
-        (the caller fails them); each counts as answered a batch of one from now in `slack`."""
+    def drop_doomed(self, queue, now: float) -> int:
+        """Removes from `queue` the entries not done that are `doomed` now and fails them (504
+        `deadline_exceeded`); each counts as answered a batch of one from now in `slack`.
+        Returns how many."""
         doomed = [e for e in queue.entries
                   if not e.future.done() and self.doomed(e.row.deadline, now)]
         queue.remove_many(doomed)
+        for e in doomed:
+            e.queued = False
         if doomed and self.seconds is not None:
             self._learn([e.row for e in doomed], now + self._answered(1))
-        return doomed
+        fail([e for e in doomed if (e.row.deadline or 0.0) <= now],
+             DeadlineExceeded("the request's deadline passed while it waited for the trunk"))
+        fail(doomed, DeadlineExceeded("the request's deadline would pass before its answer: "
+                                      "dropped before the trunk"))
+        return len(doomed)
 
     def start_in(self, queue, now: float, rows: int) -> float:
         """Seconds until a batch of the `rows` ready in `queue` must start (START_LEAD_S

@@ -30,11 +30,12 @@ throughput beside a closed-loop light client is that of a short and a longer bat
 not of short ones only (measured on 2 Xeon cores, OpenVINO bf16: `multihead bench --sections
 deadlines`, docs/performance.md#deadlines). And after a batch that answered a tenant which now
 has nothing waiting, the next batch waits up to RETURN_WAIT x a batch of one for its next
-request (`returning`, the batcher's gathering): a closed-loop light client back within it
+request (`return_in`, the batcher's gathering): a closed-loop light client back within it
 rides in the next batch, a longer one, instead of waiting for a short batch of the others.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 # The tenants that queued rows this recently share the trunk.
@@ -103,6 +104,7 @@ class Sharing:
         self._bounded = self.shared < batch_size
         self.window_s = window_s
         self._last: dict[str, float] = {}
+        self._ran: tuple[frozenset[str], float] = (frozenset(), -math.inf)  # the last batch
 
     def queued(self, tenant: str, now: float) -> None:
         self._last[tenant] = now
@@ -125,13 +127,29 @@ class Sharing:
             return self.shared
         return None
 
-    def returning(self, now: float, waiting: Mapping[str, int], last: Iterable[str]) -> bool:
-        """Whether a tenant whose rows the last batch ran may be on its way back: while `cap`
-        holds, one of `last` has nothing waiting (`waiting`: rows queued or being prepared,
-        by tenant), a closed-loop client between its answer and its next request."""
-        if self.cap(now, waiting) is None:
-            return False
-        return any(waiting.get(t, 0) == 0 for t in last if t in self._last)
+    def ran(self, tenants: Iterable[str], end: float) -> None:
+        """A batch of rows of `tenants` ended at `end` (the batcher's)."""
+        self._ran = (frozenset(tenants), end)
+
+    def return_in(self, now: float, queued: Mapping[str, int], booked: Mapping[str, int],
+                  batch_seconds: Callable[[int], float] | None, start_in: float) -> float:
+        """Seconds left to wait for a tenant the last batch answered, which may be on its way
+        back: while `cap` holds, one of its tenants has nothing waiting (queued or being
+        prepared), a closed-loop client between its answer and its next request; up to
+        RETURN_WAIT x a batch of one (`batch_seconds(1)`) after that batch ended, and only
+        while the earliest deadline waiting (`start_in`: seconds until a batch must start
+        for it) would still leave a batch of one to spare. <= 0: no such wait (nor without
+        a profile)."""
+        if batch_seconds is None:
+            return -math.inf
+        tenants, end = self._ran
+        one = batch_seconds(1)
+        left = end + RETURN_WAIT * one - now
+        waiting = _waiting(queued, booked)
+        if not 0 < left <= start_in - one or self.cap(now, waiting) is None:
+            return -math.inf
+        returning = any(waiting.get(t, 0) == 0 for t in tenants if t in self._last)
+        return left if returning else -math.inf
 
     def batch(self, now: float, queued: Mapping[str, int],
               booked: Mapping[str, int]) -> tuple[int, int]:
@@ -143,7 +161,7 @@ class Sharing:
         waiting, at least `light` rows: all the light tenants' and the others' up to it
         (again: queued, or the batch waits for them); else the batch size and the rows
         queued."""
-        waiting = {t: queued.get(t, 0) + booked.get(t, 0) for t in {*queued, *booked}}
+        waiting = _waiting(queued, booked)
         share = self.cap(now, waiting)
         if share is None:
             return self.max_batch_size, sum(queued.values())
@@ -157,3 +175,8 @@ class Sharing:
             heavy_queued = sum(n for t, n in queued.items() if t not in light)
             return size, min(size, light_queued + min(heavy_queued, max(0, size - light_waiting)))
         return size, min(size, sum(min(n, share) for n in queued.values()))
+
+
+def _waiting(queued: Mapping[str, int], booked: Mapping[str, int]) -> dict[str, int]:
+    """Rows queued or being prepared, by tenant."""
+    return {t: queued.get(t, 0) + booked.get(t, 0) for t in {*queued, *booked}}

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from service.core.batcher import Batcher
+from service.core.errors import DeadlineExceeded
 from service.core.schedule import ANSWER_S, Schedule, batch_pick
 from tests.service.core.test_batcher import LONG_MS, FakeRunBatch, gather5, settle, spawn
 from tests.support.fakes import FakeClock
@@ -174,7 +175,9 @@ def test_the_slack_is_a_high_quantile_of_how_late_tight_rows_were_answered():
     assert plan.slack("t") == pytest.approx(1.0)  # one late row in 216: below the 95th
     late = [row(deadline=0.15, due=(0.0, 0.1)) for _ in range(20)]  # more than 5 % now
     queue = TenantQueueOf(late)
-    assert [e.row for e in plan.take_doomed(queue, 0.14)] == late and not queue.entries
+    entries = list(queue.entries)
+    assert plan.drop_doomed(queue, 0.14) == len(late) and not queue.entries
+    assert all("would pass before its answer" in str(e.future.exc) for e in entries)
     assert plan.slack("t") == pytest.approx((0.14 + linear(1) + ANSWER_S) / 0.1)
 
 
@@ -212,20 +215,36 @@ def test_without_a_profile_rows_are_dropped_once_their_deadline_passed_and_nothi
     plan = Schedule(None)
     rows = [row(0.10), row(0.12), row(None)]
     queue = TenantQueueOf(rows)
-    assert [e.row for e in plan.take_doomed(queue, 0.11)] == [rows[0]]
-    assert len(queue.entries) == 2
+    entries = list(queue.entries)
+    assert plan.drop_doomed(queue, 0.11) == 1
+    assert [e.row for e in queue.entries] == rows[1:]
+    assert isinstance(entries[0].future.exc, DeadlineExceeded)
+    assert "passed while it waited" in str(entries[0].future.exc)
+    assert [e.future.exc for e in entries[1:]] == [None, None]
     assert plan.picker(0.11) is None
     assert plan.expected_at(queue, {}, "t", 1, 1.0, 8, 0.11) is None
 
 
+class _Future:
+    """What `rows.fail` uses of an entry's future."""
+
+    def __init__(self) -> None:
+        self.exc: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.exc is not None
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
 class TenantQueueOf:
-    """A queue of entries over `rows` (what `take_doomed` reads and changes)."""
+    """A queue of entries over `rows` (what `drop_doomed` reads and changes)."""
 
     def __init__(self, rows) -> None:
         from types import SimpleNamespace
 
-        done = SimpleNamespace(done=lambda: False)
-        self.entries = [SimpleNamespace(row=r, future=done) for r in rows]
+        self.entries = [SimpleNamespace(row=r, future=_Future(), queued=True) for r in rows]
 
     def remove_many(self, gone) -> None:
         ids = {id(e) for e in gone}
