@@ -276,3 +276,27 @@ async def test_after_a_light_tenants_batch_the_next_waits_briefly_for_its_next_r
     await gather5(*a_rows)
     assert [len(c) for c in fake.calls[3:]] == [1, 1]  # a alone beside b: its share
     await asyncio.wait_for(b.close(), 5)
+
+
+async def test_no_wait_for_a_light_tenants_return_when_a_deadline_waiting_is_close():
+    """As above, but a's rows have a deadline that a batch started after the wait would meet
+    with less than a batch of one to spare: the next batch, a's share, runs at once (the fake
+    clock unmoved) instead of waiting for b."""
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    # max_wait_ms 0: no other wait (fewer rows than the last batch's wait max_wait_ms too).
+    b = Batcher(fake, max_batch_size=8, max_wait_ms=0, max_queue_rows=64,
+                shared_batch_size=1, light_batch_size=4, batch_seconds=lambda n: 0.02 * n,
+                clock=clock, wait_for_booked_only=True, gather_booked=True)
+    held = spawn(b.submit("a-held", group="g", tenant="a"))
+    await fake.entered()
+    # a3's deadline is 44 ms away: a batch of one ends 25 ms after it starts (20 + ANSWER_S),
+    # so one started after a 5 ms wait would leave less than a batch of one (20 ms) to spare.
+    rows = [spawn(b.submit(f"a{i}", group="g", tenant="a",
+                           deadline=clock.now + (0.044 if i == 3 else 1.0))) for i in range(4)]
+    b0 = spawn(b.submit("b0", group="g", tenant="b"))
+    await settle()
+    fake.release()
+    await gather5(held, b0, *rows)  # no wait: the fake clock never moved
+    assert fake.payloads()[1:] == [["b0", "a0", "a1", "a2"], ["a3"]]
+    await asyncio.wait_for(b.close(), 5)
