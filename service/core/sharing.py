@@ -145,8 +145,10 @@ class Sharing:
         tenants, end = self._ran
         one = batch_seconds(1)
         left = end + RETURN_WAIT * one - now
+        if not 0 < left <= start_in - one:
+            return -math.inf
         waiting = _waiting(queued, booked)
-        if not 0 < left <= start_in - one or self.cap(now, waiting) is None:
+        if self.cap(now, waiting) is None:
             return -math.inf
         returning = any(waiting.get(t, 0) == 0 for t in tenants if t in self._last)
         return left if returning else -math.inf
@@ -158,9 +160,9 @@ class Sharing:
         each tenant with rows waiting, at most the batch size, of which each tenant's queued
         rows up to its share (a batch short of that waits for the rows being prepared, the
         batcher's gathering); when a light tenant (at most a share waiting) has rows
-        waiting, at least `light` rows: all the light tenants' and the others' up to it
-        (again: queued, or the batch waits for them); else the batch size and the rows
-        queued."""
+        waiting, at least `light` rows (at most the rows waiting): all the light tenants'
+        and the others' up to it (again: queued, or the batch waits for them); else the
+        batch size and the rows queued."""
         waiting = _waiting(queued, booked)
         share = self.cap(now, waiting)
         if share is None:
@@ -168,8 +170,9 @@ class Sharing:
         tenants = sum(1 for n in waiting.values() if n > 0)
         size = min(self.max_batch_size, share * max(1, tenants))
         light = [t for t, n in waiting.items() if 0 < n <= share]
-        if light and self.light > size:
-            size = self.light
+        longer = min(self.light, sum(waiting.values()))  # no longer than the rows waiting
+        if light and longer > size:
+            size = longer
             light_waiting = sum(waiting[t] for t in light)
             light_queued = sum(queued.get(t, 0) for t in light)
             heavy_queued = sum(n for t, n in queued.items() if t not in light)

@@ -68,7 +68,10 @@ def test_a_light_tenants_rows_waiting_make_their_batch_longer_and_it_waits_for_t
     sharing.queued("b", 0.1)
     assert sharing.batch(0.2, {"a": 8, "b": 1}, {}) == (4, 4)
     assert sharing.batch(0.2, {"a": 8}, {"b": 1}) == (4, 3)  # b's row not queued yet
-    assert sharing.batch(0.2, {"a": 2, "b": 1}, {}) == (4, 3)  # what is queued of it
+    # No longer than the rows waiting: full with them, it runs now.
+    assert sharing.batch(0.2, {"a": 2, "b": 1}, {}) == (3, 3)
+    assert sharing.batch(0.2, {"a": 1, "b": 1}, {}) == (2, 2)  # both light
+    assert sharing.batch(0.2, {"a": 1}, {"a": 2, "b": 1}) == (4, 1)  # a's rows being decoded
     assert sharing.batch(0.2, {"a": 8}, {}) == (1, 1)  # b between two requests
     assert sharing.batch(0.2, {"a": 8, "b": 2}, {}) == (8, 10)  # b heavy now: no cap
     # Never shorter than a share for each tenant waiting (many light tenants).
