@@ -47,7 +47,7 @@ from service.core.booking import Booking, QueueRoom
 from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
 from service.core.rows import Entry, Row, deliver, fail, outcome
-from service.core.schedule import Schedule, backlog
+from service.core.schedule import Estimate, Schedule, backlog
 from service.core.sharing import Sharing
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ class Batcher:
                                    self._room.tenant_booked)
 
     def expected_at(self, tenant: str, rows: int,
-                    deadline: float | None = None) -> tuple[float, float] | None:
+                    deadline: float | None = None) -> Estimate | None:
         """`Schedule.expected_at` in batches of the next one's size; None without a profile."""
         now = self._clock()
         return self.deadlines.expected_at(self._queue, self._room.tenant_booked, tenant, rows,
@@ -249,11 +249,12 @@ class Batcher:
 
     # -- submitting -----------------------------------------------------------------------------
 
-    def book(self, n: int, tenant: str = "", due: float | None = None) -> Booking:
+    def book(self, n: int, tenant: str = "", due: tuple[float, float] | None = None) -> Booking:
         """Holds room for `n` rows in the queue bound (the one room check, `QueueRoom.book`),
         counting the rows queued and booked. A caller that prepares rows before submitting
         them books first (admission before work) and passes the booking to `submit_many`.
-        `due`: when admission expects the rows answered (`schedule.Schedule` learns from it).
+        `due`: when admission expects the rows answered, alone and as things are
+        (`schedule.Estimate`'s (alone, due): `schedule.Schedule` learns from it).
 
         Raises:
             ShuttingDown: `close()` was called.
@@ -370,7 +371,7 @@ class Batcher:
         if costs is not None and len(costs) != n:
             raise ValueError(f"{len(costs)} costs for {n} rows")
         made = None if booking is None else booking.made
-        due = None if booking is None or booking.due is None else (booking.made, booking.due)
+        due = None if booking is None else booking.due
         if booking is None:
             if n == 0:
                 return []

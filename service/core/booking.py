@@ -46,7 +46,8 @@ class Booking:
         # Called when pushed out (the holder cancels the work not started yet).
         self.on_push: Callable[[], object] | None = None
         self.made: float | None = None  # when `Batcher.book` made it (its clock)
-        self.due: float | None = None  # when admission expects its rows answered
+        # When admission expects its rows answered: (with nothing ahead, as things are).
+        self.due: tuple[float, float] | None = None
         self.backlog = 0  # rows to prepare before its last one when made (`schedule.backlog`)
 
     @property

@@ -558,16 +558,16 @@ class Engine:
 
     def _admit(self, tenant: str, misses: float, rows: int,
                deadline: float | None = None) -> Booking:
-        """A request's admission: its deadline (`Batcher.expected_at`: when its rows would be
-        answered, times the slack that estimate needs), then the tenant's quota takes its
-        misses' decode costs, then the queue room of its rows is booked (`Batcher.book`). A
+        """A request's admission: its deadline (`Batcher.expected_at`: its rows' time alone
+        plus their expected wait times the slack that wait needs), then the tenant's quota
+        takes its misses' decode costs, then the queue room of its rows is booked (`Batcher.book`). A
         refusal is counted; when the queue refuses, the tokens are given back (nothing was
         decoded)."""
         try:
             due = None if deadline is None else self.batcher.expected_at(tenant, rows, deadline)
             if due is not None and deadline is not None:
                 now = time.monotonic()
-                need = (due[0] - now) * due[1]  # the estimate, times its slack
+                need = due.need_s(now)  # its time alone, and its wait times its slack
                 if need > deadline - now:
                     raise DeadlineUnmeetable(
                         f"the request's deadline is in {max(deadline - now, 0) * 1e3:.0f} ms; "
@@ -578,7 +578,8 @@ class Engine:
             self.metrics.observe_refusal(tenant, error_status(exc)[1])
             raise
         try:
-            return self.batcher.book(rows, tenant, due=None if due is None else due[0])
+            return self.batcher.book(rows, tenant,
+                                     due=None if due is None else (due.alone, due.due))
         except BaseException as exc:
             self.quotas.refund(tenant, misses)
             if isinstance(exc, Overloaded):

@@ -119,8 +119,8 @@ class DeadlineExceeded(ServiceError):
 
 class DeadlineUnmeetable(DeadlineExceeded):
     """The request's rows would be answered after its deadline, by the batcher's estimate (the
-    batch running and the rows taken before them, at the trunk's live times, times the slack
-    the estimate was seen to need: `service.core.schedule`): refused before any decode."""
+    batch running and the rows taken before them, at the trunk's live times, that wait times
+    the slack it was seen to need: `service.core.schedule`): refused before any decode."""
 
 
 class InvalidDeadline(BadRequest):

@@ -8,13 +8,20 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   before them (their tenant's queued and being decoded, and other tenants' with a deadline no
   later, in fair order: `TenantQueue.ahead`) in batches of the next one's size, or, when
   longer, the time its rows take to be decoded (its tenant's pace of decoding, learnt, x the
-  rows decoded before them: `backlog`) and a batch of one. It is an estimate; how far off it
-  was is learnt from the rows answered since (`slack`: the SLACK_QUANTILE of the ratio
-  answered / expected of its tenant's last rows whose deadline it decided), and the request
-  is refused at once when the estimate times that ratio passes its deadline: 504
-  `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run. What is learnt is
-  each tenant's own (of the LEARNT_TENANTS that learnt last): a tenant whose rows come late
-  (costly images, say) makes only its own requests refused sooner.
+  rows decoded before them: `backlog`) and a batch of one (`Estimate.due`); and when they
+  would be with nothing ahead of them (their own decoding and batches: `Estimate.alone`). The
+  wait between the two is what other rows cost, and what the estimate can miss (rows the
+  order puts first that arrive later, a batch that starts before its rows are decoded). How
+  far off it was is learnt from the rows answered since (`slack`: the SLACK_QUANTILE of the
+  ratio actual wait / expected wait of its tenant's last rows whose deadline the wait
+  decided, those of the last SLACK_AGE_S), and the request is refused at once when its time
+  alone plus its expected wait times that ratio passes its deadline: 504
+  `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run (`Estimate.need_s`).
+  The slack multiplies the wait only, and ages out, so it can never refuse every request of a
+  tenant for good: a request that nothing is ahead of is admitted whenever its time alone
+  meets its deadline, and is learnt from. What is learnt is each tenant's own (of the
+  LEARNT_TENANTS that learnt last): a tenant whose rows come late (costly images, say) makes
+  only its own requests refused sooner.
 - Drops (`drop_doomed`, before each batch): a row that could no longer be answered in time
   even in a batch of its own is failed before the trunk (504 `deadline_exceeded`); a row with
   that much time left is never dropped. Without a batch profile, a row is dropped once its
@@ -34,6 +41,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from service.core.errors import DeadlineExceeded
 from service.core.rows import fail
@@ -45,11 +53,13 @@ ANSWER_S = 0.005
 START_LEAD_S = 0.002
 # The newest request's weight in the running mean of the time from admission to queue.
 PATH_ALPHA = 0.2
-# Admission's slack (`Schedule.slack`): the SLACK_QUANTILE of the last SLACK_KEPT rows' time to
-# their answer over their expected time, once SLACK_MIN were; only rows whose deadline was
-# within SLACK_TIGHT x their expected time count (for a row with more time, a late estimate
-# decided nothing, and `batch_pick` lets it wait).
-SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.95, 256, 16, 4.0
+# Admission's slack (`Schedule.slack`): the SLACK_QUANTILE of the last SLACK_KEPT rows' actual
+# wait over their expected wait (each at least a batch of one), once SLACK_MIN were, of the
+# rows learnt in the last SLACK_AGE_S; only rows whose deadline left them a wait within
+# SLACK_TIGHT x their expected wait count (for a row with more time, a late estimate decided
+# nothing, and `batch_pick` lets it wait).
+SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.95, 256, 16, 8.0
+SLACK_AGE_S = 10.0
 # The tenants whose pace and slack are kept (the least recently learnt is forgotten).
 LEARNT_TENANTS = 64
 
@@ -81,16 +91,31 @@ def backlog(fair: bool, booked: Mapping[str, int], tenant: str, rows: int) -> in
     return own + sum(min(n, own) for t, n in booked.items() if t != tenant)
 
 
+class Estimate(NamedTuple):
+    """Admission's estimate of a request's rows (`Schedule.expected_at`), on the batcher's
+    clock."""
+
+    due: float  # when they would be answered, after what the scheduler takes before them
+    alone: float  # when they would be answered with nothing ahead of them
+    slack: float  # how many times its expected wait its tenant's rows waited (`slack`)
+
+    def need_s(self, now: float) -> float:
+        """Seconds from `now` the rows need, by the estimate: their time alone plus their
+        expected wait times the slack."""
+        return self.alone - now + max(0.0, self.due - self.alone) * self.slack
+
+
 class Learnt:
     """What a `Schedule` learnt of one tenant's requests: its pace of decoding (an EWMA of the
-    time from admission to queue per row decoded before, PATH_ALPHA) and how late its rows
-    were answered against their expected time (the last SLACK_KEPT)."""
+    time from admission to queue per row decoded before, PATH_ALPHA) and how much longer its
+    rows waited than expected (the last SLACK_KEPT (when learnt, ratio))."""
 
     __slots__ = ("pace_s", "ratios")
 
     def __init__(self) -> None:
         self.pace_s = 0.0
-        self.ratios: collections.deque[float] = collections.deque(maxlen=SLACK_KEPT)
+        self.ratios: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=SLACK_KEPT)
 
 
 class Schedule:
@@ -114,11 +139,10 @@ class Schedule:
     # -- admission ------------------------------------------------------------------------
 
     def expected_at(self, queue, booked: Mapping[str, int], tenant: str, rows: int,
-                    deadline: float | None, batch_size: int,
-                    now: float) -> tuple[float, float] | None:
-        """(when `rows` new rows of `tenant` with `deadline` would be answered, `slack`) with
-        `queue` (a `TenantQueue` of entries) and the rows `booked` (being decoded) by tenant;
-        None without a profile."""
+                    deadline: float | None, batch_size: int, now: float) -> Estimate | None:
+        """The `Estimate` of `rows` new rows of `tenant` with `deadline`, with `queue` (a
+        `TenantQueue` of entries) and the rows `booked` (being decoded) by tenant; None
+        without a profile."""
         if self.seconds is None:
             return None
         waiting = collections.Counter(
@@ -127,17 +151,22 @@ class Schedule:
             or (math.inf if e.row.deadline is None else e.row.deadline) <= deadline)
         waiting[tenant] += booked.get(tenant, 0)
         ahead = queue.ahead(tenant, rows, waiting)
-        path_s = self.pace(tenant) * backlog(queue.fair, booked, tenant, rows)
-        return now + self.expected_s(now, ahead, 1, batch_size, path_s), self.slack(tenant)
+        pace = self.pace(tenant)
+        path_s = pace * backlog(queue.fair, booked, tenant, rows)
+        return Estimate(now + self.expected_s(now, ahead, 1, batch_size, path_s),
+                        now + self.expected_s(now, 0, rows, batch_size, pace * rows,
+                                              running=False),
+                        self.slack(tenant, now))
 
     def expected_s(self, now: float, ahead: int, rows: int, batch_size: int,
-                   path_s: float = 0.0) -> float:
+                   path_s: float = 0.0, running: bool = True) -> float:
         """Seconds from `now` until the last of `rows` new rows is answered, with `ahead` rows
-        taken before it and batches of `batch_size`: after the running batch's rest; or, when
-        longer, after `path_s` (until its rows are decoded) and a batch of one."""
+        taken before it and batches of `batch_size`: after the running batch's rest (unless
+        not `running`); or, when longer, after `path_s` (until its rows are decoded) and a
+        batch of one."""
         assert self.seconds is not None
         left = 0.0
-        if self._running is not None:
+        if self._running is not None and running:
             start, size = self._running
             left = max(0.0, start + self.seconds(size) - now)
         full, part = divmod(ahead + rows, batch_size)
@@ -161,14 +190,16 @@ class Schedule:
         learnt = self._learnt.get(tenant)
         return 0.0 if learnt is None else learnt.pace_s
 
-    def slack(self, tenant: str) -> float:
-        """How many times its expected time (from admission) a row of `tenant` takes to be
-        answered, bar the worst: the SLACK_QUANTILE of its last SLACK_KEPT rows whose deadline
-        their estimate decided, at least 1; 1 before SLACK_MIN of them."""
+    def slack(self, tenant: str, now: float) -> float:
+        """How many times its expected wait a row of `tenant` waits to be answered, bar the
+        worst: the SLACK_QUANTILE of its last SLACK_KEPT rows learnt since SLACK_AGE_S before
+        `now` whose deadline their wait decided, at least 1; 1 before SLACK_MIN of them."""
         learnt = self._learnt.get(tenant)
-        if learnt is None or len(learnt.ratios) < SLACK_MIN:
+        if learnt is None:
             return 1.0
-        ratios = sorted(learnt.ratios)
+        ratios = sorted(r for t, r in learnt.ratios if t >= now - SLACK_AGE_S)
+        if len(ratios) < SLACK_MIN:
+            return 1.0
         return max(1.0, ratios[min(len(ratios) - 1, int(SLACK_QUANTILE * len(ratios)))])
 
     def queued_after(self, tenant: str, seconds: float, rows_before: int) -> None:
@@ -233,10 +264,13 @@ class Schedule:
         self._learn(rows, end + ANSWER_S)
 
     def _learn(self, rows: Sequence, answered: float) -> None:
+        if self.seconds is None:  # no estimates to learn from
+            return
+        least = self.seconds(1)  # a wait is counted as a batch of one at least
         for r in rows:
             if r.due is None or r.deadline is None:
                 continue
-            admitted, due = r.due
-            expected = max(due - admitted, 1e-3)
-            if r.deadline - admitted <= SLACK_TIGHT * expected:  # its estimate decided
-                self._of(r.tenant).ratios.append((answered - admitted) / expected)
+            alone, due = r.due
+            wait = max(due - alone, least)
+            if r.deadline - alone <= SLACK_TIGHT * wait:  # its expected wait decided
+                self._of(r.tenant).ratios.append((answered, max(0.0, answered - alone) / wait))

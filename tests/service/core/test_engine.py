@@ -527,9 +527,10 @@ async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make
 
     e = make_engine(max_batch_size=2, batch_seconds=lambda n: 0.2 * n)  # 200 ms an image
     e.quotas = Quotas(lambda tenant: (1.0, 10))
-    due, slack = e.batcher.expected_at("t", 3, time.monotonic() + 1)
-    assert due - time.monotonic() == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
-    assert slack == 1.0  # nothing learnt yet
+    due = e.batcher.expected_at("t", 3, time.monotonic() + 1)
+    assert due.due - time.monotonic() == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
+    assert due.alone == due.due  # nothing ahead
+    assert due.slack == 1.0  # nothing learnt yet
     decoded = []
     decode = e._decode  # noqa: SLF001 - counted
     e._decode = lambda data: decoded.append(data) or decode(data)  # noqa: SLF001
@@ -544,6 +545,42 @@ async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make
     assert plain.batcher.expected_at("t", 3, time.monotonic() + 1) is None
     await plain.classify(pngs(3, start=9), [a], top_k=1, tenant="t",
                          deadline=time.monotonic() + 0.05)
+
+
+async def test_a_tenant_refused_for_its_slack_is_still_admitted_with_nothing_ahead(make_engine):
+    """A tenant whose rows waited 7 x longer than expected (a burst's rows put before them,
+    say) has its requests with a wait refused; one with nothing ahead of it is admitted when
+    its time alone meets its deadline, and is learnt from (before, the whole estimate times
+    the slack refused every request of the tenant for good: nothing admitted, nothing
+    learnt, the slack never lower)."""
+    from service.core.errors import DeadlineUnmeetable
+    from service.core.rows import Row
+    from service.core.schedule import ANSWER_S, SLACK_MIN
+
+    e = make_engine(max_batch_size=2, batch_seconds=lambda n: 0.05 * n)  # 50 ms an image
+    now = time.monotonic()
+    plan = e.batcher.deadlines
+    plan.seconds = lambda n: 0.05 * n  # at the profile's times, whatever the fake trunk's
+    plan.ran([Row(None, "g", now + 0.2, now, "t", 1.0, (now, now + 0.05))] * SLACK_MIN,
+             now + 0.35)
+    assert plan.slack("t", now) == pytest.approx((0.35 + ANSWER_S) / 0.05)
+    a = RecordingHead("a")
+    for i in range(SLACK_MIN):  # 3 x its time alone (55 ms): admitted, and learnt from
+        await e.classify(pngs(1, start=40 + i), [a], top_k=1, tenant="t",
+                         deadline=time.monotonic() + 0.165)
+    learnt = [r for _, r in plan._learnt["t"].ratios]  # noqa: SLF001 - what was learnt
+    assert len(learnt) == 2 * SLACK_MIN and max(learnt[SLACK_MIN:]) < 1
+    plan.ran([Row(None, "g", now + 0.2, now, "t", 1.0, (now, now + 0.05))] * SLACK_MIN,
+             now + 0.35)  # late again: more than 5 % of what was learnt
+    e.trunk.gate.clear()  # the trunk holds a batch: the next request would wait for it
+    e.trunk.entered.clear()
+    held = spawn(e.classify(pngs(1, start=60), [a], top_k=1, tenant="t"))
+    await until(lambda: e.trunk.entered.is_set())
+    with pytest.raises(DeadlineUnmeetable):
+        await e.classify(pngs(1, start=70), [a], top_k=1, tenant="t",
+                         deadline=time.monotonic() + 0.165)
+    e.trunk.gate.set()
+    await held
 
 
 async def test_the_running_batch_and_the_rows_taken_first_count_toward_a_deadline(make_engine):
@@ -562,7 +599,7 @@ async def test_the_running_batch_and_the_rows_taken_first_count_toward_a_deadlin
     soon = time.monotonic() + 10  # later than every queued row's deadline (they have none)
 
     def expected_s(tenant: str, deadline: float | None) -> float:
-        return e.batcher.expected_at(tenant, 1, deadline)[0] - time.monotonic()
+        return e.batcher.expected_at(tenant, 1, deadline).due - time.monotonic()
 
     assert expected_s("t", soon) == pytest.approx(0.4 + 2 * 0.4 + 0.2 + ANSWER_S, abs=0.05)
     assert expected_s("u", None) == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)

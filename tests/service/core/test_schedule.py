@@ -156,47 +156,65 @@ def row(deadline, due=None, tenant="t"):
     return Row(None, "g", deadline, 0.0, tenant, 1.0, due)
 
 
-def test_the_slack_is_a_high_quantile_of_how_late_tight_rows_were_answered():
+def test_the_slack_is_a_high_quantile_of_how_much_longer_tight_rows_waited():
     """`Schedule.slack`: 1 until SLACK_MIN rows were answered; then the SLACK_QUANTILE of the
-    ratio (answered - admitted) / (expected - admitted) of the rows whose deadline was within
-    SLACK_TIGHT x their expected time; rows with more time teach nothing; a dropped row counts
-    as answered a batch of one after its drop."""
-    from service.core.schedule import SLACK_MIN, SLACK_TIGHT
+    ratio (answered - alone) / (due - alone) (the wait over the expected wait, a batch of one
+    at least) of the rows whose deadline left them a wait within SLACK_TIGHT x their expected
+    one; rows with more time teach nothing; a dropped row counts as answered a batch of one
+    after its drop; what was learnt more than SLACK_AGE_S ago is forgotten."""
+    from service.core.schedule import SLACK_AGE_S, SLACK_MIN, SLACK_TIGHT
 
     plan = Schedule(linear)
-    rows = [row(deadline=0.15, due=(0.0, 0.1)) for _ in range(SLACK_MIN - 1)]
+    due = (0.05, 0.1)  # 50 ms alone, 50 ms more for the rows ahead
+    rows = [row(deadline=0.15, due=due) for _ in range(SLACK_MIN - 1)]
     plan.ran(rows, 0.1 - ANSWER_S)  # answered as expected
-    assert plan.slack("t") == 1.0  # too few yet
-    plan.ran([row(deadline=SLACK_TIGHT * 0.1 + 1, due=(0.0, 0.1))] * 50, 1.0)  # loose: ignored
-    assert plan.slack("t") == 1.0
-    plan.ran([row(deadline=0.15, due=(0.0, 0.1))], 0.2 - ANSWER_S)  # twice as long
-    assert plan.slack("t") == pytest.approx(2.0)  # the worst of 16 is above the quantile's rank
-    plan.ran([row(deadline=0.15, due=(0.0, 0.1))] * 200, 0.1 - ANSWER_S)
-    assert plan.slack("t") == pytest.approx(1.0)  # one late row in 216: below the 95th
-    late = [row(deadline=0.15, due=(0.0, 0.1)) for _ in range(20)]  # more than 5 % now
+    assert plan.slack("t", 1.0) == 1.0  # too few yet
+    plan.ran([row(deadline=0.05 + SLACK_TIGHT * 0.05 + 0.01, due=due)] * 50, 1.0)  # loose
+    assert plan.slack("t", 1.0) == 1.0
+    plan.ran([row(deadline=0.15, due=due)], 0.15 - ANSWER_S)  # waited twice as long
+    assert plan.slack("t", 1.0) == pytest.approx(2.0)  # the worst of 16 is above the rank
+    plan.ran([row(deadline=0.15, due=due)] * 200, 0.1 - ANSWER_S)
+    assert plan.slack("t", 1.0) == pytest.approx(1.0)  # one late row in 216: below the 95th
+    late = [row(deadline=0.15, due=due) for _ in range(20)]  # more than 5 % now
     queue = TenantQueueOf(late)
     entries = list(queue.entries)
     assert plan.drop_doomed(queue, 0.14) == len(late) and not queue.entries
     assert all("would pass before its answer" in str(e.future.exc) for e in entries)
-    assert plan.slack("t") == pytest.approx((0.14 + linear(1) + ANSWER_S) / 0.1)
+    assert plan.slack("t", 1.0) == pytest.approx((0.14 + linear(1) + ANSWER_S - 0.05) / 0.05)
+    # An expected wait shorter than a batch of one counts as one; a row answered sooner than
+    # alone waited nothing.
+    short = Schedule(linear)
+    short.ran([row(deadline=0.1, due=(0.05, 0.051))] * SLACK_MIN, 0.05 + linear(1) * 1.5)
+    assert short.slack("t", 1.0) == pytest.approx((linear(1) * 1.5 + ANSWER_S) / linear(1))
+    short.ran([row(deadline=0.1, due=(0.05, 0.051))] * 300, 0.0)
+    assert short.slack("t", 1.0) == 1.0
+    # Forgotten with age.
+    assert plan.slack("t", 0.14 + SLACK_AGE_S - 0.01) > 2
+    assert plan.slack("t", 0.2 + SLACK_AGE_S) == 1.0
 
 
-def test_what_is_learnt_is_each_tenants_own_and_bounded():
-    """A tenant whose rows come 3 x later than expected, and whose decodes are slow, is
-    refused sooner itself; another tenant's slack and pace are untouched. At most
-    LEARNT_TENANTS tenants are kept: the least recently learnt is forgotten."""
-    from service.core.schedule import LEARNT_TENANTS
+def test_a_high_slack_refuses_only_requests_with_a_wait_and_never_one_with_nothing_ahead():
+    """The slack multiplies the expected wait only (`Estimate.need_s`): a tenant whose rows
+    waited 6 x longer than expected, with a deadline of 6 batches of one, is admitted when
+    nothing is ahead of it (its time alone meets the deadline; before, its whole estimate
+    times the slack was refused, and nothing admitted could teach the slack otherwise), and
+    refused while 4 of its rows wait."""
+    from service.core.fair import TenantQueue
+    from service.core.schedule import SLACK_MIN
 
     plan = Schedule(linear)
-    plan.ran([row(0.15, due=(0.0, 0.1), tenant="attacker")] * 100, 0.3 - ANSWER_S)
-    plan.ran([row(0.15, due=(0.0, 0.1), tenant="victim")] * 100, 0.1 - ANSWER_S)
-    plan.queued_after("attacker", 2.0, 4)
-    assert plan.slack("attacker") == pytest.approx(3.0) and plan.slack("victim") == 1.0
-    assert plan.pace("attacker") > 0 and plan.pace("victim") == 0.0
-    for i in range(LEARNT_TENANTS):
-        plan.queued_after(f"t{i}", 0.01, 1)
-    assert plan.slack("attacker") == 1.0 and plan.pace("attacker") == 0.0  # forgotten
-    assert len(plan._learnt) == LEARNT_TENANTS  # noqa: SLF001 - the bound itself
+    plan.ran([row(deadline=0.2, due=(0.05, 0.1))] * SLACK_MIN, 0.35 - ANSWER_S)
+    assert plan.slack("t", 1.0) == pytest.approx(6.0)
+    queue = TenantQueue("fair")
+    deadline = 1.0 + 6 * (linear(1) + ANSWER_S)
+    idle = plan.expected_at(queue, {}, "t", 1, deadline, 8, 1.0)
+    assert idle.alone == idle.due == pytest.approx(1.0 + linear(1) + ANSWER_S)
+    assert idle.slack == pytest.approx(6.0)
+    assert idle.need_s(1.0) == pytest.approx(linear(1) + ANSWER_S)  # admitted
+    busy = plan.expected_at(queue, {"t": 4}, "t", 1, deadline, 8, 1.0)  # 4 rows being decoded
+    assert busy.due - busy.alone == pytest.approx(linear(5) - linear(1))
+    assert busy.need_s(1.0) == pytest.approx(linear(1) + ANSWER_S + 6 * 4 * 0.013)
+    assert 1.0 + busy.need_s(1.0) > deadline  # refused
 
 
 def test_rows_answered_after_their_deadline_are_counted_per_tenant():
