@@ -211,12 +211,11 @@ class Batcher:
         return self.sharing.batch(self._clock() if now is None else now, self._queue.rows,
                                    self._room.tenant_booked)
 
-    def expected_at(self, tenant: str, rows: int,
-                    deadline: float | None = None) -> Estimate | None:
+    def expected_at(self, tenant: str, rows: int) -> Estimate | None:
         """`Schedule.expected_at` in batches of the next one's size; None without a profile."""
         now = self._clock()
         return self.deadlines.expected_at(self._queue, self._room.tenant_booked, tenant, rows,
-                                          deadline, self.next_batch(now)[0], now)
+                                          self.next_batch(now)[0], now)
 
     def _full(self, now: float) -> bool:
         size, ready = self.next_batch(now)

@@ -564,7 +564,7 @@ class Engine:
         refusal is counted; when the queue refuses, the tokens are given back (nothing was
         decoded)."""
         try:
-            due = None if deadline is None else self.batcher.expected_at(tenant, rows, deadline)
+            due = None if deadline is None else self.batcher.expected_at(tenant, rows)
             if due is not None and deadline is not None:
                 now = time.monotonic()
                 need = due.need_s(now)  # its time alone, and its wait times its slack

@@ -5,8 +5,9 @@ is answered in time, not just run in time). A request's deadline itself, on ever
 
 - Admission (`Schedule.expected_at`, read by `service.core.engine` before any decoding): when
   the request's rows would be answered, given the batch running, the rows the scheduler takes
-  before them (their tenant's queued and being decoded, and other tenants' with a deadline no
-  later, in fair order: `TenantQueue.ahead`) in batches of the next one's size, or, when
+  before them (their tenant's queued and being decoded, and other tenants' queued, in fair
+  order: `TenantQueue.ahead`, whatever their deadlines: a batch runs them with the new rows
+  whenever it still ends in time) in batches of the next one's size, or, when
   longer, the time its rows take to be decoded (its tenant's pace of decoding, learnt, x the
   rows decoded before them: `backlog`) and a batch of one (`Estimate.due`); and when they
   would be with nothing ahead of them (their own decoding and batches: `Estimate.alone`). The
@@ -139,16 +140,12 @@ class Schedule:
     # -- admission ------------------------------------------------------------------------
 
     def expected_at(self, queue, booked: Mapping[str, int], tenant: str, rows: int,
-                    deadline: float | None, batch_size: int, now: float) -> Estimate | None:
-        """The `Estimate` of `rows` new rows of `tenant` with `deadline`, with `queue` (a
-        `TenantQueue` of entries) and the rows `booked` (being decoded) by tenant; None
-        without a profile."""
+                    batch_size: int, now: float) -> Estimate | None:
+        """The `Estimate` of `rows` new rows of `tenant`, with `queue` (a `TenantQueue` of
+        entries) and the rows `booked` (being decoded) by tenant; None without a profile."""
         if self.seconds is None:
             return None
-        waiting = collections.Counter(
-            e.row.tenant for e in queue.entries
-            if e.row.tenant == tenant or deadline is None
-            or (math.inf if e.row.deadline is None else e.row.deadline) <= deadline)
+        waiting = collections.Counter(e.row.tenant for e in queue.entries)
         waiting[tenant] += booked.get(tenant, 0)
         ahead = queue.ahead(tenant, rows, waiting)
         pace = self.pace(tenant)

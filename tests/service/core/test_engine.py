@@ -527,7 +527,7 @@ async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make
 
     e = make_engine(max_batch_size=2, batch_seconds=lambda n: 0.2 * n)  # 200 ms an image
     e.quotas = Quotas(lambda tenant: (1.0, 10))
-    due = e.batcher.expected_at("t", 3, time.monotonic() + 1)
+    due = e.batcher.expected_at("t", 3)
     assert due.due - time.monotonic() == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
     assert due.alone == due.due  # nothing ahead
     assert due.slack == 1.0  # nothing learnt yet
@@ -542,7 +542,7 @@ async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make
     await e.classify(pngs(3), [a], top_k=1, tenant="t", deadline=time.monotonic() + 5)
     assert len(decoded) == 3 and e.quotas.tokens("t") < 10
     plain = make_engine(max_batch_size=2)  # without a profile: no estimate
-    assert plain.batcher.expected_at("t", 3, time.monotonic() + 1) is None
+    assert plain.batcher.expected_at("t", 3) is None
     await plain.classify(pngs(3, start=9), [a], top_k=1, tenant="t",
                          deadline=time.monotonic() + 0.05)
 
@@ -596,15 +596,12 @@ async def test_the_running_batch_and_the_rows_taken_first_count_toward_a_deadlin
     first = spawn(e.classify(pngs(2, start=20), [RecordingHead("a")], top_k=1, tenant="t"))
     queued = spawn(e.classify(pngs(4, start=30), [RecordingHead("a")], top_k=1, tenant="t"))
     await until(lambda: e.batcher.tenant_state().get("t", (0,))[0] == 4)
-    soon = time.monotonic() + 10  # later than every queued row's deadline (they have none)
 
-    def expected_s(tenant: str, deadline: float | None) -> float:
-        return e.batcher.expected_at(tenant, 1, deadline).due - time.monotonic()
+    def expected_s(tenant: str) -> float:
+        return e.batcher.expected_at(tenant, 1).due - time.monotonic()
 
-    assert expected_s("t", soon) == pytest.approx(0.4 + 2 * 0.4 + 0.2 + ANSWER_S, abs=0.05)
-    assert expected_s("u", None) == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
-    # Rows without a deadline yield to one with a deadline in a batch's picks: not counted.
-    assert expected_s("u", soon) == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
+    assert expected_s("t") == pytest.approx(0.4 + 2 * 0.4 + 0.2 + ANSWER_S, abs=0.05)
+    assert expected_s("u") == pytest.approx(0.4 + 0.2 + ANSWER_S, abs=0.05)
     e.trunk.gate.set()
     await asyncio.gather(first, queued)
 

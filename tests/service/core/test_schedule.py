@@ -193,6 +193,31 @@ def test_the_slack_is_a_high_quantile_of_how_much_longer_tight_rows_waited():
     assert plan.slack("t", 0.2 + SLACK_AGE_S) == 1.0
 
 
+def test_rows_the_order_takes_first_count_ahead_whatever_their_deadline():
+    """A light tenant's 3 rows with 5 s to go, queued: the fair order takes them before a
+    heavy tenant's new row with 150 ms (and a batch runs them with it whenever it still ends
+    in time), so they count ahead of it; before, only rows with a deadline no later counted,
+    and the estimate fell short by their batch (what the slack then had to learn)."""
+    from service.core.fair import TenantQueue
+    from service.core.rows import Entry
+
+    queue = TenantQueue("fair")
+    queue.counters["heavy"] = 10.0  # served much more
+    queue.push([Entry(row(5.0, tenant="light"), None) for _ in range(3)])
+    plan = Schedule(linear)
+    est = plan.expected_at(queue, {}, "heavy", 1, 8, 0.0)
+    assert est.due == pytest.approx(linear(4) + ANSWER_S)
+    assert est.alone == pytest.approx(linear(1) + ANSWER_S)
+    # The light tenant's own new row waits for its rows only.
+    assert plan.expected_at(queue, {}, "light", 1, 8, 0.0).due == pytest.approx(
+        linear(4) + ANSWER_S)
+    # Under fifo, every row queued is ahead.
+    fifo = TenantQueue("fifo")
+    fifo.push([Entry(row(5.0, tenant="light"), None) for _ in range(3)])
+    assert plan.expected_at(fifo, {}, "heavy", 1, 2, 0.0).due == pytest.approx(
+        linear(2) + linear(2) + ANSWER_S)
+
+
 def test_a_high_slack_refuses_only_requests_with_a_wait_and_never_one_with_nothing_ahead():
     """The slack multiplies the expected wait only (`Estimate.need_s`): a tenant whose rows
     waited 6 x longer than expected, with a deadline of 6 batches of one, is admitted when
@@ -207,11 +232,11 @@ def test_a_high_slack_refuses_only_requests_with_a_wait_and_never_one_with_nothi
     assert plan.slack("t", 1.0) == pytest.approx(6.0)
     queue = TenantQueue("fair")
     deadline = 1.0 + 6 * (linear(1) + ANSWER_S)
-    idle = plan.expected_at(queue, {}, "t", 1, deadline, 8, 1.0)
+    idle = plan.expected_at(queue, {}, "t", 1, 8, 1.0)
     assert idle.alone == idle.due == pytest.approx(1.0 + linear(1) + ANSWER_S)
     assert idle.slack == pytest.approx(6.0)
     assert idle.need_s(1.0) == pytest.approx(linear(1) + ANSWER_S)  # admitted
-    busy = plan.expected_at(queue, {"t": 4}, "t", 1, deadline, 8, 1.0)  # 4 rows being decoded
+    busy = plan.expected_at(queue, {"t": 4}, "t", 1, 8, 1.0)  # 4 rows being decoded
     assert busy.due - busy.alone == pytest.approx(linear(5) - linear(1))
     assert busy.need_s(1.0) == pytest.approx(linear(1) + ANSWER_S + 6 * 4 * 0.013)
     assert 1.0 + busy.need_s(1.0) > deadline  # refused
@@ -240,7 +265,7 @@ def test_without_a_profile_rows_are_dropped_once_their_deadline_passed_and_nothi
     assert "passed while it waited" in str(entries[0].future.exc)
     assert [e.future.exc for e in entries[1:]] == [None, None]
     assert plan.picker(0.11) is None
-    assert plan.expected_at(queue, {}, "t", 1, 1.0, 8, 0.11) is None
+    assert plan.expected_at(queue, {}, "t", 1, 8, 0.11) is None
 
 
 class _Future:
