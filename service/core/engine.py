@@ -560,9 +560,9 @@ class Engine:
                deadline: float | None = None) -> Booking:
         """A request's admission: its deadline (`Batcher.expected_at`: its rows' time alone
         plus their expected wait times the slack that wait needs), then the tenant's quota
-        takes its misses' decode costs, then the queue room of its rows is booked (`Batcher.book`). A
-        refusal is counted; when the queue refuses, the tokens are given back (nothing was
-        decoded)."""
+        takes its misses' decode costs, then the queue room of its rows is booked
+        (`Batcher.book`). A refusal is counted; when the queue refuses, the tokens are given
+        back (nothing was decoded)."""
         try:
             due = None if deadline is None else self.batcher.expected_at(tenant, rows)
             if due is not None and deadline is not None:
