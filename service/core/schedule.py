@@ -59,7 +59,7 @@ PATH_ALPHA = 0.2
 # rows learnt in the last SLACK_AGE_S; only rows whose deadline left them a wait within
 # SLACK_TIGHT x their expected wait count (for a row with more time, a late estimate decided
 # nothing, and `batch_pick` lets it wait).
-SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.95, 256, 16, 8.0
+SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.99, 256, 16, 8.0
 SLACK_AGE_S = 10.0
 # The tenants whose pace and slack are kept (the least recently learnt is forgotten).
 LEARNT_TENANTS = 64
