@@ -485,6 +485,8 @@ class Lifecycle:
             info["light_batch_size"] = self.engine.batcher.sharing.light
             if self.engine.live is not None:  # the profile as live batches run it here
                 info["live_batch_ms"] = self.engine.live.report()
+                # The work around a batch's trunk that deadlines allow (`Schedule.around_s`).
+                info["around_ms"] = round(1000 * self.engine.batcher.deadlines.around_s(), 3)
         in_server = self._metrics.trunk_in_server()
         if in_server:
             info["in_server"] = {

@@ -34,6 +34,10 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   a batch's rows go first.
 - A batch waits for more rows (max_wait_ms, or the rows being decoded) only while the
   earliest deadline among its rows allows (`start_in`).
+- "Ends" means the batch's answers are delivered: its trunk at `seconds` (the live upper
+  time) and the work around the trunk (the hand-off to the batch thread, a running decode,
+  the heads, the event loop's resumption) at `around_s`, learnt from the batches run (mean
+  + 3 mean deviations, ANSWER_S at least), in admission, drops, picks and waits alike.
 - Rows the trunk ran whose batch ended after their deadline are counted per tenant
   (`on_late`: `multihead_tenant_rows_late_total`): the trunk's work for answers too late.
 """
@@ -47,9 +51,15 @@ from typing import NamedTuple
 from service.core.errors import DeadlineExceeded
 from service.core.rows import fail
 
-# The time a row's answer takes after its batch (the heads, the answer, the transport): a
-# batch is run for a row only if it ends this much before the row's deadline.
+# The time a row's answer takes after its batch has ended (the transport), and the least the
+# work around a batch's trunk is allowed (`Schedule.around_s`).
 ANSWER_S = 0.005
+# The work around the trunk in a batch (its hand-off to the batch thread, waiting for a running
+# decode, stacking the images, the heads, delivering the answers, the event loop's resumption):
+# an EWMA of each batch's (weight AROUND_ALPHA for the newest) and of its mean absolute
+# deviation; a batch is run for a row only if it ends, its trunk at its upper time and this
+# work at its mean + AROUND_DEVIATIONS deviations, before the row's deadline.
+AROUND_ALPHA, AROUND_DEVIATIONS = 0.2, 3.0
 # A batch that waits for more rows starts this long before the last moment its deadlines allow.
 START_LEAD_S = 0.002
 # The newest request's weight in the running mean of the time from admission to queue.
@@ -130,12 +140,24 @@ class Schedule:
     def __init__(self, seconds: Callable[[int], float] | None) -> None:
         self.seconds = seconds
         self.on_late: Callable[[Mapping[str, int]], object] | None = None
+        # The trunk's seconds in the batch that just ran (None: it did not run), read when the
+        # batch ends to learn the work around it (`around_s`); None: not known.
+        self.trunk_took: Callable[[], float | None] | None = None
         self._running: tuple[float, int] | None = None  # (start, rows) of the running batch
+        self._around: tuple[float, float] | None = None  # (mean, mean deviation) learnt
         self._learnt: collections.OrderedDict[str, Learnt] = collections.OrderedDict()
+
+    def around_s(self) -> float:
+        """The work around a batch's trunk, as batches rarely exceed it: the learnt mean plus
+        AROUND_DEVIATIONS mean deviations, ANSWER_S at least (and before any was learnt)."""
+        if self._around is None:
+            return ANSWER_S
+        mean, spread = self._around
+        return max(ANSWER_S, mean + AROUND_DEVIATIONS * spread)
 
     def _answered(self, n: int) -> float:
         assert self.seconds is not None
-        return self.seconds(n) + ANSWER_S
+        return self.seconds(n) + self.around_s()
 
     # -- admission ------------------------------------------------------------------------
 
@@ -169,7 +191,7 @@ class Schedule:
         full, part = divmod(ahead + rows, batch_size)
         trunk = left + full * self.seconds(batch_size) + (self.seconds(part) if part else 0.0)
         # Decoding overlaps the trunk's work ahead; the rows join the queue once decoded.
-        return max(trunk, path_s + self.seconds(1)) + ANSWER_S
+        return max(trunk, path_s + self.seconds(1)) + self.around_s()
 
     def _of(self, tenant: str) -> Learnt:
         """`tenant`'s learnt state, made (and the least recently learnt one forgotten) when
@@ -252,7 +274,17 @@ class Schedule:
 
     def ran(self, rows: Sequence, end: float) -> None:
         """The running batch of `rows` (`Row`s) ended at `end`: rows past their deadline are
-        counted (`on_late`); how late admission's estimates were is learnt (`slack`)."""
+        counted (`on_late`); how late admission's estimates were is learnt (`slack`), and
+        the work around the batch's trunk (`around_s`), when the trunk ran."""
+        took = None if self.trunk_took is None else self.trunk_took()
+        if self._running is not None and took is not None:
+            around = max(0.0, end - self._running[0] - took)
+            if self._around is None:
+                self._around = (around, 0.0)
+            else:
+                mean, spread = self._around
+                self._around = (mean + AROUND_ALPHA * (around - mean),
+                                spread + AROUND_ALPHA * (abs(around - mean) - spread))
         self._running = None
         late = collections.Counter(r.tenant for r in rows
                                    if r.deadline is not None and r.deadline < end)

@@ -171,10 +171,13 @@ async def test_metrics_and_readyz_give_the_trunks_time_alone_and_in_the_server(
     """/metrics has the profile as trunk_alone_seconds by batch size, and the batches run as
     trunk_batch_seconds/trunk_batches; /readyz's trunk.in_server has their mean, by size, and
     trunk.live_batch_ms the live profile the batcher's deadline cut reads (one batch: its
-    time)."""
+    time), and trunk.around_ms the work around a batch's trunk it allows (learnt from it)."""
     settings = settings_for(tmp_path, runtime="fake", trunk_checkpoint=fake_checkpoint)
     client, service, body = await ready(aiohttp_client, settings)
     assert "in_server" not in body["trunk"] and body["trunk"]["live_batch_ms"] == {}
+    from service.core.schedule import ANSWER_S
+
+    assert body["trunk"]["around_ms"] == 1000 * ANSWER_S  # nothing learnt yet
     text = await (await client.get("/metrics")).text()
     assert {int(n): s for n, s in prometheus.by_labels(text, "multihead_trunk_alone_seconds")
             .items()} == pytest.approx(service.batch_profile.seconds)
@@ -189,6 +192,10 @@ async def test_metrics_and_readyz_give_the_trunks_time_alone_and_in_the_server(
     assert body["trunk"]["in_server"] == {"batch_ms": {"2": pytest.approx(took * 1e3, abs=1e-3)},
                                           "batches": {"2": 1}}
     assert body["trunk"]["live_batch_ms"] == {"2": pytest.approx(took * 1e3, abs=1e-2)}
+    # The work around that batch's trunk, as the event loop timed the batch.
+    assert body["trunk"]["around_ms"] == pytest.approx(
+        1000 * service.engine.batcher.deadlines.around_s(), abs=1e-3)
+    assert service.engine.batcher.deadlines._around is not None  # noqa: SLF001 - learnt
     await client.close()
 
 

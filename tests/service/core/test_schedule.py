@@ -242,6 +242,38 @@ def test_a_high_slack_refuses_only_requests_with_a_wait_and_never_one_with_nothi
     assert 1.0 + busy.need_s(1.0) > deadline  # refused
 
 
+def test_the_work_around_a_batchs_trunk_is_learnt_and_allowed_in_every_decision():
+    """`Schedule.around_s`: ANSWER_S before any batch was learnt, and from batches whose trunk
+    did not run (all features cached) nothing is; then the EWMA mean + 3 mean deviations of
+    each batch's time less its trunk's, ANSWER_S at least. Admission's estimate, drops,
+    picks and waits allow it."""
+    from service.core.schedule import AROUND_DEVIATIONS
+
+    plan = Schedule(linear)
+    took: list[float | None] = [None]
+    plan.trunk_took = lambda: took[0]
+    plan.running(0.0, 1)
+    plan.ran([], 0.5)  # no trunk: nothing learnt
+    assert plan.around_s() == ANSWER_S
+    took[0] = linear(1)
+    for i in range(60):  # 12 ms around every trunk
+        plan.running(float(i), 1)
+        plan.ran([], i + linear(1) + 0.012)
+    assert plan.around_s() == pytest.approx(0.012)
+    assert plan.expected_s(100.0, 0, 1, 8) == pytest.approx(linear(1) + 0.012)
+    deadline = 100.0 + linear(1) + 0.010  # time for the trunk and ANSWER_S, not for 12 ms
+    assert plan.doomed(deadline, 100.0)
+    assert plan.start_in(TenantQueueOf([row(deadline)]), 100.0, 1) < 0
+    for i in range(60):  # 4 ms or 20 ms around, in turn: mean 12, deviation 8
+        plan.running(float(i), 1)
+        plan.ran([], i + linear(1) + (0.004 if i % 2 else 0.020))
+    assert plan.around_s() == pytest.approx(0.012 + AROUND_DEVIATIONS * 0.008, rel=0.1)
+    for i in range(200):  # 1 ms: never less than ANSWER_S
+        plan.running(float(i), 1)
+        plan.ran([], i + linear(1) + 0.001)
+    assert plan.around_s() == ANSWER_S
+
+
 def test_rows_answered_after_their_deadline_are_counted_per_tenant():
     plan = Schedule(linear)
     seen = []
