@@ -10,17 +10,18 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   whenever it still ends in time) in batches of the next one's size, or, when
   longer, the time its rows take to be decoded (its tenant's pace of decoding, learnt, x the
   rows decoded before them: `backlog`) and a batch of one (`Estimate.due`); and when they
-  would be with nothing ahead of them (their own decoding and batches: `Estimate.alone`). The
-  wait between the two is what other rows cost, and what the estimate can miss (rows the
-  order puts first that arrive later, a batch that starts before its rows are decoded). How
+  would be with nothing queued ahead of them (the rest of the batch running, then their own
+  decoding and batches: `Estimate.alone`, which is all but certain). The wait between the
+  two is what queued rows cost, and what the estimate can miss (rows the order puts first
+  that arrive later, a batch that starts before its rows are decoded). How
   far off it was is learnt from the rows answered since (`slack`: the SLACK_QUANTILE of the
   ratio actual wait / expected wait of its tenant's last rows whose deadline the wait
   decided, those of the last SLACK_AGE_S), and the request is refused at once when its time
   alone plus its expected wait times that ratio passes its deadline: 504
   `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run (`Estimate.need_s`).
-  The slack multiplies the wait only, and ages out, so it can never refuse every request of a
-  tenant for good: a request that nothing is ahead of is admitted whenever its time alone
-  meets its deadline, and is learnt from. What is learnt is each tenant's own (of the
+  The slack multiplies that wait only, and ages out, so it can never refuse every request of
+  a tenant for good: a request that nothing is queued ahead of is admitted whenever its time
+  alone meets its deadline, and is learnt from. What is learnt is each tenant's own (of the
   LEARNT_TENANTS that learnt last): a tenant whose rows come late (costly images, say) makes
   only its own requests refused sooner.
 - Drops (`drop_doomed`, before each batch): a row that could no longer be answered in time
@@ -107,7 +108,7 @@ class Estimate(NamedTuple):
     clock."""
 
     due: float  # when they would be answered, after what the scheduler takes before them
-    alone: float  # when they would be answered with nothing ahead of them
+    alone: float  # when they would be answered with nothing queued ahead of them
     slack: float  # how many times its expected wait its tenant's rows waited (`slack`)
 
     def need_s(self, now: float) -> float:
@@ -173,19 +174,17 @@ class Schedule:
         pace = self.pace(tenant)
         path_s = pace * backlog(queue.fair, booked, tenant, rows)
         return Estimate(now + self.expected_s(now, ahead, 1, batch_size, path_s),
-                        now + self.expected_s(now, 0, rows, batch_size, pace * rows,
-                                              running=False),
+                        now + self.expected_s(now, 0, rows, batch_size, pace * rows),
                         self.slack(tenant, now))
 
     def expected_s(self, now: float, ahead: int, rows: int, batch_size: int,
-                   path_s: float = 0.0, running: bool = True) -> float:
+                   path_s: float = 0.0) -> float:
         """Seconds from `now` until the last of `rows` new rows is answered, with `ahead` rows
-        taken before it and batches of `batch_size`: after the running batch's rest (unless
-        not `running`); or, when longer, after `path_s` (until its rows are decoded) and a
-        batch of one."""
+        taken before it and batches of `batch_size`: after the running batch's rest; or,
+        when longer, after `path_s` (until its rows are decoded) and a batch of one."""
         assert self.seconds is not None
         left = 0.0
-        if self._running is not None and running:
+        if self._running is not None:
             start, size = self._running
             left = max(0.0, start + self.seconds(size) - now)
         full, part = divmod(ahead + rows, batch_size)

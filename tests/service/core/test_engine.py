@@ -549,8 +549,8 @@ async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make
 
 async def test_a_tenant_refused_for_its_slack_is_still_admitted_with_nothing_ahead(make_engine):
     """A tenant whose rows waited 7 x longer than expected (a burst's rows put before them,
-    say) has its requests with a wait refused; one with nothing ahead of it is admitted when
-    its time alone meets its deadline, and is learnt from (before, the whole estimate times
+    say) has its requests with rows queued ahead refused; one with nothing ahead of it is
+    admitted when its time alone meets its deadline, and is learnt from (before, the whole estimate times
     the slack refused every request of the tenant for good: nothing admitted, nothing
     learnt, the slack never lower)."""
     from service.core.errors import DeadlineUnmeetable
@@ -572,15 +572,19 @@ async def test_a_tenant_refused_for_its_slack_is_still_admitted_with_nothing_ahe
     assert len(learnt) == 2 * SLACK_MIN and max(learnt[SLACK_MIN:]) < 1
     plan.ran([Row(None, "g", now + 0.2, now, "t", 1.0, (now, now + 0.05))] * SLACK_MIN,
              now + 0.35)  # late again: more than 5 % of what was learnt
-    e.trunk.gate.clear()  # the trunk holds a batch: the next request would wait for it
+    e.trunk.gate.clear()  # the trunk holds a batch, and 2 rows wait behind it
     e.trunk.entered.clear()
     held = spawn(e.classify(pngs(1, start=60), [a], top_k=1, tenant="t"))
     await until(lambda: e.trunk.entered.is_set())
+    queued = spawn(e.classify(pngs(2, start=62), [a], top_k=1, tenant="t"))
+    await until(lambda: e.batcher.tenant_state().get("t", (0,))[0] == 2)
+    # 205 ms expected (the batch running, the 2 queued, its own) would meet 250 ms; the 100
+    # ms of the 2 queued, times the slack, do not.
     with pytest.raises(DeadlineUnmeetable):
         await e.classify(pngs(1, start=70), [a], top_k=1, tenant="t",
-                         deadline=time.monotonic() + 0.165)
+                         deadline=time.monotonic() + 0.25)
     e.trunk.gate.set()
-    await held
+    await asyncio.gather(held, queued)
 
 
 async def test_the_running_batch_and_the_rows_taken_first_count_toward_a_deadline(make_engine):

@@ -223,7 +223,7 @@ def test_a_high_slack_refuses_only_requests_with_a_wait_and_never_one_with_nothi
     waited 6 x longer than expected, with a deadline of 6 batches of one, is admitted when
     nothing is ahead of it (its time alone meets the deadline; before, its whole estimate
     times the slack was refused, and nothing admitted could teach the slack otherwise), and
-    refused while 4 of its rows wait."""
+    refused while 4 of its rows wait; the rest of a batch running counts as it is."""
     from service.core.fair import TenantQueue
     from service.core.schedule import SLACK_MIN
 
@@ -240,6 +240,12 @@ def test_a_high_slack_refuses_only_requests_with_a_wait_and_never_one_with_nothi
     assert busy.due - busy.alone == pytest.approx(linear(5) - linear(1))
     assert busy.need_s(1.0) == pytest.approx(linear(1) + ANSWER_S + 6 * 4 * 0.013)
     assert 1.0 + busy.need_s(1.0) > deadline  # refused
+    # The rest of a batch running is all but certain: part of the time alone, not multiplied.
+    plan.running(0.99, 4)  # ends at 0.99 + linear(4)
+    running = plan.expected_at(queue, {}, "t", 1, 8, 1.0)
+    assert running.alone == running.due == pytest.approx(0.99 + linear(4) + linear(1)
+                                                         + ANSWER_S)
+    assert running.need_s(1.0) == pytest.approx(running.alone - 1.0)
 
 
 def test_the_work_around_a_batchs_trunk_is_learnt_and_allowed_in_every_decision():
