@@ -304,10 +304,7 @@ class Engine:
                                    batch_seconds, batch_size, settings.shared_batch_ms),
                                batch_seconds=self.live and self.live.upper)
         self.batcher.deadlines.on_late = metrics.observe_rows_late
-        # The trunk's time in the batch that just ran, for the work around it (`Schedule.
-        # around_s`): set by the batch thread, read by the loop once the batch returned.
-        self._trunk_took: float | None = None
-        self.batcher.deadlines.trunk_took = lambda: self._trunk_took
+        self.batcher.deadlines.trunk_took = self.live and self.live.took
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)
         metrics.bind_tenant_state(self.batcher.tenant_state)
 
@@ -328,7 +325,6 @@ class Engine:
                    ) -> list[list[Prediction] | Exception]:
         features = np.empty((len(items), FEATURE_DIM), np.float32)
         todo = [i for i, item in enumerate(items) if item.features is None]
-        self._trunk_took = None
         for i, item in enumerate(items):
             if item.features is not None:
                 features[i] = item.features
@@ -339,7 +335,6 @@ class Engine:
                 computed = self.trunk.features(batch_images)
                 took = time.perf_counter() - start
             self.metrics.observe_trunk(len(todo), took)
-            self._trunk_took = took
             self.live and self.live.observe(len(todo), took)
             features[todo] = computed
             for i, row in zip(todo, computed):

@@ -35,6 +35,7 @@ class LiveProfile:
         self._alpha = alpha
         self._live: dict[int, float] = {}
         self._spread: dict[int, float] = {}  # EWMA of |run - mean| per size
+        self._last: float | None = None  # the last batch's seconds, until `took` reads it
         self._lock = threading.Lock()
 
     def observe(self, n: int, seconds: float) -> None:
@@ -42,12 +43,20 @@ class LiveProfile:
         if n < 1 or not seconds > 0:
             return
         with self._lock:
+            self._last = seconds
             mean = self._live.get(n)
             if mean is None:
                 self._live[n], self._spread[n] = seconds, 0.0
                 return
             self._live[n] = mean + self._alpha * (seconds - mean)
             self._spread[n] += self._alpha * (abs(seconds - mean) - self._spread[n])
+
+    def took(self) -> float | None:
+        """The trunk's seconds in the batch observed last, once (None after: a batch that
+        ran no trunk observes nothing), for the work around it (`Schedule.around_s`)."""
+        with self._lock:
+            last, self._last = self._last, None
+            return last
 
     def seconds(self, n: int) -> float:
         """The time a batch of `n` takes here now: its live mean, else its time alone times

@@ -54,3 +54,15 @@ def test_the_upper_time_is_the_mean_plus_deviations_and_follows_sizes_not_run():
     assert live.seconds(2) == pytest.approx(0.040)
     assert live.upper(2) == pytest.approx(0.040 + UPPER_DEVIATIONS * 0.010)
     assert live.upper(4) == pytest.approx(live.seconds(4) * (1 + UPPER_DEVIATIONS * 0.25))
+
+
+def test_the_last_batchs_trunk_time_is_read_once():
+    """`took`: the seconds of the batch observed last, once; None before any and after it was
+    read (a batch whose rows were all cached runs no trunk and observes nothing)."""
+    live = LiveProfile(lambda n: 0.01 * n)
+    assert live.took() is None
+    live.observe(4, 0.05)
+    assert live.took() == 0.05
+    assert live.took() is None
+    live.observe(0, 0.05)  # not a batch
+    assert live.took() is None
