@@ -20,6 +20,9 @@ from collections.abc import Callable
 
 ALPHA = 0.2  # the newest batch's weight in a size's running mean
 UPPER_DEVIATIONS = 3.0  # `upper`: the mean + this many mean absolute deviations
+# A size run fewer times than this has not shown its spread yet: `upper` gives it at least the
+# relative deviation of the sizes run more (its first run alone would say none).
+FEW_RUNS = 5
 
 
 class LiveProfile:
@@ -35,6 +38,7 @@ class LiveProfile:
         self._alpha = alpha
         self._live: dict[int, float] = {}
         self._spread: dict[int, float] = {}  # EWMA of |run - mean| per size
+        self._runs: dict[int, int] = {}  # batches run per size
         self._last: float | None = None  # the last batch's seconds, until `took` reads it
         self._lock = threading.Lock()
 
@@ -44,6 +48,7 @@ class LiveProfile:
             return
         with self._lock:
             self._last = seconds
+            self._runs[n] = self._runs.get(n, 0) + 1
             mean = self._live.get(n)
             if mean is None:
                 self._live[n], self._spread[n] = seconds, 0.0
@@ -70,13 +75,18 @@ class LiveProfile:
 
     def upper(self, n: int) -> float:
         """A batch of `n`'s time that live batches rarely exceed: `seconds(n)` plus
-        UPPER_DEVIATIONS x its mean absolute deviation (for a size not run yet, the sizes
-        run's mean deviation relative to their mean)."""
+        UPPER_DEVIATIONS x its mean absolute deviation (for a size run fewer than FEW_RUNS
+        times, at least its mean x the deviation relative to the mean of the sizes run more;
+        for a size not run yet, that of the sizes run)."""
         with self._lock:
-            live, spread = dict(self._live), dict(self._spread)
+            live, spread, runs = dict(self._live), dict(self._spread), dict(self._runs)
         mean = self.seconds(n)
         if n in spread:
-            return mean + UPPER_DEVIATIONS * spread[n]
+            deviation = spread[n]
+            if runs[n] < FEW_RUNS:
+                shown = [spread[k] / t for k, t in live.items() if t > 0 and runs[k] >= FEW_RUNS]
+                deviation = max(deviation, mean * (sum(shown) / len(shown) if shown else 0.0))
+            return mean + UPPER_DEVIATIONS * deviation
         relative = [spread[k] / t for k, t in live.items() if t > 0]
         return mean * (1 + UPPER_DEVIATIONS * (sum(relative) / len(relative) if relative else 0))
 

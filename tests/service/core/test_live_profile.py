@@ -66,3 +66,21 @@ def test_the_last_batchs_trunk_time_is_read_once():
     assert live.took() is None
     live.observe(0, 0.05)  # not a batch
     assert live.took() is None
+
+
+def test_a_size_run_a_few_times_has_at_least_the_spread_the_sizes_run_more_showed():
+    """A size run fewer than FEW_RUNS times has not shown its spread: its upper time is at
+    least its mean x (1 + UPPER_DEVIATIONS x the relative deviation of the sizes run more);
+    before, a size run once had no margin at all (its one run was its upper time)."""
+    from service.core.live_profile import FEW_RUNS
+
+    live = LiveProfile(alone, alpha=0.5)
+    for i in range(FEW_RUNS):
+        live.observe(2, 0.030 if i % 2 else 0.050)
+    relative = live.upper(2) / live.seconds(2) - 1
+    assert relative > 0
+    live.observe(6, 0.090)  # once
+    assert live.upper(6) == pytest.approx(0.090 * (1 + relative))
+    for _ in range(FEW_RUNS):  # steady from now on: its own spread, none
+        live.observe(6, 0.090)
+    assert live.upper(6) == pytest.approx(0.090)
