@@ -46,7 +46,7 @@ class Booking:
         # Called when pushed out (the holder cancels the work not started yet).
         self.on_push: Callable[[], object] | None = None
         self.made: float | None = None  # when `Batcher.book` made it (its clock)
-        # When admission expects its rows answered: (with nothing ahead, as things are).
+        # When admission expects its rows answered: (with nothing queued ahead, as things are).
         self.due: tuple[float, float] | None = None
         self.backlog = 0  # rows to prepare before its last one when made (`schedule.backlog`)
 

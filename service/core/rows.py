@@ -27,8 +27,8 @@ class Row:
         tenant: whom the row is charged to (fair order, queue shares, quotas).
         cost: what the row costs its tenant's counter: 1 for a trunk image, 0 for a row
             whose features are already known.
-        due: (when admission expected it answered with nothing ahead, when as things were):
-            `schedule.Schedule`'s record of its estimate (`Estimate`), or None.
+        due: (when admission expected it answered with nothing queued ahead, when as things
+            were): `schedule.Schedule`'s record of its estimate (`Estimate`), or None.
     """
 
     payload: Any

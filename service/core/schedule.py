@@ -7,17 +7,17 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   the request's rows would be answered, given the batch running, the rows the scheduler takes
   before them (their tenant's queued and being decoded, and other tenants' queued, in fair
   order: `TenantQueue.ahead`, whatever their deadlines: a batch runs them with the new rows
-  whenever it still ends in time) in batches of the next one's size, or, when
-  longer, the time its rows take to be decoded (its tenant's pace of decoding, learnt, x the
-  rows decoded before them: `backlog`) and a batch of one (`Estimate.due`); and when they
+  whenever it still ends in time) in batches of the next one's size, or, when longer, the
+  time its rows take to be decoded (its tenant's pace of decoding, learnt, x the rows
+  decoded before them: `backlog`) and a batch of one (`Estimate.due`); and when they
   would be with nothing queued ahead of them (the rest of the batch running, then their own
   decoding and batches: `Estimate.alone`, which is all but certain). The wait between the
   two is what queued rows cost, and what the estimate can miss (rows the order puts first
-  that arrive later, a batch that starts before its rows are decoded). How
-  far off it was is learnt from the rows answered since (`slack`: the SLACK_QUANTILE of the
-  ratio actual wait / expected wait of its tenant's last rows whose deadline the wait
-  decided, those of the last SLACK_AGE_S), and the request is refused at once when its time
-  alone plus its expected wait times that ratio passes its deadline: 504
+  that arrive later, a batch that starts before its rows are decoded). How far off it was is
+  learnt from the rows answered since (`slack`: the SLACK_QUANTILE of the ratio actual wait
+  / expected wait of its tenant's last rows whose deadline the wait decided, those of the
+  last SLACK_AGE_S), and the request is refused at once when its time alone plus its
+  expected wait times that ratio passes its deadline: 504
   `deadline_unmeetable` (gRPC DEADLINE_EXCEEDED), nothing decoded or run (`Estimate.need_s`).
   The slack multiplies that wait only, and ages out, so it can never refuse every request of
   a tenant for good: a request that nothing is queued ahead of is admitted whenever its time
@@ -168,7 +168,7 @@ class Schedule:
         entries) and the rows `booked` (being decoded) by tenant; None without a profile."""
         if self.seconds is None:
             return None
-        waiting = collections.Counter(e.row.tenant for e in queue.entries)
+        waiting = collections.Counter(queue.rows)  # every row queued, by tenant
         waiting[tenant] += booked.get(tenant, 0)
         ahead = queue.ahead(tenant, rows, waiting)
         pace = self.pace(tenant)
