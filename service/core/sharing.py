@@ -56,10 +56,7 @@ def shared_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: 
     tenant: the largest size up to `batch_size` that the profile (`batch_seconds(n)`, seconds
     alone) runs within `slice_ms` (unset: SHARED_SLICE_FACTOR x its batch of one), at least 1.
     None (no such bound) with `slice_ms` 0 or without a profile."""
-    if batch_seconds is None or slice_ms == 0:
-        return None
-    slice_s = SHARED_SLICE_FACTOR * batch_seconds(1) if slice_ms is None else slice_ms / 1000.0
-    return _within(batch_seconds, batch_size, slice_s)
+    return _within(batch_seconds, batch_size, slice_ms, 1.0)
 
 
 def light_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: int,
@@ -67,14 +64,17 @@ def light_batch_size(batch_seconds: Callable[[int], float] | None, batch_size: i
     """The most images of a batch that carries a light tenant's rows: the largest size up to
     `batch_size` that the profile runs within LIGHT_SLICE_FACTOR x the share's slice (see
     `shared_batch_size`); None where shares are off."""
+    return _within(batch_seconds, batch_size, slice_ms, LIGHT_SLICE_FACTOR)
+
+
+def _within(batch_seconds: Callable[[int], float] | None, batch_size: int,
+            slice_ms: float | None, factor: float) -> int | None:
+    """The largest size up to `batch_size` that runs within `factor` x the share's slice, at
+    least 1; None with `slice_ms` 0 or without a profile."""
     if batch_seconds is None or slice_ms == 0:
         return None
     slice_s = SHARED_SLICE_FACTOR * batch_seconds(1) if slice_ms is None else slice_ms / 1000.0
-    return _within(batch_seconds, batch_size, LIGHT_SLICE_FACTOR * slice_s)
-
-
-def _within(batch_seconds: Callable[[int], float], batch_size: int, slice_s: float) -> int:
-    fits = [n for n in range(1, batch_size + 1) if batch_seconds(n) <= slice_s]
+    fits = [n for n in range(1, batch_size + 1) if batch_seconds(n) <= factor * slice_s]
     return max(fits, default=1)
 
 
