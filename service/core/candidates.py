@@ -1,6 +1,6 @@
 """Candidates at serving time: which requests a canary answers, how a candidate compares with
 the live version, and the per-process tally of that comparison (`accounts.candidates` says what a
-candidate is; `service.core.engine.score` scores it on the features of the live version's
+candidate is; `service.core.scoring.score` scores it on the features of the live version's
 rows, in the same batch).
 
 Routing. A canary at P % answers a request of its bot when the request's routing key falls

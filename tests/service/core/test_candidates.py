@@ -38,7 +38,7 @@ from service.core.candidates import (
     route_for,
     route_key,
 )
-from service.core.engine import Item, score
+from service.core.scoring import Item, score
 from service.core.metrics import Metrics
 from service.transports.http.app import LISTENERS
 from store import open_store
