@@ -87,6 +87,12 @@ def check_image_count(n_images: int, limit: int) -> None:
         raise PayloadTooLarge(f"more than {limit} images in one request")
 
 
+def _refused_at_start(future: concurrent.futures.Future) -> bool:
+    """Whether a decode's future ended refused by its start check (nothing decoded)."""
+    return (future.done() and not future.cancelled()
+            and isinstance(future.exception(), DeadlineUnmeetable))
+
+
 class Looked(NamedTuple):
     """One input after `Engine._look`: its digest, its feature-cache key, the cached features
     (None: a miss), and what it costs the tenant's quota (`decode_cost`; 0 for a hit)."""
@@ -228,10 +234,13 @@ class Engine:
         self.metrics.observe_cache(hit=cached is not None)
         return Looked(digest, key, cached, 0.0 if cached is not None else 1.0)
 
-    def _decode(self, data: bytes) -> np.ndarray:
-        """Decode + preprocess of one encoded image (a cache miss). Decode pool thread; in the
-        heavy lane (lowest CPU priority) the trunk does not wait for it."""
+    def _decode(self, data: bytes, check: Callable[[], None] | None = None) -> np.ndarray:
+        """Decode + preprocess of one encoded image (a cache miss), after `check` (which may
+        refuse it: `_start_check`). Decode pool thread; in the heavy lane (lowest CPU
+        priority) the trunk does not wait for it."""
         with contextlib.nullcontext() if in_heavy_lane() else self.cores.decode():
+            if check is not None:
+                check()
             start = time.perf_counter()
             image = preprocess(data, max_pixels=self.settings.max_image_pixels)
             self.metrics.decode_seconds.observe(time.perf_counter() - start)
@@ -256,8 +265,27 @@ class Engine:
         return self._cached(digest, tenant)
 
     @staticmethod
-    def _as_is(image: np.ndarray) -> np.ndarray:
+    def _as_is(image: np.ndarray, check: Callable[[], None] | None = None) -> np.ndarray:
+        if check is not None:
+            check()
         return image
+
+    def _start_check(self, tenant: str, deadline: float | None) -> Callable[[], None] | None:
+        """What an image's decode calls as it starts (None: nothing to check, no deadline or
+        no batch profile): raises DeadlineUnmeetable when its row is already doomed
+        (`Schedule.doomed`), so that no work is spent on it. Decode thread: reads only."""
+        schedule = self.batcher.deadlines
+        if deadline is None or schedule.seconds is None:
+            return None
+
+        def check() -> None:
+            now = time.monotonic()
+            if schedule.doomed(deadline, now):
+                raise DeadlineUnmeetable(
+                    f"the request's deadline is in {max(deadline - now, 0) * 1e3:.0f} ms, "
+                    "less than a batch of one takes now that its images' decoding can start: "
+                    "refused before any decoding")
+        return check
 
     async def classify(self, images: Sequence[bytes], heads: Sequence[Head], *,
                        top_k: int, deadline: float | None = None,
@@ -329,7 +357,11 @@ class Engine:
           request (Overloaded, QueueShareExceeded) before any decoding, and the rows are
           queued on that booking without another check. While rows are booked the batcher
           knows more are coming and waits for them (up to max_wait_ms); the booking is
-          released when the rows are queued or will not be.
+          released when the rows are queued or will not be;
+        - the last check, as each image's decode starts (in its decode thread, after any wait
+          for the cores or the decode pool): an image whose row is already doomed
+          (`Schedule.doomed`: it could not be answered in time even in a batch of its own)
+          is not decoded, and the request fails with DeadlineUnmeetable (`_start_check`).
         The tokens are given back if the request is refused before any decoding. Once
         decoding started, a decoded image stays charged whatever happens to the request
         (a bad image after it, a deadline, a push out of the queue): decoding is the work
@@ -371,9 +403,11 @@ class Engine:
             try:
                 with booking:
                     with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
+                        check = self._start_check(tenant, deadline)
                         futures = [
-                            decode_pool.submit(decode, inputs[i]) if decode_pool is not None else
-                            self.decode_pool.schedule(tenant, c, decode, inputs[i])
+                            decode_pool.submit(decode, inputs[i], check)
+                            if decode_pool is not None else
+                            self.decode_pool.schedule(tenant, c, decode, inputs[i], check)
                             for i, c in zip(misses, cost)]
                         due = 0
                         # Pushed out of the queue for a tenant within its share: the decodes
@@ -381,12 +415,17 @@ class Engine:
                         booking.on_push = lambda: [f.cancel() for f in futures]
                         try:
                             images = await asyncio.gather(*map(asyncio.wrap_future, futures))
-                        except BaseException:
+                        except BaseException as exc:
                             # One failed (or the request went away, or was pushed out): the
-                            # decodes not started yet never run, and are not charged.
-                            due = sum(c for c, f in zip(cost, futures) if f.cancel())
+                            # decodes not started yet never run, and are not charged, nor
+                            # those refused as they started (nothing decoded).
+                            due = sum(c for c, f in zip(cost, futures)
+                                      if f.cancel() or _refused_at_start(f))
                             if booking.pushed is not None:
                                 raise booking.pushed from None
+                            if isinstance(exc, DeadlineUnmeetable):
+                                self.batcher.deadlines.refused_at_start(
+                                    tenant, booking.due, deadline, time.monotonic())
                             raise
                     decoded = dict(zip(misses, images))
                     row_trace = (self.tracing.row_trace(tenant) if self.tracing is not None

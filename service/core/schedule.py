@@ -28,6 +28,11 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   even in a batch of its own is failed before the trunk (504 `deadline_exceeded`); a row with
   that much time left is never dropped. Without a batch profile, a row is dropped once its
   deadline passed.
+- The last check before work: an image of an admitted request whose decode starts (after
+  waiting for a batch running, `service.core.cores`, or for the decode pool) when its row is
+  already `doomed` would be dropped by the next batch whatever happens; it is refused then
+  instead, before it is decoded (504 `deadline_unmeetable`: no work done, its tokens given
+  back; `service.core.engine`), and learnt as a drop is (`refused_at_start`).
 - A batch's rows (`batch_pick`): the batch holds what the scheduler's order gives it when all
   of it ends before the earliest deadline among them; else the most urgent of those rows, as
   many as end before it, and the others head the next batch. The order still decides who is
@@ -229,7 +234,9 @@ class Schedule:
     # -- batches ----------------------------------------------------------------------------
 
     def doomed(self, deadline: float | None, now: float) -> bool:
-        """Whether a row of `deadline` is dropped before a batch taken at `now`."""
+        """Whether a row of `deadline` is dropped before a batch taken at `now`; also asked of
+        a request's image as its decode is to start (`service.core.engine`: refused then,
+        DeadlineUnmeetable, before any work). Only reads (a decode thread may ask)."""
         if deadline is None:
             return False
         return deadline <= now if self.seconds is None else now + self._answered(1) > deadline
@@ -291,14 +298,26 @@ class Schedule:
             self.on_late(late)
         self._learn(rows, end + ANSWER_S)
 
+    def refused_at_start(self, tenant: str, due: tuple[float, float] | None,
+                         deadline: float | None, now: float) -> None:
+        """A request of `tenant`, admitted with `due` (`Estimate`'s (alone, due)), was refused
+        `now` as its work was to start, `doomed` then (`service.core.engine`): learnt as a row
+        dropped now is (`slack`), so admission stays as strict as if it had been queued."""
+        if self.seconds is not None:
+            self._learn_row(tenant, due, deadline, now + self._answered(1), self.seconds(1))
+
     def _learn(self, rows: Sequence, answered: float) -> None:
         if self.seconds is None:  # no estimates to learn from
             return
         least = self.seconds(1)  # a wait is counted as a batch of one at least
         for r in rows:
-            if r.due is None or r.deadline is None:
-                continue
-            alone, due = r.due
-            wait = max(due - alone, least)
-            if r.deadline - alone <= SLACK_TIGHT * wait:  # its expected wait decided
-                self._of(r.tenant).ratios.append((answered, max(0.0, answered - alone) / wait))
+            self._learn_row(r.tenant, r.due, r.deadline, answered, least)
+
+    def _learn_row(self, tenant: str, due: tuple[float, float] | None, deadline: float | None,
+                   answered: float, least: float) -> None:
+        if due is None or deadline is None:
+            return
+        alone, expected = due
+        wait = max(expected - alone, least)
+        if deadline - alone <= SLACK_TIGHT * wait:  # its expected wait decided
+            self._of(tenant).ratios.append((answered, max(0.0, answered - alone) / wait))

@@ -877,3 +877,41 @@ async def test_decodes_are_taken_in_the_tenants_fair_order_not_first_come(make_e
     await asyncio.wait_for(asyncio.gather(acme, globex), WAIT_S)
     # globex's one decode waited for the one running, not for acme's three queued before it.
     assert blocking_decode.calls == [b"slow-a0", b"fast-g0", b"fast-a1", b"fast-a2", b"fast-a3"]
+
+
+async def test_an_image_whose_row_is_doomed_when_its_decode_starts_is_refused_undecoded(
+        make_engine):
+    """Admitted (55 ms alone against 200), the request's decode waits 200 ms behind another
+    (one decode thread, held): as it starts, its row could no longer be answered in time even
+    in a batch of its own, which the next batch would drop. It is refused then, before its
+    image is decoded (DeadlineUnmeetable, counted as such), and learnt as a drop is; a request
+    whose decode starts in time is answered."""
+    from service.core.errors import DeadlineUnmeetable
+
+    e = make_engine(max_batch_size=2, batch_seconds=lambda n: 0.05 * n, preprocess_threads=1)
+    plan = e.batcher.deadlines
+    plan.seconds = lambda n: 0.05 * n  # at the profile's times, whatever the fake trunk's
+    a = RecordingHead("a")
+    await e.classify(pngs(1, start=80), [a], top_k=1, tenant="t",
+                     deadline=time.monotonic() + 0.5)  # nothing in the way: answered
+    held, started = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        held.wait(WAIT_S)
+
+    blocker = e.decode_pool.schedule("other", 1.0, hold)
+    await until(started.is_set)
+    decoded = sample(e, "decode_seconds_count")
+    learnt = len(plan._learnt["t"].ratios)  # noqa: SLF001 - what was learnt
+    late = spawn(e.classify(pngs(1, start=81), [a], top_k=1, tenant="t",
+                            deadline=time.monotonic() + 0.2))
+    await asyncio.sleep(0.2)
+    held.set()
+    with pytest.raises(DeadlineUnmeetable, match="refused before any decoding"):
+        await late
+    await asyncio.wrap_future(blocker)
+    assert sample(e, "decode_seconds_count") == decoded  # its image was never decoded
+    assert sample(e, "tenant_refusals_total", tenant="t", code="deadline_unmeetable") == 1
+    ratios = plan._learnt["t"].ratios  # noqa: SLF001 - learnt as a drop: later than expected
+    assert len(ratios) == learnt + 1 and ratios[-1][1] > 1
