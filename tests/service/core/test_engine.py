@@ -533,7 +533,7 @@ async def test_a_deadline_its_rows_cannot_meet_is_refused_before_any_decode(make
     assert due.slack == 1.0  # nothing learnt yet
     decoded = []
     decode = e._decode  # noqa: SLF001 - counted
-    e._decode = lambda data: decoded.append(data) or decode(data)  # noqa: SLF001
+    e._decode = lambda data, *check: decoded.append(data) or decode(data, *check)  # noqa: SLF001
     a = RecordingHead("a")
     with pytest.raises(DeadlineUnmeetable) as refused:
         await e.classify(pngs(3), [a], top_k=1, tenant="t", deadline=time.monotonic() + 0.55)
