@@ -272,19 +272,20 @@ class Engine:
 
     def _start_check(self, tenant: str, deadline: float | None) -> Callable[[], None] | None:
         """What an image's decode calls as it starts (None: nothing to check, no deadline or
-        no batch profile): raises DeadlineUnmeetable when its row is already doomed
-        (`Schedule.doomed`), so that no work is spent on it. Decode thread: reads only."""
+        no batch profile): raises DeadlineUnmeetable when its row could no longer be answered
+        in time (`Schedule.too_late_to_start`), so that no work is spent on it. Decode
+        thread: reads only."""
         schedule = self.batcher.deadlines
         if deadline is None or schedule.seconds is None:
             return None
 
         def check() -> None:
             now = time.monotonic()
-            if schedule.doomed(deadline, now):
+            if schedule.too_late_to_start(deadline, now):
                 raise DeadlineUnmeetable(
                     f"the request's deadline is in {max(deadline - now, 0) * 1e3:.0f} ms, "
-                    "less than a batch of one takes now that its images' decoding can start: "
-                    "refused before any decoding")
+                    "less than the batch running and then a batch of one take now that its "
+                    "images' decoding can start: refused before any decoding")
         return check
 
     async def classify(self, images: Sequence[bytes], heads: Sequence[Head], *,
@@ -359,9 +360,10 @@ class Engine:
           knows more are coming and waits for them (up to max_wait_ms); the booking is
           released when the rows are queued or will not be;
         - the last check, as each image's decode starts (in its decode thread, after any wait
-          for the cores or the decode pool): an image whose row is already doomed
-          (`Schedule.doomed`: it could not be answered in time even in a batch of its own)
-          is not decoded, and the request fails with DeadlineUnmeetable (`_start_check`).
+          for the cores or the decode pool): an image whose row could no longer be answered
+          in time even in the batch right after the one running
+          (`Schedule.too_late_to_start`) is not decoded, and the request fails with
+          DeadlineUnmeetable (`_start_check`).
         The tokens are given back if the request is refused before any decoding. Once
         decoding started, a decoded image stays charged whatever happens to the request
         (a bad image after it, a deadline, a push out of the queue): decoding is the work

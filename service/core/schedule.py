@@ -29,10 +29,12 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   that much time left is never dropped. Without a batch profile, a row is dropped once its
   deadline passed.
 - The last check before work: an image of an admitted request whose decode starts (after
-  waiting for a batch running, `service.core.cores`, or for the decode pool) when its row is
-  already `doomed` would be dropped by the next batch whatever happens; it is refused then
-  instead, before it is decoded (504 `deadline_unmeetable`: no work done, its tokens given
-  back; `service.core.engine`), and learnt as a drop is (`refused_at_start`).
+  waiting for a batch running, `service.core.cores`, or for the decode pool) when its row
+  could no longer be answered in time even in the batch right after the one running (the
+  running batch's rest, then a batch of one: `too_late_to_start`) would be dropped by a
+  later batch; it is refused then instead, before it is decoded (504 `deadline_unmeetable`:
+  no work done, its tokens given back; `service.core.engine`), and learnt as a drop is
+  (`refused_at_start`).
 - A batch's rows (`batch_pick`): the batch holds what the scheduler's order gives it when all
   of it ends before the earliest deadline among them; else the most urgent of those rows, as
   many as end before it, and the others head the next batch. Rows that can wait (a deadline
@@ -258,12 +260,22 @@ class Schedule:
     # -- batches ----------------------------------------------------------------------------
 
     def doomed(self, deadline: float | None, now: float) -> bool:
-        """Whether a row of `deadline` is dropped before a batch taken at `now`; also asked of
-        a request's image as its decode is to start (`service.core.engine`: refused then,
-        DeadlineUnmeetable, before any work). Only reads (a decode thread may ask)."""
+        """Whether a row of `deadline` is dropped before a batch taken at `now`."""
         if deadline is None:
             return False
         return deadline <= now if self.seconds is None else now + self._answered(1) > deadline
+
+    def too_late_to_start(self, deadline: float | None, now: float) -> bool:
+        """Whether an image whose decode starts `now` could no longer be answered by `deadline`
+        even in the batch right after the one running (its rest, then a batch of one: the
+        next batch after it would drop the row): asked as each image's decode is to start
+        (`service.core.engine`: refused then, DeadlineUnmeetable, before any work). False
+        without a deadline or a profile. Only reads (a decode thread asks)."""
+        if deadline is None or self.seconds is None:
+            return False
+        running = self._running
+        left = 0.0 if running is None else max(0.0, running[0] + self.seconds(running[1]) - now)
+        return now + left + self._answered(1) > deadline
 
     def drop_doomed(self, queue, now: float) -> int:
         """Removes from `queue` the entries not done that are `doomed` now and fails them (504

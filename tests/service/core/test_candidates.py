@@ -38,8 +38,8 @@ from service.core.candidates import (
     route_for,
     route_key,
 )
-from service.core.scoring import Item, score
 from service.core.metrics import Metrics
+from service.core.scoring import Item, score
 from service.transports.http.app import LISTENERS
 from store import open_store
 from tests.support.builders import random_head

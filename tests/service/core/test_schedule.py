@@ -419,3 +419,20 @@ async def test_a_batch_waits_for_rows_being_decoded_only_within_its_deadlines(de
     await gather5(first)
     assert fake.payloads() == [["a"]]
     await asyncio.wait_for(b.close(), 5)
+
+
+def test_an_image_too_late_to_start_is_one_the_batch_after_the_running_one_would_miss():
+    """The last check as an image's decode starts: with a batch of 4 running since 0 (59 ms
+    by the profile) a row whose deadline is 60 ms away could be answered alone (25 ms) but
+    not after that batch's rest and its own (84 ms): too late; 90 ms away, in time. With
+    nothing running only a batch of one counts; no deadline or no profile: never."""
+    plan = Schedule(linear)
+    answered_alone = linear(1) + ANSWER_S
+    plan.running(0.0, 4)
+    assert plan.too_late_to_start(0.06, 0.0)
+    assert not plan.too_late_to_start(0.09, 0.0)
+    plan.ran([], linear(4))
+    assert not plan.too_late_to_start(answered_alone + 0.001, 0.0)
+    assert plan.too_late_to_start(answered_alone - 0.001, 0.0)
+    assert not plan.too_late_to_start(None, 0.0)
+    assert not Schedule(None).too_late_to_start(0.0, 1.0)
