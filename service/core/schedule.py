@@ -37,10 +37,7 @@ is answered in time, not just run in time). A request's deadline itself, on ever
   (`refused_at_start`).
 - A batch's rows (`batch_pick`): the batch holds what the scheduler's order gives it when all
   of it ends before the earliest deadline among them; else the most urgent of those rows, as
-  many as end before it, and the others head the next batch. Rows that can wait (a deadline
-  at least PATIENT x as far) join a more urgent row's batch only with a margin (JOIN_MARGIN x
-  the batch's time): they gain nothing by it, and the urgent row's answer would risk its
-  deadline on a longer batch. The order still decides who is
+  many as end before it, and the others head the next batch. The order still decides who is
   served (its bounds hold: tests/service/core/test_sharing.py); deadlines decide only which of
   a batch's rows go first.
 - A batch waits for more rows (max_wait_ms, or the rows being decoded) only while the
@@ -82,11 +79,6 @@ PATH_ALPHA = 0.2
 # nothing, and `batch_pick` lets it wait).
 SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.99, 256, 16, 8.0
 SLACK_AGE_S = 10.0
-# A row whose deadline is at least PATIENT x as far as a batch's earliest can wait for a later
-# batch: it joins that batch only while the batch ends in time with JOIN_MARGIN x its time
-# (`batch_pick`; measured on 2 Xeon cores in bursts of arrivals, a batch's trunk ran up to
-# 1.8 x its upper time: the event loop and the clients take the cores from it).
-PATIENT, JOIN_MARGIN = 2.0, 1.5
 # The tenants whose pace and slack are kept (the least recently learnt is forgotten).
 LEARNT_TENANTS = 64
 
@@ -97,30 +89,14 @@ def batch_pick(deadlines: Sequence[float | None], now: float,
     none) and the time a batch of n takes (`seconds(n)`): all of them when, run now, they end
     before the earliest deadline among them; else the k most urgent (earliest deadline first,
     then the order's), k the most that end before it (at least 1: `Schedule.drop_doomed`
-    drops a row that cannot make it even alone). Rows with more time run in the next batch.
-    A row that can wait (`patient`) joins a more urgent row's batch only while that batch
-    ends in time with JOIN_MARGIN x its time: it gains nothing by riding along, and every row
-    it adds makes the batch's tail longer for the urgent row."""
+    drops a row that cannot make it even alone). Rows with more time run in the next batch."""
     n = len(deadlines)
     urgent = sorted(range(n), key=lambda i: (deadlines[i] is None, deadlines[i] or 0.0, i))
     earliest = deadlines[urgent[0]] if n else None
-    if earliest is None:
+    if earliest is None or now + seconds(n) <= earliest:
         return list(range(n))
-
-    def ends_in_time(k: int) -> bool:  # the k most urgent; a patient row is among them last
-        margin = JOIN_MARGIN if patient(deadlines[urgent[k - 1]], earliest, now) else 1.0
-        return now + seconds(k) * margin <= earliest
-
-    if ends_in_time(n):
-        return list(range(n))
-    k = max([k for k in range(1, n) if ends_in_time(k)], default=1)
+    k = max([k for k in range(1, n) if now + seconds(k) <= earliest], default=1)
     return sorted(urgent[:k])
-
-
-def patient(deadline: float | None, earliest: float, now: float) -> bool:
-    """Whether a row of `deadline` can wait for a later batch than one that must end by
-    `earliest`: none, or at least PATIENT x as far from `now`."""
-    return deadline is None or deadline - now >= PATIENT * (earliest - now)
 
 
 def backlog(fair: bool, booked: Mapping[str, int], tenant: str, rows: int) -> int:

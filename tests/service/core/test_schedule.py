@@ -12,7 +12,7 @@ import pytest
 
 from service.core.batcher import Batcher
 from service.core.errors import DeadlineExceeded
-from service.core.schedule import ANSWER_S, JOIN_MARGIN, PATIENT, Schedule, batch_pick
+from service.core.schedule import ANSWER_S, Schedule, batch_pick
 from tests.service.core.test_batcher import LONG_MS, FakeRunBatch, gather5, settle, spawn
 from tests.support.fakes import FakeClock
 
@@ -30,9 +30,7 @@ def test_a_batch_runs_whole_or_its_most_urgent_rows_that_end_in_time(seed):
     """On random batches (deadlines or none, in the scheduler's order): every row when they
     all end before the earliest deadline; else the k most urgent (earliest deadline first,
     then the order's) for the largest k ending before it (one row when none does: the
-    batcher drops such a row first); a shorter batch only when the whole one would miss, or
-    would end within JOIN_MARGIN x its time of it carrying a row that can wait (a deadline
-    PATIENT x as far, or none)."""
+    batcher drops such a row first); a shorter batch only when the whole one would miss."""
     rng = random.Random(seed)
     now = rng.uniform(0, 100)
     n = rng.randint(1, 16)
@@ -40,16 +38,8 @@ def test_a_batch_runs_whole_or_its_most_urgent_rows_that_end_in_time(seed):
     dated = [d for d in deadlines if d is not None]
     earliest = min(dated) if dated else None
 
-    def key(i: int):
-        return (deadlines[i] is None, deadlines[i] or 0.0, i)
-
     def ends_in_time(k: int) -> bool:
-        if earliest is None:
-            return True
-        rows = sorted(range(n), key=key)[:k]
-        waits = any(deadlines[i] is None or deadlines[i] - now >= PATIENT * (earliest - now)
-                    for i in rows)
-        return now + linear(k) * (JOIN_MARGIN if waits else 1.0) <= earliest
+        return earliest is None or now + linear(k) <= earliest
 
     picked = batch_pick(deadlines, now, linear)
     assert picked == sorted(set(picked)) and picked and all(0 <= i < n for i in picked)
@@ -59,6 +49,10 @@ def test_a_batch_runs_whole_or_its_most_urgent_rows_that_end_in_time(seed):
         return
     assert ends_in_time(k) or k == 1
     assert not any(ends_in_time(j) for j in range(k + 1, n + 1))  # the most that do
+
+    def key(i: int):
+        return (deadlines[i] is None, deadlines[i] or 0.0, i)
+
     left = set(range(n)) - set(picked)
     assert all(key(i) < key(j) for i in picked for j in left)  # the most urgent
 
@@ -68,19 +62,7 @@ def test_a_batch_without_deadlines_or_one_that_meets_them_is_whole():
     assert batch_pick([None, 1.0, None], 0.0, linear) == [0, 1, 2]
     assert batch_pick([], 0.0, linear) == []
     # The urgent row last in the order runs first; the others wait for the next batch.
-    assert batch_pick([None, 0.07, 0.04], 0.0, linear) == [1, 2]
-
-
-def test_rows_that_can_wait_join_an_urgent_rows_batch_only_with_a_margin():
-    """A row 45 ms from its deadline and two that have 5 s: the urgent row and one of them
-    end in time by the profile (33 ms), but the trunk runs up to 1.8 x that in a burst of
-    arrivals, and the other row gains nothing by riding along: the urgent row runs alone (20
-    ms). With the time for a 1.5 x longer batch of three (69 ms), they join; rows that
-    cannot wait run together without it."""
-    assert batch_pick([5.0, 0.045, 5.0], 0.0, linear) == [1]
-    assert batch_pick([5.0, 0.07, 5.0], 0.0, linear) == [0, 1, 2]
-    assert batch_pick([0.1, 0.06, 0.11], 0.0, linear) == [0, 1, 2]  # none can wait
-    assert batch_pick([None, 0.06, None, 0.09], 0.0, linear) == [1, 3]
+    assert batch_pick([None, 5.0, 0.04], 0.0, linear) == [1, 2]
 
 
 async def holding(seconds, tenant: str):
@@ -97,11 +79,9 @@ async def holding(seconds, tenant: str):
 
 async def test_the_batcher_picks_a_fair_batchs_rows_for_its_earliest_deadline():
     """b's row with 40 ms left beside a's 7 rows: fair order puts b's first, a batch of 8
-    would end at 111 ms, so the batch holds the most urgent rows that end in time: b's alone
-    (20 ms; one of a's rows, which have no deadline, would join only if the two ended in
-    time with JOIN_MARGIN x their 33 ms); a's rows run next, whole. Without a profile the
-    batch is whole."""
-    for seconds, expected in ((linear, [1, 7]), (None, [8])):
+    would end at 111 ms, so the batch holds the most urgent rows that end in time (b's and one
+    of a's, 33 ms); a's rows run next, whole. Without a profile the batch is whole."""
+    for seconds, expected in ((linear, [2, 6]), (None, [8])):
         clock, fake, b, held = await holding(seconds, "a")
         rows = [spawn(b.submit_many(range(7), group="g", tenant="a")),
                 spawn(b.submit("quick", group="g", tenant="b", deadline=clock.now + 0.04))]
@@ -355,9 +335,9 @@ class TenantQueueOf:
 async def test_an_urgent_row_runs_before_rows_with_time_that_the_order_put_first():
     """a's request of 7 rows without a deadline, then a's request with 40 ms left: FIFO within
     a tenant puts the urgent row 8th, and a batch of 8 would end at 111 ms; no prefix of the
-    order holding it ends in time, so the batch is the urgent row alone (20 ms: a row without
-    a deadline joins only with JOIN_MARGIN x the batch's time to spare, 1.5 x 33 ms), and the
-    7 others run next (the prefix rule ran all 8, the urgent row late)."""
+    order holding it ends in time, so the batch is the urgent row and the one row that fits
+    beside it (33 ms), and the 6 others run next (the prefix rule ran all 8, the urgent row
+    late)."""
     clock, fake, b, held = await holding(linear, "b")
     rows = [spawn(b.submit_many([f"a{i}" for i in range(7)], group="g", tenant="a"))]
     await settle()
@@ -367,7 +347,7 @@ async def test_an_urgent_row_runs_before_rows_with_time_that_the_order_put_first
     await gather5(held, *rows)
     await asyncio.wait_for(b.close(), 5)
     batches = [[r.payload for r in call] for call in fake.calls[1:]]
-    assert batches == [["quick"], ["a0", "a1", "a2", "a3", "a4", "a5", "a6"]], batches
+    assert batches == [["a0", "quick"], ["a1", "a2", "a3", "a4", "a5", "a6"]], batches
 
 
 def test_late_rows_reach_the_metrics_per_tenant():
