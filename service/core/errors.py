@@ -120,7 +120,8 @@ class DeadlineExceeded(ServiceError):
 class DeadlineUnmeetable(DeadlineExceeded):
     """The request's rows would be answered after its deadline, by the batcher's estimate (the
     batch running and the rows taken before them, at the trunk's live times, that wait times
-    the slack it was seen to need: `service.core.schedule`): refused before any decode."""
+    the slack it was seen to need: `service.core.schedule`): refused before any decode, at
+    admission or as its decode was to start."""
 
 
 class InvalidDeadline(BadRequest):
