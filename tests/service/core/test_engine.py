@@ -884,11 +884,13 @@ async def test_an_image_whose_row_is_doomed_when_its_decode_starts_is_refused_un
     """Admitted (55 ms alone against 200), the request's decode waits 200 ms behind another
     (one decode thread, held): as it starts, its row could no longer be answered in time even
     in a batch of its own, which the next batch would drop. It is refused then, before its
-    image is decoded (DeadlineUnmeetable, counted as such), and learnt as a drop is; a request
-    whose decode starts in time is answered."""
+    image is decoded (DeadlineUnmeetable, counted as such, its token given back), and learnt
+    as a drop is; a request whose decode starts in time is answered."""
     from service.core.errors import DeadlineUnmeetable
+    from service.core.quota import Quotas
 
     e = make_engine(max_batch_size=2, batch_seconds=lambda n: 0.05 * n, preprocess_threads=1)
+    e.quotas = Quotas(lambda tenant: (0.001, 10))  # 10 tokens, next to no refill
     plan = e.batcher.deadlines
     plan.seconds = lambda n: 0.05 * n  # at the profile's times, whatever the fake trunk's
     a = RecordingHead("a")
@@ -904,6 +906,8 @@ async def test_an_image_whose_row_is_doomed_when_its_decode_starts_is_refused_un
     await until(started.is_set)
     decoded = sample(e, "decode_seconds_count")
     learnt = len(plan._learnt["t"].ratios)  # noqa: SLF001 - what was learnt
+    tokens = e.quotas.tokens("t")
+    assert tokens == pytest.approx(9, abs=0.01)  # the first request's image
     late = spawn(e.classify(pngs(1, start=81), [a], top_k=1, tenant="t",
                             deadline=time.monotonic() + 0.2))
     await asyncio.sleep(0.2)
@@ -912,6 +916,7 @@ async def test_an_image_whose_row_is_doomed_when_its_decode_starts_is_refused_un
         await late
     await asyncio.wrap_future(blocker)
     assert sample(e, "decode_seconds_count") == decoded  # its image was never decoded
+    assert e.quotas.tokens("t") == pytest.approx(tokens, abs=0.01)  # nor charged
     assert sample(e, "tenant_refusals_total", tenant="t", code="deadline_unmeetable") == 1
     ratios = plan._learnt["t"].ratios  # noqa: SLF001 - learnt as a drop: later than expected
     assert len(ratios) == learnt + 1 and ratios[-1][1] > 1
