@@ -249,9 +249,15 @@ class Schedule:
         without a deadline or a profile. Only reads (a decode thread asks)."""
         if deadline is None or self.seconds is None:
             return False
+        return self._after_running(now) > deadline
+
+    def _after_running(self, now: float) -> float:
+        """When a row ready `now` would be answered at the earliest: after the rest of the
+        batch running, in a batch of its own (upper times)."""
+        assert self.seconds is not None
         running = self._running
         left = 0.0 if running is None else max(0.0, running[0] + self.seconds(running[1]) - now)
-        return now + left + self._answered(1) > deadline
+        return now + left + self._answered(1)
 
     def drop_doomed(self, queue, now: float) -> int:
         """Removes from `queue` the entries not done that are `doomed` now and fails them (504
@@ -313,10 +319,11 @@ class Schedule:
     def refused_at_start(self, tenant: str, due: tuple[float, float] | None,
                          deadline: float | None, now: float) -> None:
         """A request of `tenant`, admitted with `due` (`Estimate`'s (alone, due)), was refused
-        `now` as its work was to start, `doomed` then (`service.core.engine`): learnt as a row
-        dropped now is (`slack`), so admission stays as strict as if it had been queued."""
+        `now` as its work was to start (`too_late_to_start`, `service.core.engine`): learnt
+        (`slack`) as answered when it could have been at the earliest, as a row dropped after
+        the running batch is, so admission stays as strict as if it had been queued."""
         if self.seconds is not None:
-            self._learn_row(tenant, due, deadline, now + self._answered(1), self.seconds(1))
+            self._learn_row(tenant, due, deadline, self._after_running(now), self.seconds(1))
 
     def _learn(self, rows: Sequence, answered: float) -> None:
         if self.seconds is None:  # no estimates to learn from

@@ -416,3 +416,17 @@ def test_an_image_too_late_to_start_is_one_the_batch_after_the_running_one_would
     assert plan.too_late_to_start(answered_alone - 0.001, 0.0)
     assert not plan.too_late_to_start(None, 0.0)
     assert not Schedule(None).too_late_to_start(0.0, 1.0)
+
+
+def test_a_refusal_as_a_decode_starts_is_learnt_as_answered_after_the_running_batch():
+    """Refused at 0 behind a batch of 4 running since 0, a row admitted to be answered at 30 ms
+    with nothing ahead and a deadline at 60 ms is learnt as answered when it could have been
+    at the earliest: after that batch (59 ms) and its own (25 ms), 84 ms: its slack ratio is
+    that over its expected wait (a batch of one at least)."""
+    plan = Schedule(linear)
+    plan.running(0.0, 4)
+    plan.refused_at_start("t", (0.03, 0.03), 0.06, 0.0)
+    (learnt_at, ratio), = plan._learnt["t"].ratios  # noqa: SLF001 - what was learnt
+    answered = linear(4) + linear(1) + ANSWER_S
+    assert learnt_at == pytest.approx(answered)
+    assert ratio == pytest.approx((answered - 0.03) / linear(1))
