@@ -270,7 +270,7 @@ class Engine:
             check()
         return image
 
-    def _start_check(self, tenant: str, deadline: float | None) -> Callable[[], None] | None:
+    def _start_check(self, deadline: float | None) -> Callable[[], None] | None:
         """What an image's decode calls as it starts (None: nothing to check, no deadline or
         no batch profile): raises DeadlineUnmeetable when its row could no longer be answered
         in time (`Schedule.too_late_to_start`), so that no work is spent on it. Decode
@@ -405,7 +405,7 @@ class Engine:
             try:
                 with booking:
                     with trace.span(self.tracing, trace.DECODE, {trace.IMAGES: len(misses)}):
-                        check = self._start_check(tenant, deadline)
+                        check = self._start_check(deadline)
                         futures = [
                             decode_pool.submit(decode, inputs[i], check)
                             if decode_pool is not None else
