@@ -31,6 +31,8 @@ setup(
         # The request path's resize (backbone.preprocess): remap on the legacy bilinear grid.
         "opencv-python-headless==5.1.0.95",
         "prometheus_client>=0.20",
+        # The heads' BLAS on one thread beside a CPU trunk (service.core.cores).
+        "threadpoolctl>=3.5,<4",
         "tqdm>=4.66",
         # multipart/form-data bodies parsed by the codecs, whatever the transport (strict,
         # sans-I/O, no dependencies).

@@ -27,7 +27,9 @@ feature cache (off: every image goes through the trunk) and what a row below nam
   deadline: the cache is off); goodput, the answers within their deadline per second.
 
 Targets (`--check`): the quiet tenant's p50 under the flood, fair <= 0.5 x fifo and <= 4 x
-alone; the fair flood's images/s >= 0.95 x fifo's (saturation); on the trace with deadlines,
+alone; the fair flood's images/s >= 0.95 x fifo's (saturation); fifo's full batches under the
+flood run within TRUNK_VS_ALONE x their time alone (the server keeps up with its trunk: nothing
+else of the server's takes its cores while it runs, `service.core.cores`); on the trace with deadlines,
 >= 99 % of the interactive tenant's admitted requests answered within 150 ms, goodput >=
 1.5 x fifo's, and no answer after its deadline.
 """
@@ -70,6 +72,7 @@ QUIET_VS_ALONE = 4.0
 SATURATION_VS_FIFO = 0.95
 INTERACTIVE_MET = 0.99
 GOODPUT_VS_FIFO = 1.5
+TRUNK_VS_ALONE = 1.15
 
 
 @dataclass
@@ -80,6 +83,8 @@ class DeadlinesResult(Result):
     warmup_s: float | None = None
     duration_s: float | None = None
     alone: dict = field(default_factory=dict)  # the quiet tenant alone (`call_stats`)
+    # The fifo server's batch profile: {batch size: ms alone} (/readyz trunk.profile.batch_ms)
+    alone_batch_ms: dict[str, float] = field(default_factory=dict)
     floods: dict[str, dict] = field(default_factory=dict)  # scheduler -> `flood_summary`
     capacity: float | None = None  # images/s of the fifo flood
     # The trace: {"rate", "duration_s", "requests", "bursts", "burst_s"}
@@ -91,6 +96,15 @@ class DeadlinesResult(Result):
 
     def flood_rate(self, scheduler: str) -> float | None:
         return (self.floods.get(scheduler) or {}).get("total_images_per_s")
+
+    def trunk_vs_alone(self, scheduler: str) -> float | None:
+        """The flood's trunk time per batch in the server over the profile's time alone at its
+        mean batch size, when that is a size of the profile (fifo's full batches); else None."""
+        run_ = self.floods.get(scheduler) or {}
+        mean, trunk_ms = run_.get("mean_batch_size"), run_.get("server_trunk_ms")
+        if mean is None or trunk_ms is None or abs(mean - round(mean)) > 0.05:
+            return None
+        return ratio(trunk_ms, self.alone_batch_ms.get(str(round(mean))))
 
 
 def deadline_store(context: Context) -> tuple[Path, dict[str, str]]:
@@ -174,7 +188,11 @@ def run(context: Context) -> DeadlinesResult:
                         "requests": len(schedule), "bursts": len(bursts),
                         "burst_s": sum(e - b for b, e in bursts)}
 
-    served("deadlines-fifo", {"scheduler": "fifo"},
+    def profile(server) -> None:
+        result.alone_batch_ms = dict((server.trunk_info().get("profile") or {}).get("batch_ms")
+                                     or {})
+
+    served("deadlines-fifo", {"scheduler": "fifo"}, profile,
            lambda s: _flood(context, s, bots, "fifo", result), make_trace)
     served("deadlines-fair", {},
            lambda s: _alone(context, s, bots, result),
@@ -212,10 +230,11 @@ def render(result: DeadlinesResult, results: Results) -> str:
             rows.append([scheduler, run_.get("total_images_per_s"), quiet.get("p50_ms"),
                          quiet.get("p99_ms"), ratio(quiet.get("p50_ms"), alone.get("p50_ms")),
                          ((run_.get("tenants") or {}).get(NOISY) or {}).get("p50_ms"),
-                         run_.get("mean_batch_size"), run_.get("server_trunk_ms")])
+                         run_.get("mean_batch_size"), run_.get("server_trunk_ms"),
+                         result.trunk_vs_alone(scheduler)])
     out += table(["scheduler", "total images/s", "quiet p50 ms", "quiet p99 ms",
-                  "quiet p50 / alone", "noisy p50 ms", "mean batch", "server trunk ms/batch"],
-                 rows)
+                  "quiet p50 / alone", "noisy p50 ms", "mean batch", "server trunk ms/batch",
+                  "trunk / alone"], rows)
     t = result.trace
     if t:
         out += ["", f"Trace: {t.get('requests')} requests over {fmt(t.get('duration_s'))} s "
@@ -273,6 +292,12 @@ def targets(result: DeadlinesResult, results: Results) -> list[Target]:
                   f"{SATURATION_VS_FIFO} x fifo (full batches in arrival order)", need,
                   ratio(fair_rate, fifo_rate), SATURATION_VS_FIFO, ">=", "x",
                   note("{:.2f} vs {:.2f} images/s", fair_rate, fifo_rate)),
+        Target.of("deadlines_trunk_in_server", f"fifo's full batches under the flood: the "
+                  f"trunk's time in the server <= {TRUNK_VS_ALONE} x its time alone (the "
+                  "profile)", need, result.trunk_vs_alone("fifo"), TRUNK_VS_ALONE, "<=", "x",
+                  note("{:.0f} ms a batch of {:.0f}", num((result.floods.get("fifo") or {}).get(
+                      "server_trunk_ms")), num((result.floods.get("fifo") or {}).get(
+                          "mean_batch_size")))),
         Target.of("deadlines_interactive_met", f"bursty trace: interactive requests admitted "
                   f"and answered within {DEADLINES_MS[INTERACTIVE]:g} ms >= "
                   f"{INTERACTIVE_MET:.0%}", need, fast.get("met_of_admitted"),

@@ -36,7 +36,7 @@ from service.core import tracing as trace
 from service.core.batcher import Batcher
 from service.core.booking import Booking
 from service.core.candidates import CandidateStats, Comparison, Route, route_for, route_key
-from service.core.cores import Cores
+from service.core.cores import Cores, one_blas_thread
 from service.core.decoding import HEAVY_DECODE_COST, FairDecodePool, cost_of, in_heavy_lane
 from service.core.errors import (
     BadRequest,
@@ -146,6 +146,8 @@ class Engine:
         # being decoded into the next one (`service.core.cores`).
         self.cores = Cores(settings.own_cores and bool(getattr(trunk, "owns_cores", False)),
                            on_wait=metrics.decode_wait_seconds.inc)
+        if self.cores.exclusive:  # the heads' BLAS must not spin beside the trunk either
+            one_blas_thread()
         self.batch_seconds = batch_seconds
         self.live = None if batch_seconds is None else LiveProfile(batch_seconds)
         batch_size = batch_size or settings.max_batch_size

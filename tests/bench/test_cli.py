@@ -41,7 +41,7 @@ def test_check_exits_nonzero_when_a_target_is_missed(monkeypatch, tmp_path, caps
 
 def test_check_exits_zero_when_every_target_is_met(monkeypatch, tmp_path, capsys):
     assert _run_with(monkeypatch, tmp_path, passing_results(), "--check") == 0
-    assert capsys.readouterr().out.count("[PASS]") == 43 + isolation_targets()  # 6: deadlines
+    assert capsys.readouterr().out.count("[PASS]") == 44 + isolation_targets()  # 7: deadlines
 
 
 def test_without_check_a_miss_does_not_change_the_exit_code(monkeypatch, tmp_path, capsys):
@@ -56,7 +56,7 @@ def test_run_takes_the_parsed_flags(monkeypatch, tmp_path, capsys):
     args = _parser().parse_args(["--output", str(tmp_path), "--sections", "scale", "--check"])
     assert cli.run(args) == 0
     out = capsys.readouterr().out
-    assert out.count("[PASS]") == 3 and out.count("[SKIP]") == 40 + isolation_targets()
+    assert out.count("[PASS]") == 3 and out.count("[SKIP]") == 41 + isolation_targets()
     assert (tmp_path / "bench.json").exists()
 
 

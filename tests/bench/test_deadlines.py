@@ -72,6 +72,7 @@ def test_the_targets_pass_on_good_numbers_and_carry_this_runs_ratios():
     assert t["deadlines_quiet_vs_alone"].measured == pytest.approx(3.0)
     assert t["deadlines_interactive_met"].measured == pytest.approx(0.99)
     assert t["deadlines_goodput"].measured == pytest.approx(1.6)
+    assert t["deadlines_trunk_in_server"].measured == pytest.approx(1.05)
 
 
 @pytest.mark.parametrize("change, key", [
@@ -82,6 +83,9 @@ def test_the_targets_pass_on_good_numbers_and_carry_this_runs_ratios():
     (lambda d: d["floods"]["fair"].update(total_images_per_s=42.0), "deadlines_saturation"),
     (lambda d: d["floods"]["fair"]["quiet"].update(p50_ms=90.0), "deadlines_quiet_vs_alone"),
     (lambda d: d.pop("runs"), "deadlines_goodput"),
+    (lambda d: d["floods"]["fifo"].update(server_trunk_ms=140.0), "deadlines_trunk_in_server"),
+    (lambda d: d["floods"]["fifo"].update(mean_batch_size=7.5), "deadlines_trunk_in_server"),
+    (lambda d: d.pop("alone_batch_ms"), "deadlines_trunk_in_server"),
 ])
 def test_a_missed_target_fails(change, key):
     data = passing_results()["deadlines"]
@@ -93,7 +97,7 @@ def test_the_report_has_the_flood_the_trace_and_goodput_tables(tmp_path):
     results = passing_results()
     text = render_markdown(results, evaluate_targets(results, {"deadlines"}))
     section = text[text.index("## Latency objectives"):]
-    for expected in ("| fifo | 45", "| fair | 48", "quiet p50 / alone", "| deadline-aware | "
+    for expected in ("| fifo | 45", "| 105 | 1.05 |", "| fair | 48", "quiet p50 / alone", "| deadline-aware | "
                      "interactive | 800 | 300 | 500 | 495 |", "goodput /s", "trunk rows past "
                      "deadline"):
         assert expected in section, expected

@@ -32,7 +32,7 @@ def _by_key(targets):
 
 def test_every_target_passes_on_good_results():
     targets = evaluate_targets(passing_results())
-    assert len(targets) == 43 + isolation_targets()
+    assert len(targets) == 44 + isolation_targets()
     assert [t.key for t in targets if t.status != PASS] == []
     assert not targets_failed(targets)
 
@@ -173,12 +173,12 @@ def test_reports_hold_the_numbers(tmp_path):
     data = json.loads(written["json"].read_text())
     assert data["trunk"]["best_images_per_s"] == 10.25
     assert data["service"]["policies"]["per_group"]["points"][1]["mean_batch_size"] == 1.5
-    assert [t["status"] for t in data["targets"]] == [PASS] * (43 + isolation_targets())
+    assert [t["status"] for t in data["targets"]] == [PASS] * (44 + isolation_targets())
     md = written["md"].read_text()
     assert "2026-01-02 03:04 UTC" in md and "Test CPU 9000" in md and "TensorFlow 2.21.0" in md
     for number in ("10.2", "302", "9.75", "1,500", "6,543", "8.4", "2.25", "265.0 MB", "83.5"):
         assert number in md, number
-    assert md.count("| PASS |") == 43 + isolation_targets()
+    assert md.count("| PASS |") == 44 + isolation_targets()
     png = written["png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from service.core.cores import Cores
+from service.core.cores import Cores, blas_threads, one_blas_thread
 from tests.support.fakes import FakeClock
 from tests.support.polling import wait_until as until
 
@@ -98,6 +98,19 @@ def test_without_exclusive_nothing_waits():
 def test_a_negative_bound_is_refused():
     with pytest.raises(ValueError, match="max_trunk_wait_s"):
         Cores(True, max_trunk_wait_s=-1)
+
+
+def test_one_blas_thread_limits_numpys_blas_to_one_thread_until_restored():
+    """The heads' BLAS beside a CPU trunk: its pool at 2 threads (as on 2 cores), then 1."""
+    np = pytest.importorskip("numpy")
+    from threadpoolctl import threadpool_limits
+
+    np.ones((2, 2)) @ np.ones((2, 2))  # numpy's BLAS is loaded
+    with threadpool_limits(limits=2, user_api="blas"):  # restores the process's own after
+        assert blas_threads() == 2
+        one_blas_thread()
+        assert blas_threads() == 1
+        assert (np.ones((16, 1536)) @ np.ones((1536, 10)) == 1536).all()
 
 
 def until_waiting(cores: Cores, n: int) -> None:

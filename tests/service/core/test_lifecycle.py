@@ -362,3 +362,31 @@ def test_a_restart_with_the_compiled_trunk_cached_imports_no_tensorflow(tmp_path
     body, out = serve_until_ready(store, *flags)  # the profile now loads too
     assert body["trunk"]["profile"]["source"] == "cached"
     assert out.strip().splitlines()[-1] == "tensorflow imported: False", out
+
+
+def fresh_blas_threads() -> int:
+    """The BLAS threads numpy gets in a new interpreter here (its default on this machine)."""
+    code = ("import numpy, threadpoolctl; print(max(p['num_threads'] for p in "
+            "threadpoolctl.threadpool_info() if p['user_api'] == 'blas'))")
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout)
+
+
+@pytest.mark.subprocess
+def test_a_cpu_trunk_owns_the_cores_and_the_heads_blas_runs_on_one_thread(tmp_path):
+    """`multihead serve` on a CPU trunk (a stand-in compiled model): /readyz says the trunk owns
+    the cores and the process's BLAS has one thread; with --no-own-cores, numpy's default."""
+    pytest.importorskip("openvino")
+    store = tmp_path / "store"
+    trunk = store / "trunk"
+    trunk.mkdir(parents=True)
+    prefix = trunk / "demo_inception_v4.ckpt"
+    Path(f"{prefix}.index").write_bytes(b"the index of a checkpoint")
+    Path(f"{prefix}.data-00000-of-00001").write_bytes(b"its weights")
+    fake_compiled_trunk(trunk / "graph_cache", str(prefix))
+    flags = ("--runtime", "openvino", "--precision", "fp32", "--max-batch-size", "2")
+
+    body, _ = serve_until_ready(store, *flags)
+    assert body["trunk"]["cores"] == {"owned": True, "blas_threads": 1}
+    body, _ = serve_until_ready(store, *flags, "--no-own-cores")
+    assert body["trunk"]["cores"] == {"owned": False, "blas_threads": fresh_blas_threads()}
