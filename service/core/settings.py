@@ -289,8 +289,10 @@ class Settings:
         True,
         "a CPU trunk runs alone on the cores: images are decoded between trunk batches, "
         "never during one (a decode thread beside the trunk's threads stalls the whole "
-        "batch), and the batcher gathers the rows being decoded into the next batch; off: "
-        "decoding runs beside the trunk. No effect on a GPU")
+        "batch), the batcher gathers the rows being decoded into the next batch, and the "
+        "heads' BLAS (numpy) runs on one thread (its pool's workers spin after each product, "
+        "beside the next batch); off: decoding runs beside the trunk and BLAS keeps its "
+        "threads. No effect on a GPU")
     batch_policy: str = setting(
         "mixed",
         "mixed: one trunk batch holds any mix of bots; per_group: one bot per batch "
