@@ -29,8 +29,8 @@ feature cache (off: every image goes through the trunk) and what a row below nam
 Targets (`--check`): the quiet tenant's p50 under the flood, fair <= 0.5 x fifo and <= 4 x
 alone; the fair flood's images/s >= 0.95 x fifo's (saturation); fifo's full batches under the
 flood run within TRUNK_VS_ALONE x their time alone (the server keeps up with its trunk: nothing
-else of the server's takes its cores while it runs, `service.core.cores`); on the trace with deadlines,
->= 99 % of the interactive tenant's admitted requests answered within 150 ms, goodput >=
+else of the server's takes its cores while it runs, `service.core.cores`); on the trace with
+deadlines, >= 99 % of the interactive tenant's admitted requests answered within 150 ms, goodput >=
 1.5 x fifo's, and no answer after its deadline.
 """
 from __future__ import annotations
