@@ -340,9 +340,9 @@ def serve_until_ready(store: Path, *flags: str) -> tuple[dict, str]:
     return body, out
 
 
-@pytest.mark.subprocess
-def test_a_restart_with_the_compiled_trunk_cached_imports_no_tensorflow(tmp_path):
-    pytest.importorskip("openvino")
+def stand_in_store(tmp_path: Path) -> Path:
+    """A store whose demo checkpoint's compiled OpenVINO fp32 trunk is a stand-in
+    (`fake_compiled_trunk`; the checkpoint's files are placeholders)."""
     store = tmp_path / "store"
     trunk = store / "trunk"
     trunk.mkdir(parents=True)
@@ -350,7 +350,13 @@ def test_a_restart_with_the_compiled_trunk_cached_imports_no_tensorflow(tmp_path
     Path(f"{prefix}.index").write_bytes(b"the index of a checkpoint")
     Path(f"{prefix}.data-00000-of-00001").write_bytes(b"its weights")
     fake_compiled_trunk(trunk / "graph_cache", str(prefix))
+    return store
 
+
+@pytest.mark.subprocess
+def test_a_restart_with_the_compiled_trunk_cached_imports_no_tensorflow(tmp_path):
+    pytest.importorskip("openvino")
+    store = stand_in_store(tmp_path)
     flags = ("--runtime", "openvino", "--precision", "fp32", "--max-batch-size", "4")
     body, out = serve_until_ready(store, *flags)
     assert body["status"] == "ready" and body["trunk"]["runtime"] == "openvino"
@@ -377,13 +383,7 @@ def test_a_cpu_trunk_owns_the_cores_and_the_heads_blas_runs_on_one_thread(tmp_pa
     """`multihead serve` on a CPU trunk (a stand-in compiled model): /readyz says the trunk owns
     the cores and the process's BLAS has one thread; with --no-own-cores, numpy's default."""
     pytest.importorskip("openvino")
-    store = tmp_path / "store"
-    trunk = store / "trunk"
-    trunk.mkdir(parents=True)
-    prefix = trunk / "demo_inception_v4.ckpt"
-    Path(f"{prefix}.index").write_bytes(b"the index of a checkpoint")
-    Path(f"{prefix}.data-00000-of-00001").write_bytes(b"its weights")
-    fake_compiled_trunk(trunk / "graph_cache", str(prefix))
+    store = stand_in_store(tmp_path)
     flags = ("--runtime", "openvino", "--precision", "fp32", "--max-batch-size", "2")
 
     body, _ = serve_until_ready(store, *flags)
