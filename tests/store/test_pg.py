@@ -103,7 +103,7 @@ def test_reader_serves_resident_heads_while_postgresql_is_down_then_reconnects(
         writer.register("beta", *random_head(2, seed=2))
         head = reader.get("acme")  # resident; beta is known but not resident
         listening(reader)
-        with caplog.at_level(logging.WARNING, logger="heads"):
+        with caplog.at_level(logging.WARNING, logger="store"):
             getattr(pg_server, how)()  # a clean shutdown, or a crash (SIGKILL)
             try:
                 wait_until(lambda: reader._backend._pool.down, 10)
