@@ -134,7 +134,7 @@ def one_blas_thread() -> None:
 
 def blas_threads() -> int | None:
     """The most threads any BLAS library loaded in this process may use now (None: none
-    loaded), for /readyz."""
+    loaded). Scans the loaded libraries: read once (`Engine.blas_threads`)."""
     from threadpoolctl import threadpool_info
 
     counts = [int(pool["num_threads"]) for pool in threadpool_info()

@@ -36,7 +36,7 @@ from service.core import tracing as trace
 from service.core.batcher import Batcher
 from service.core.booking import Booking
 from service.core.candidates import CandidateStats, Comparison, Route, route_for, route_key
-from service.core.cores import Cores, one_blas_thread
+from service.core.cores import Cores, blas_threads, one_blas_thread
 from service.core.decoding import HEAVY_DECODE_COST, FairDecodePool, cost_of, in_heavy_lane
 from service.core.errors import (
     BadRequest,
@@ -148,6 +148,8 @@ class Engine:
                            on_wait=metrics.decode_wait_seconds.inc)
         if self.cores.exclusive:  # the heads' BLAS must not spin beside the trunk either
             one_blas_thread()
+        # For /readyz, read once: it scans every library loaded (about 1 ms in a server).
+        self.blas_threads = blas_threads()
         self.batch_seconds = batch_seconds
         self.live = None if batch_seconds is None else LiveProfile(batch_seconds)
         batch_size = batch_size or settings.max_batch_size

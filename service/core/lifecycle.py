@@ -39,7 +39,6 @@ from backbone.spec import FEATURE_DIM
 from backbone.trunk import discard_prefetched, warm_up
 from heads import HeadLoadError, UnknownBot
 from service.core.bots import Int8Agreement
-from service.core.cores import blas_threads
 from service.core.engine import Engine
 from service.core.errors import NotReady, ServiceError
 from service.core.metrics import Metrics
@@ -486,7 +485,7 @@ class Lifecycle:
             info["light_batch_size"] = self.engine.batcher.sharing.light
             # Whether the trunk runs alone on the cores, and the heads' BLAS threads (1 then).
             info["cores"] = {"owned": self.engine.cores.exclusive,
-                             "blas_threads": blas_threads()}
+                             "blas_threads": self.engine.blas_threads}
             if self.engine.live is not None:  # the profile as live batches run it here
                 info["live_batch_ms"] = self.engine.live.report()
                 # The work around a batch's trunk that deadlines allow (`Schedule.around_s`).

@@ -179,8 +179,9 @@ def _isolation() -> dict:
 
 def _deadlines() -> dict:
     """The deadlines section: quiet p50 fair 60 ms vs fifo 1,000 (0.06) and alone 20 (3 x);
-    the flood 48 vs 45 images/s, fifo's batches of 8 at 105 ms against 100 alone (1.05 x); the trace's interactive tenant 495 of 500 admitted within
-    150 ms (0.99), goodput 24 vs 15 answers in time per second (1.6 x), no trunk row late."""
+    the flood 48 vs 45 images/s, fifo's batches of 8 at 105 ms against 100 alone (1.05 x);
+    the trace's interactive tenant 495 of 500 admitted within 150 ms (0.99), goodput 24 vs 15
+    answers in time per second (1.6 x), no trunk row late."""
     def tenant(sent: int, refused: int, within: int, seconds: float) -> dict:
         admitted = sent - refused
         return {"deadline_ms": 150.0, "sent": sent, "refused_at_admission": refused,
