@@ -103,6 +103,10 @@ class Batcher:
             batch takes this many rows per tenant waiting: `sharing`); None: full batches.
         light_batch_size: the most rows of a batch that carries a light tenant's rows
             (`sharing`); None: a share per tenant waiting, as any shared batch.
+        claim: called on the event loop as each batch is taken, before it is handed to the
+            worker thread (the engine's: `Cores.reserve`, so that no decode starts in that
+            moment and makes the batch's trunk wait for it); it returns what to call once the
+            batch is done, to give back what the batch did not take. None: nothing.
         batch_seconds: the trunk's time for a batch of n (the engine's live profile's
             `upper`), for deadlines (`service.core.schedule.Schedule`: admission's estimate,
             `expected_at`; rows that can no longer make theirs dropped; a fair batch's most
@@ -132,6 +136,7 @@ class Batcher:
         shared_batch_size: int | None = None,
         light_batch_size: int | None = None,
         batch_seconds: Callable[[int], float] | None = None,
+        claim: Callable[[], Callable[[], None]] | None = None,
     ) -> None:
         if not callable(run_batch):
             raise TypeError("run_batch must be callable")
@@ -147,6 +152,7 @@ class Batcher:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, "
                              f"got {scheduler!r}")
         self._run_batch = run_batch
+        self._claim = claim
         self._max_batch_size = max_batch_size
         self.sharing = Sharing(shared_batch_size, max_batch_size,  # `.shared`: the share
                                light=light_batch_size)
@@ -520,6 +526,7 @@ class Batcher:
         self._batches_run += 1
         self._last_batch_rows = len(rows)
         self.deadlines.running(start, len(rows))
+        give_back = self._claim() if self._claim is not None else None
         try:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
         except asyncio.CancelledError:
@@ -531,6 +538,9 @@ class Batcher:
             fail(batch, exc)
         else:
             deliver(batch, results)
+        finally:
+            if give_back is not None:
+                give_back()
         end = self._clock()
         self.deadlines.ran(rows, end)
         run_s = end - start

@@ -225,6 +225,30 @@ async def test_failed_batch_fails_only_its_own_rows_and_the_next_batch_runs(
     assert b.batches_run >= 2
 
 
+async def test_claim_is_taken_as_a_batch_is_taken_and_given_back_once_it_is_done(make):
+    """`claim` (the engine's: the cores for the trunk) is called on the event loop before the
+    batch reaches its thread, and what it returned once the batch is done, failed or not."""
+    log: list[str] = []
+
+    def fn(rows, i):
+        log.append(f"run {i}")
+        if i == 1:
+            raise RuntimeError("the trunk failed")
+        return [("ok", r.payload) for r in rows]
+
+    def claim():
+        log.append(f"claim on the loop: {threading.current_thread() is threading.main_thread()}")
+        return lambda: log.append("given back")
+
+    fake = FakeRunBatch(fn)
+    b = make(fake, max_batch_size=1, claim=claim)
+    assert await b.submit("a", group="g") == ("ok", "a")
+    with pytest.raises(RuntimeError, match="the trunk failed"):
+        await b.submit("b", group="g")
+    assert log == ["claim on the loop: True", "run 0", "given back",
+                   "claim on the loop: True", "run 1", "given back"]
+
+
 async def test_exception_result_fails_only_that_row(make):
     def fn(rows, i):
         return [ValueError(f"head of {r.group} failed") if r.payload == 1 else ("ok", r.payload)

@@ -78,6 +78,51 @@ def test_the_trunk_waits_for_running_decodes_and_new_ones_wait_behind_it():
     assert cores.trunk_waits_given_up == 0
 
 
+def test_a_batch_taken_holds_the_cores_until_its_trunk_takes_the_hold_over():
+    """Between a batch's take (the event loop) and its trunk's start (the batch thread) no
+    decode starts: it would make the trunk wait for it."""
+    cores = Cores(True)
+    give_back = cores.reserve()
+    assert cores.reserved
+    newcomer = Holder(cores.decode)
+    until_waiting(cores, 1)
+    assert not newcomer.inside.is_set()
+    trunk = Holder(cores.trunk)  # takes the hold over at once: no decode runs
+    assert trunk.inside.wait(WAIT_S)
+    assert not cores.reserved and not newcomer.inside.is_set()
+    trunk.done()
+    assert newcomer.inside.wait(WAIT_S)
+    newcomer.done()
+    give_back()  # the batch is done: nothing left to give back
+    assert not cores.reserved and cores.decodes_waiting == 0
+
+
+def test_a_batch_with_no_trunk_work_gives_its_hold_back():
+    cores = Cores(True)
+    give_back = cores.reserve()
+    newcomer = Holder(cores.decode)
+    until_waiting(cores, 1)
+    give_back()  # all its features were cached: no trunk ran
+    assert newcomer.inside.wait(WAIT_S)
+    newcomer.done()
+    assert not cores.reserved
+
+
+def test_a_decode_already_running_is_not_stopped_by_a_reservation():
+    cores = Cores(True)
+    running = Holder(cores.decode)
+    assert running.inside.wait(WAIT_S)
+    give_back = cores.reserve()
+    trunk = Holder(cores.trunk)
+    until(lambda: cores._trunk == 1)
+    assert not trunk.inside.is_set()  # it waits for the running decode, as before
+    running.done()
+    assert trunk.inside.wait(WAIT_S)
+    trunk.done()
+    give_back()
+    assert cores.trunk_waits_given_up == 0
+
+
 def test_the_trunk_runs_beside_a_decode_that_takes_longer_than_its_bound():
     cores = Cores(True, max_trunk_wait_s=0.05)
     huge = Holder(cores.decode)  # a 36-megapixel PNG, say
@@ -96,8 +141,13 @@ def test_without_exclusive_nothing_waits():
     assert decode.inside.wait(WAIT_S)  # beside the running trunk
     other = Holder(cores.trunk)
     assert other.inside.wait(WAIT_S)
-    for h in (trunk, decode, other):
+    give_back = cores.reserve()  # nothing to reserve
+    assert not cores.reserved
+    late = Holder(cores.decode)
+    assert late.inside.wait(WAIT_S)
+    for h in (trunk, decode, other, late):
         h.done()
+    give_back()
     assert cores.decodes_waiting == 0
 
 
