@@ -52,6 +52,7 @@ class Plan:
     quota_s: float = 20.0  # the quota's window, from the limited client's first 429
     deadlines_s: float = 30.0  # the deadlines section's flood window, per scheduler
     deadlines_alone_s: float = 10.0  # its quiet tenant alone
+    deadlines_saturation_s: float = 20.0  # its saturation floods' window, per server
     deadlines_trace_s: float = 60.0  # its bursty trace, per mode
     # The cancellation servers' --max-batch-size: 8, as fairness's, so that 16 one-image
     # clients keep a batch queued behind the one running (a give-up can be withdrawn only
@@ -75,6 +76,7 @@ class Plan:
                       overload_uploads=100, soak_s=60.0,
                       fairness_warmup_s=5.0, fairness_s=20.0, quota_s=10.0,
                       deadlines_s=15.0, deadlines_alone_s=6.0, deadlines_trace_s=20.0,
+                      deadlines_saturation_s=10.0,
                       cancellation_warmup_s=5.0, cancellation_s=15.0,
                       isolation_alone_s=8.0, isolation_s=6.0,
                       int8_samples=32, int8_held_out=32)

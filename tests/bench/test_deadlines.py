@@ -73,6 +73,7 @@ def test_the_targets_pass_on_good_numbers_and_carry_this_runs_ratios():
     assert t["deadlines_interactive_met"].measured == pytest.approx(0.99)
     assert t["deadlines_goodput"].measured == pytest.approx(1.6)
     assert t["deadlines_trunk_in_server"].measured == pytest.approx(1.05)
+    assert t["deadlines_saturation"].measured == pytest.approx(0.96)
 
 
 @pytest.mark.parametrize("change, key", [
@@ -80,7 +81,9 @@ def test_the_targets_pass_on_good_numbers_and_carry_this_runs_ratios():
     (lambda d: d["runs"]["deadline-aware"].update(goodput_per_s=20.0), "deadlines_goodput"),
     (lambda d: d["runs"]["deadline-aware"]["tenants"]["interactive"].update(
         met_of_admitted=0.98), "deadlines_interactive_met"),
-    (lambda d: d["floods"]["fair"].update(total_images_per_s=42.0), "deadlines_saturation"),
+    (lambda d: d["saturation"]["defaults"].update(total_images_per_s=65.0),
+     "deadlines_saturation"),
+    (lambda d: d["saturation"].pop("before the profile"), "deadlines_saturation"),
     (lambda d: d["floods"]["fair"]["quiet"].update(p50_ms=90.0), "deadlines_quiet_vs_alone"),
     (lambda d: d.pop("runs"), "deadlines_goodput"),
     (lambda d: d["floods"]["fifo"].update(server_trunk_ms=140.0), "deadlines_trunk_in_server"),
@@ -99,5 +102,6 @@ def test_the_report_has_the_flood_the_trace_and_goodput_tables(tmp_path):
     section = text[text.index("## Latency objectives"):]
     for expected in ("| fifo | 45", "| 105 | 1.05 |", "| fair | 48", "quiet p50 / alone",
                      "| deadline-aware | interactive | 800 | 300 | 500 | 495 |", "goodput /s",
-                     "trunk rows past deadline"):
+                     "trunk rows past deadline", "fair runs 1.07 x fifo's images/s",
+                     "| defaults | 66 | 0.96 | 8 | 95 |", "| before the profile | 68.8 | 1 | 16 |"):
         assert expected in section, expected
