@@ -46,7 +46,7 @@ from typing import Any
 from service.core.booking import Booking, QueueRoom
 from service.core.errors import BatchError, DeadlineExceeded, ShuttingDown
 from service.core.fair import SCHEDULERS, TenantQueue
-from service.core.rows import Entry, Row, deliver, fail, outcome
+from service.core.rows import Entry, Row, deliver, fail, results
 from service.core.schedule import Estimate, Schedule, backlog
 from service.core.sharing import Sharing
 
@@ -103,6 +103,8 @@ class Batcher:
             batch takes this many rows per tenant waiting: `sharing`); None: full batches.
         light_batch_size: the most rows of a batch that carries a light tenant's rows
             (`sharing`); None: a share per tenant waiting, as any shared batch.
+        upper_batch_size: the most rows of a fair batch at saturation, with no light tenant
+            and no deadline close (`sharing`); None: max_batch_size. "mixed" policy only.
         claim: called on the event loop as each batch is taken, before it is handed to the
             worker thread (the engine's: `Cores.reserve`, so that no decode starts in that
             moment and makes the batch's trunk wait for it); it returns what to call once the
@@ -137,6 +139,7 @@ class Batcher:
         light_batch_size: int | None = None,
         batch_seconds: Callable[[int], float] | None = None,
         claim: Callable[[], Callable[[], None]] | None = None,
+        upper_batch_size: int | None = None,
     ) -> None:
         if not callable(run_batch):
             raise TypeError("run_batch must be callable")
@@ -155,7 +158,8 @@ class Batcher:
         self._claim = claim
         self._max_batch_size = max_batch_size
         self.sharing = Sharing(shared_batch_size, max_batch_size,  # `.shared`: the share
-                               light=light_batch_size)
+                               light=light_batch_size,
+                               upper=upper_batch_size if policy == "mixed" else None)
         self.deadlines = Schedule(batch_seconds)  # admission, drops and picks by deadline
         self._max_wait_s = float(max_wait_ms) / 1000.0
         self._policy = policy
@@ -214,8 +218,9 @@ class Batcher:
         """(most rows the next batch takes, how many are queued): `Sharing.batch` (fair)."""
         if not self._queue.fair:
             return self._max_batch_size, len(self._queue)
-        return self.sharing.batch(self._clock() if now is None else now, self._queue.rows,
-                                   self._room.tenant_booked)
+        now = self._clock() if now is None else now
+        return self.sharing.batch(now, self._queue.rows, self._room.tenant_booked, lambda n: (
+            self.deadlines.leaves_room(self._queue, now, n, self._max_batch_size)))
 
     def expected_at(self, tenant: str, rows: int) -> Estimate | None:
         """`Schedule.expected_at` in batches of the next one's size; None without a profile."""
@@ -324,30 +329,7 @@ class Batcher:
         """
         entries = self._enqueue(tuple(payloads), group, deadline, booking, tenant=tenant,
                                 costs=costs)
-        if not entries:
-            return []
-        futures = [e.future for e in entries]
-        try:
-            await asyncio.wait(
-                futures,
-                return_when=asyncio.ALL_COMPLETED if return_exceptions else asyncio.FIRST_EXCEPTION,
-            )
-        except asyncio.CancelledError:
-            self._withdraw(entries)
-            raise
-        if return_exceptions:
-            return [outcome(f) for f in futures]
-        failed = next(
-            (f for f in futures if f.done() and not f.cancelled() and f.exception() is not None),
-            None,
-        )
-        if failed is None:
-            return [f.result() for f in futures]
-        self._withdraw(entries)
-        for f in futures:  # mark every exception as retrieved: no "never retrieved" warnings
-            if f.done() and not f.cancelled():
-                f.exception()
-        raise failed.exception()
+        return await results(entries, return_exceptions, self._withdraw) if entries else []
 
     # -- internals: queue -----------------------------------------------------------------------
 

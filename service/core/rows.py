@@ -1,6 +1,7 @@
 """What the batcher queues: a `Row` (one image, as `run_batch` sees it) and its `Entry` (the row,
 the future its caller awaits, and the other entries queued by the same call); and how entries
-are finished: `deliver` a batch's results, `fail` entries, a future's `outcome`.
+are finished: `deliver` a batch's results, `fail` entries, a future's `outcome`, and how a
+call that queued several waits for them (`results`).
 
 `service.core.fair.TenantQueue` holds entries and decides which ones a batch takes;
 `service.core.booking` gives and takes the queue's room; `service.core.batcher` runs the batches.
@@ -8,7 +9,7 @@ are finished: `deliver` a batch's results, `fail` entries, a future's `outcome`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,3 +117,33 @@ def outcome(future: asyncio.Future) -> Any:
     if future.cancelled():
         return asyncio.CancelledError()
     return future.exception() or future.result()
+
+
+async def results(entries: Sequence[Entry], return_exceptions: bool,
+                  withdraw: Callable[[Sequence[Entry]], None]) -> list[Any]:
+    """The results of one call's entries, in order, once all are done; with
+    `return_exceptions` False the first failure is raised as soon as it happens and the
+    entries not yet run are withdrawn (`withdraw`), as they are when the caller is cancelled;
+    with True, failed rows' exceptions are returned in their place (like `asyncio.gather`)."""
+    futures = [e.future for e in entries]
+    try:
+        await asyncio.wait(
+            futures,
+            return_when=asyncio.ALL_COMPLETED if return_exceptions else asyncio.FIRST_EXCEPTION,
+        )
+    except asyncio.CancelledError:
+        withdraw(entries)
+        raise
+    if return_exceptions:
+        return [outcome(f) for f in futures]
+    failed = next(
+        (f for f in futures if f.done() and not f.cancelled() and f.exception() is not None),
+        None,
+    )
+    if failed is None:
+        return [f.result() for f in futures]
+    withdraw(entries)
+    for f in futures:  # mark every exception as retrieved: no "never retrieved" warnings
+        if f.done() and not f.cancelled():
+            f.exception()
+    raise failed.exception()
