@@ -167,7 +167,8 @@ class Engine:
                                light_batch_size=light_batch_size(
                                    batch_seconds, batch_size, settings.shared_batch_ms),
                                batch_seconds=self.live and self.live.upper,
-                               claim=self.cores.reserve)
+                               claim=self.cores.reserve,
+                               upper_batch_size=settings.max_batch_size)
         self.batcher.deadlines.on_late = metrics.observe_rows_late
         self.batcher.deadlines.trunk_took = self.live and self.live.took
         metrics.bind_queue_depth(lambda: self.batcher.queue_depth)

@@ -136,9 +136,9 @@ class Metrics:
         )
         self._trunk_profile: Callable[[], Mapping[int, float] | None] | None = None
         self.batch_size_working = Gauge(
-            "batch_size_working", "most images the batcher puts in one trunk batch: the "
-            "smallest size of the trunk's profile within 5 % of its best images/s, at most "
-            "--max-batch-size", namespace=ns, registry=r,
+            "batch_size_working", "most images the batcher puts in one trunk batch below "
+            "saturation: the smallest size of the trunk's profile within 5 % of its best "
+            "images/s, at most --max-batch-size", namespace=ns, registry=r,
         )
         self.batch_size_shared = Gauge(
             "batch_size_shared", "a tenant's share of a trunk batch while the trunk is shared "

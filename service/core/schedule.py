@@ -285,6 +285,15 @@ class Schedule:
             return math.inf
         return min(deadlines) - self._answered(rows) - START_LEAD_S - now
 
+    def leaves_room(self, queue, now: float, rows: int, then: int) -> bool:
+        """Whether the earliest deadline in `queue` would still be met after a batch of `rows`
+        started now and one of `then` rows after it (its row may be in either): where a batch
+        longer than the working size may run at saturation (`Sharing.batch`). False without a
+        profile."""
+        if self.seconds is None:
+            return False
+        return self.start_in(queue, now, rows) >= self._answered(then)
+
     def picker(self, now: float) -> Callable[[list], list[int]] | None:
         """`TenantQueue.take`'s `pick` for a batch taken at `now` (`batch_pick` on the
         entries' deadlines); None without a profile (the order's rows, as many as fit)."""

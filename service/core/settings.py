@@ -177,7 +177,9 @@ class Settings:
         True,
         "the batch size is the smallest of the trunk's batch profile within 5 % of its best "
         "images/s, at most --max-batch-size (a longer one costs every waiting request its "
-        "length for less); off, or without a profile: --max-batch-size")
+        "length for less); at saturation (--scheduler fair, no light tenant, more images "
+        "queued than that, no deadline close) a batch takes up to --max-batch-size; off, or "
+        "without a profile: --max-batch-size")
     shared_batch_ms: float | None = setting(
         None,
         "with --scheduler fair, while more than one tenant sent images within the last "

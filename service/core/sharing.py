@@ -32,6 +32,18 @@ deadlines`, docs/performance.md#deadlines). And after a batch that answered a te
 has nothing waiting, the next batch waits up to RETURN_WAIT x a batch of one for its next
 request (`return_in`, the batcher's gathering): a closed-loop light client back within it
 rides in the next batch, a longer one, instead of waiting for a short batch of the others.
+
+At saturation with no light tenant (no share bound) a batch may be longer than the working size
+(`upper`: --max-batch-size): when more rows wait (queued, or being decoded: the batcher's
+gathering waits for those, as on a CPU trunk only a few are decoded between two batches) than
+the working size takes, it takes them up to `upper`, while no deadline waiting is close
+(`batch`'s `room_for`: the earliest would still be met after that batch and one of the working
+size). The working size (the
+smallest within 5 % of the profile's best images/s) keeps batches short below saturation, where
+a longer one would cost every waiting request its length; at saturation the queue waits either
+way, and longer batches drain it faster. Measured on 2 Xeon cores (OpenVINO bf16, one tenant's
+48 clients): working batches of 4 ran 0.903 x the images/s of full batches of 16, of 8 0.945
+and 0.961 (`multihead bench --sections deadlines`, docs/performance.md#deadlines).
 """
 from __future__ import annotations
 
@@ -89,10 +101,13 @@ class Sharing:
         batch_size: the batcher's batch size.
         light: the most rows of a batch that carries a light tenant's rows (an int >= 1, at
             least a share; None: a share for each tenant waiting, as any shared batch).
+        upper: the most rows of a batch at saturation (see the module doc; None, or at most
+            `batch_size`: `batch_size`).
     """
 
     def __init__(self, shared: int | None, batch_size: int,
-                 window_s: float = SHARING_WINDOW_S, light: int | None = None) -> None:
+                 window_s: float = SHARING_WINDOW_S, light: int | None = None,
+                 upper: int | None = None) -> None:
         shared = batch_size if shared is None else shared
         for name, value in (("shared_batch_size", shared), ("light_batch_size", light)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -101,6 +116,7 @@ class Sharing:
         self.shared = min(shared, batch_size)
         self.light = max(self.shared, min(light or 1, batch_size))  # at least a share
         self.max_batch_size = batch_size
+        self.upper = max(batch_size, upper or batch_size)
         self._bounded = self.shared < batch_size
         self.window_s = window_s
         self._last: dict[str, float] = {}
@@ -153,8 +169,8 @@ class Sharing:
         returning = any(waiting.get(t, 0) == 0 for t in tenants if t in self._last)
         return left if returning else -math.inf
 
-    def batch(self, now: float, queued: Mapping[str, int],
-              booked: Mapping[str, int]) -> tuple[int, int]:
+    def batch(self, now: float, queued: Mapping[str, int], booked: Mapping[str, int],
+              room_for: Callable[[int], bool] | None = None) -> tuple[int, int]:
         """(the most rows the next batch takes, how many of them are queued now), from the
         rows queued and being prepared (`booked`), by tenant: while `cap` holds, a share for
         each tenant with rows waiting, at most the batch size, of which each tenant's queued
@@ -162,11 +178,17 @@ class Sharing:
         batcher's gathering); when a light tenant (at most a share waiting) has rows
         waiting, at least `light` rows (at most the rows waiting): all the light tenants'
         and the others' up to it (again: queued, or the batch waits for them); else the
-        batch size and the rows queued."""
+        batch size and the rows queued, or with more rows waiting than that (queued or being
+        prepared), up to `upper` of them while `room_for(n)` (deadlines: a batch of n leaves
+        room)."""
         waiting = _waiting(queued, booked)
         share = self.cap(now, waiting)
         if share is None:
-            return self.max_batch_size, sum(queued.values())
+            ready = sum(queued.values())
+            longer = min(self.upper, sum(waiting.values()))
+            if longer > self.max_batch_size and room_for is not None and room_for(longer):
+                return longer, ready
+            return self.max_batch_size, ready
         tenants = sum(1 for n in waiting.values() if n > 0)
         size = min(self.max_batch_size, share * max(1, tenants))
         light = [t for t, n in waiting.items() if 0 < n <= share]

@@ -103,6 +103,28 @@ def test_the_cap_holds_while_a_light_tenant_shares_the_trunk():
     assert sharing.active(1.7) == []
 
 
+def test_at_saturation_a_batch_takes_up_to_the_upper_size_while_deadlines_leave_room():
+    """No share bound (one tenant, or heavy ones only) and more rows queued than the working
+    size: up to `upper` of them while `room_for` says the deadlines leave room; never with a
+    light tenant about, nor without `room_for` (no profile), nor with no more rows than the
+    working size."""
+    sharing = Sharing(2, 4, window_s=1.0, upper=16)
+    sharing.queued("a", 0.0)
+    yes, no = (lambda n: True), (lambda n: False)
+    assert sharing.batch(0.1, {"a": 10}, {}, yes) == (10, 10)
+    assert sharing.batch(0.1, {"a": 20}, {}, yes) == (16, 20)
+    assert sharing.batch(0.1, {"a": 10}, {}, no) == (4, 10)
+    assert sharing.batch(0.1, {"a": 10}, {}) == (4, 10)
+    assert sharing.batch(0.1, {"a": 3}, {}, yes) == (4, 3)
+    assert sharing.batch(0.1, {"a": 3}, {"a": 9}, yes) == (12, 3)  # gathers those decoding
+    asked: list[int] = []
+    assert sharing.batch(0.1, {"a": 12}, {}, lambda n: asked.append(n) or True) == (12, 12)
+    assert asked == [12]  # the deadlines are asked about the longer batch itself
+    sharing.queued("b", 0.2)  # a light tenant: shares, not longer batches
+    assert sharing.batch(0.3, {"a": 10, "b": 1}, {}, yes) == (4, 3)
+    assert Sharing(None, 4).upper == 4 and Sharing(None, 8, upper=4).upper == 8
+
+
 async def _batches(make_batcher, clock, rows_of):
     """Queues `rows_of` [(tenant, n)] in order while a first batch is held, then runs them:
     the tenants of each batch after the held one."""
@@ -167,6 +189,38 @@ async def test_fifo_keeps_the_arrival_order_in_full_batches(make_batcher):
     batches = await _batches(lambda fake, clock: make_batcher(fake, clock, scheduler="fifo"),
                              FakeClock(), [("a", 8), ("b", 1), ("c", 1)])
     assert batches == [["a"] * 8, ["b", "c"]]
+
+
+@pytest.mark.parametrize("deadline_s, sizes", [
+    (10.0, [12]),  # far: one longer batch of all 12
+    (0.2, [8, 4]),  # a batch of 12 then one of 8 would miss it: the working size
+    (None, [12]),  # no deadline at all
+])
+async def test_at_saturation_the_batch_grows_past_the_working_size_unless_a_deadline_is_close(
+        make_batcher, deadline_s, sizes):
+    """A fair batcher with the working size 8 and --max-batch-size 16 on a profile (the
+    linear trunk's): 12 rows of one tenant queued behind a running batch."""
+    clock = FakeClock()
+    fake = FakeRunBatch(hold=True)
+    b = make_batcher(fake, clock, upper_batch_size=16, batch_seconds=seconds(LINEAR))
+    held = spawn(b.submit("held", group="g", tenant="a"))
+    await fake.entered()
+    deadline = None if deadline_s is None else clock() + deadline_s
+    rows = spawn(b.submit_many(range(12), group="g", tenant="a", deadline=deadline))
+    await settle()
+    fake.release()
+    await gather5(held, rows)
+    assert [len(c) for c in fake.calls[1:]] == sizes
+    await asyncio.wait_for(b.close(), 5)
+
+
+async def test_without_a_profile_or_under_fifo_batches_keep_the_working_size(make_batcher):
+    for kwargs in ({"upper_batch_size": 16},
+                   {"upper_batch_size": 16, "batch_seconds": seconds(LINEAR),
+                    "scheduler": "fifo"}):
+        batches = await _batches(lambda fake, clock, kw=kwargs: make_batcher(fake, clock, **kw),
+                                 FakeClock(), [("a", 12)])
+        assert [len(x) for x in batches] == [8, 4], kwargs
 
 
 async def test_a_tenant_between_requests_keeps_the_cap_for_the_window(make_batcher):
