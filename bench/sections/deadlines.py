@@ -135,30 +135,32 @@ def deadline_store(context: Context) -> tuple[Path, dict[str, str]]:
     return store, bots
 
 
+def _load(context: Context, server, bots: dict[str, str], clients: dict[str, int],
+          seconds: float, what: str) -> dict:
+    """`flood`'s closed-loop `clients` after the plan's warm-up, for `seconds`: its
+    `flood_summary`."""
+    say(f"deadlines {what}, {context.plan.fairness_warmup_s:.0f} s warm-up + {seconds:.0f} s ...")
+    data = asyncio.run(flood(server.url, context.jpegs, bots, clients,
+                             context.plan.fairness_warmup_s, seconds))
+    return flood_summary(data, clients)
+
+
 def _flood(context: Context, server, bots: dict[str, str], scheduler: str,
            result: DeadlinesResult) -> None:
-    plan = context.plan
-    clients = {NOISY: plan.fairness_noisy_clients, QUIET_ONE: 1}
-    say(f"deadlines {scheduler}: {plan.fairness_noisy_clients} noisy clients + 1 quiet, "
-        f"{plan.fairness_warmup_s:.0f} s warm-up + {plan.deadlines_s:.0f} s ...")
-    data = asyncio.run(flood(server.url, context.jpegs, bots, clients, plan.fairness_warmup_s,
-                             plan.deadlines_s))
-    summary = flood_summary(data, clients)
-    result.floods[scheduler] = summary
+    noisy = context.plan.fairness_noisy_clients
+    summary = result.floods[scheduler] = _load(
+        context, server, bots, {NOISY: noisy, QUIET_ONE: 1}, context.plan.deadlines_s,
+        f"{scheduler}: {noisy} noisy clients + 1 quiet")
     say(f"deadlines {scheduler}: {num(summary['total_images_per_s']):.2f} images/s, quiet p50 "
         f"{num(summary['quiet'].get('p50_ms')):.0f} ms")
 
 
 def _saturation(context: Context, server, bots: dict[str, str], name: str,
                 result: DeadlinesResult) -> None:
-    plan = context.plan
-    clients = {NOISY: plan.fairness_noisy_clients}
-    say(f"deadlines saturation ({name}): {plan.fairness_noisy_clients} noisy clients alone, "
-        f"{plan.fairness_warmup_s:.0f} s warm-up + {plan.deadlines_saturation_s:.0f} s ...")
-    data = asyncio.run(flood(server.url, context.jpegs, bots, clients, plan.fairness_warmup_s,
-                             plan.deadlines_saturation_s))
-    summary = flood_summary(data, clients)
-    result.saturation[name] = summary
+    noisy = context.plan.fairness_noisy_clients
+    summary = result.saturation[name] = _load(
+        context, server, bots, {NOISY: noisy}, context.plan.deadlines_saturation_s,
+        f"saturation ({name}): {noisy} noisy clients alone")
     say(f"deadlines saturation ({name}): {num(summary['total_images_per_s']):.2f} images/s, "
         f"mean batch {num(summary.get('mean_batch_size')):.1f}")
 
