@@ -38,12 +38,13 @@ At saturation with no light tenant (no share bound) a batch may be longer than t
 gathering waits for those, as on a CPU trunk only a few are decoded between two batches) than
 the working size takes, it takes them up to `upper`, while no deadline waiting is close
 (`batch`'s `room_for`: the earliest would still be met after that batch and one of the working
-size). The working size (the
-smallest within 5 % of the profile's best images/s) keeps batches short below saturation, where
-a longer one would cost every waiting request its length; at saturation the queue waits either
-way, and longer batches drain it faster. Measured on 2 Xeon cores (OpenVINO bf16, one tenant's
-48 clients): working batches of 4 ran 0.903 x the images/s of full batches of 16, of 8 0.945
-and 0.961 (`multihead bench --sections deadlines`, docs/performance.md#deadlines).
+size). The working size (the smallest within 5 % of the profile's best images/s) keeps batches
+short below saturation, where a longer one would cost every waiting request its length; at
+saturation the queue waits either way, and longer batches drain it faster. Measured on 2 Xeon
+cores (OpenVINO bf16, one tenant's 48 clients): working batches of 4 ran 0.903 x the images/s
+of full batches of 16, of 8 0.945 and 0.961; with the longer batches, a working size of 8 ran
+batches of 16 at 73.1 images/s (`multihead bench --sections deadlines`,
+docs/performance.md#deadlines).
 """
 from __future__ import annotations
 
