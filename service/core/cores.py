@@ -16,9 +16,9 @@ the writer preferred:
   goes to `on_wait(seconds)`.
 - `reserve()` (the batcher's, on the event loop, as it takes a batch) holds the cores for that
   batch from then on: between the take and the trunk's start (the hand-off to the batch
-  thread, the stacking: 1.5-3 ms on 2 busy cores) decodes used to start and the trunk then
-  waited for them (`trunk()` waits for running decodes). The hold passes to `trunk()`, or is
-  given back by `unreserve()` (a batch with no trunk work: all its features cached). Measured
+  thread, the stacking) decodes used to start and the trunk then waited for them (`trunk()`
+  waits for running decodes). The hold passes to `trunk()`, or is given back by
+  `unreserve()` (a batch with no trunk work: all its features cached). Measured
   on 2 Xeon cores (OpenVINO bf16, 48 closed-loop clients and a quiet one, a temporary log of
   every take, decode and trunk start): the trunk started 3.1 ms after the take (p50, fair)
   and 6.2 ms (fifo) before, 1.7 and 3.6 ms with the hold; fifo's flood in batches of 4 ran

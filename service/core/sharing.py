@@ -42,9 +42,11 @@ size). The working size (the smallest within 5 % of the profile's best images/s)
 short below saturation, where a longer one would cost every waiting request its length; at
 saturation the queue waits either way, and longer batches drain it faster. Measured on 2 Xeon
 cores (OpenVINO bf16, one tenant's 48 clients): working batches of 4 ran 0.903 x the images/s
-of full batches of 16, of 8 0.945 and 0.961; with the longer batches, a working size of 8 ran
-batches of 16 at 73.1 images/s (`multihead bench --sections deadlines`,
-docs/performance.md#deadlines).
+of full batches of 16, of 8 0.945 and 0.961 (`multihead bench --sections deadlines`); with the
+longer batches a working size of 4 ran 1.05 x (batches of 15.7), and in a probe a working size
+of 8 ran batches of 16 (docs/performance.md#deadlines). The price: a tenant that sent nothing
+within SHARING_WINDOW_S is not known as light yet, and its first request waits for such a
+batch, as it did before the profile.
 """
 from __future__ import annotations
 
