@@ -42,7 +42,9 @@ async def trace_load(url: str, jpegs: Sequence[bytes], bots: Mapping[str, str],
     tenant's deadline when `send_deadlines`; waits for every answer (a client gives up after
     `timeout_s`). Returns {"calls": [Call] (start: the scheduled time), "begin", "end": the
     trace's span (perf_counter), "late_rows": {tenant: trunk rows that ended after their
-    deadline, by the server's multihead_tenant_rows_late_total over the trace}}."""
+    deadline, by the server's multihead_tenant_rows_late_total over the trace},
+    "expired_rows": {tenant: trunk rows whose deadline had passed when the trunk started,
+    by its multihead_tenant_rows_run_expired_total}}."""
     from bench.load import client_session
     from bench.prometheus import by_labels
 
@@ -69,11 +71,15 @@ async def trace_load(url: str, jpegs: Sequence[bytes], bots: Mapping[str, str],
         await asyncio.gather(*tasks)
         after = await _metrics(session, url)
     end = t0 + (schedule[-1][0] if schedule else 0.0)
-    name = "multihead_tenant_rows_late_total"
-    was = by_labels(before, name)
-    late = {t: n - was.get(t, 0.0) for t, n in by_labels(after, name).items()
-            if n - was.get(t, 0.0)}
-    return {"calls": calls, "begin": t0, "end": end, "late_rows": late}
+
+    def grown(name: str) -> dict[str, float]:
+        was = by_labels(before, name)
+        return {t: n - was.get(t, 0.0) for t, n in by_labels(after, name).items()
+                if n - was.get(t, 0.0)}
+
+    return {"calls": calls, "begin": t0, "end": end,
+            "late_rows": grown("multihead_tenant_rows_late_total"),
+            "expired_rows": grown("multihead_tenant_rows_run_expired_total")}
 
 
 async def _metrics(session, url: str) -> str:
@@ -104,11 +110,13 @@ def tenant_summary(calls: Sequence[Call], deadline_ms: float, span_s: float) -> 
 
 
 def trace_summary(calls: Sequence[Call], deadlines_ms: Mapping[str, float],
-                  span_s: float, late_rows: Mapping[str, float] | None = None) -> dict:
+                  span_s: float, late_rows: Mapping[str, float] | None = None,
+                  expired_rows: Mapping[str, float] | None = None) -> dict:
     """Per tenant (`tenant_summary`) and in all: goodput (answers within their tenant's
     deadline per second of `span_s`), late answers as the clients saw them, and the server's
-    trunk rows that ended after their deadline (`late_rows`: only rows sent with a deadline
-    are known to it)."""
+    trunk rows that ended after their deadline (`late_rows`) and that it ran past their
+    deadline (`expired_rows`: the deadline had passed when the trunk started); the server
+    knows only the deadlines sent."""
     tenants = {t: tenant_summary([c for c in calls if c.tenant == t], ms, span_s)
                for t, ms in deadlines_ms.items()}
     return {"span_s": span_s, "tenants": tenants,
@@ -116,4 +124,5 @@ def trace_summary(calls: Sequence[Call], deadlines_ms: Mapping[str, float],
             "late": sum(s["late"] for s in tenants.values()),
             "late_rows": dict(late_rows or {}),
             "trunk_rows_late": sum((late_rows or {}).values()),
+            "trunk_rows_expired": sum((expired_rows or {}).values()),
             "sent": sum(s["sent"] for s in tenants.values())}

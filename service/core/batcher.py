@@ -509,6 +509,7 @@ class Batcher:
         self._last_batch_rows = len(rows)
         self.deadlines.running(start, len(rows))
         give_back = self._claim() if self._claim is not None else None
+        ran = rows  # the rows not dropped as the trunk started (`run_batch`)
         try:
             results = await self._loop.run_in_executor(self._executor, self._run_batch, rows)
         except asyncio.CancelledError:
@@ -520,11 +521,13 @@ class Batcher:
             fail(batch, exc)
         else:
             deliver(batch, results)
+            ran = [r for r, res in zip(rows, results) if not isinstance(res, DeadlineExceeded)]
+            self._rows_expired += len(rows) - len(ran)
         finally:
             if give_back is not None:
                 give_back()
         end = self._clock()
-        self.deadlines.ran(rows, end)
+        self.deadlines.ran(rows, end, ran)
         run_s = end - start
         self._last_progress_s = max(self._last_progress_s, end)
         self.sharing.ran((r.tenant for r in rows), end)

@@ -14,6 +14,7 @@ canary, `service.core.candidates`) once to the same rows' features.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -52,6 +53,7 @@ from service.core.live_profile import LiveProfile
 from service.core.metrics import Metrics
 from service.core.quota import Quotas
 from service.core.rows import Row
+from service.core.schedule import PASSED_WAITING
 from service.core.scoring import Item, Prediction, score
 from service.core.settings import Settings
 from service.core.sharing import light_batch_size, shared_batch_size
@@ -179,32 +181,64 @@ class Engine:
     def run_batch(self, rows: list[Row]) -> list[list[Prediction] | Exception]:
         """One trunk call for the rows without cached features, then the heads. Worker thread.
         Traced, the batch's spans (`trunk_batch`, each request's `queue_wait` and `heads`)."""
-        items: list[Item] = [row.payload for row in rows]
         if self.tracing is None:
-            return self._run_batch(items, NO_BATCH)
+            return self._run_batch(rows, NO_BATCH)
+        items: list[Item] = [row.payload for row in rows]
         trunk_images = sum(item.features is None for item in items)
         with self.tracing.batch([i.trace for i in items], [i.heads for i in items],
                                 trunk_images) as batch:
-            return self._run_batch(items, batch)
+            return self._run_batch(rows, batch)
 
-    def _run_batch(self, items: list[Item], batch: BatchTrace | NoBatch
+    def _run_batch(self, rows: list[Row], batch: BatchTrace | NoBatch
                    ) -> list[list[Prediction] | Exception]:
+        """The trunk for the rows without features, then the heads. A row whose deadline
+        (`time.monotonic()`) passed before the trunk started (it waited for a running decode,
+        `Cores.trunk`) is not run: its result is DeadlineExceeded, as for a row dropped from
+        the queue. The rows the trunk runs past their deadline all the same (one passing
+        between that check and the trunk's call) are counted per tenant
+        (`Metrics.observe_rows_run_expired`)."""
+        items: list[Item] = [row.payload for row in rows]
+        deadlines = [row.deadline for row in rows]
         features = np.empty((len(items), FEATURE_DIM), np.float32)
         todo = [i for i, item in enumerate(items) if item.features is None]
         for i, item in enumerate(items):
             if item.features is not None:
                 features[i] = item.features
+        gone: set[int] = set()
         if todo:
             batch_images = np.stack([items[i].image for i in todo])
             with self.cores.trunk():
-                start = time.perf_counter()
-                computed = self.trunk.features(batch_images)
-                took = time.perf_counter() - start
-            self.metrics.observe_trunk(len(todo), took)
-            self.live and self.live.observe(len(todo), took)
-            features[todo] = computed
-            for i, row in zip(todo, computed):
-                self.cache.put(items[i].digest, row)
+                gone = _expired(todo, deadlines, time.monotonic())
+                if gone:  # rare: copies the images still to run
+                    keep = [k for k, i in enumerate(todo) if i not in gone]
+                    todo, batch_images = [todo[k] for k in keep], batch_images[keep]
+                if todo:
+                    start = time.perf_counter()
+                    expired = _expired(todo, deadlines, time.monotonic())
+                    computed = self.trunk.features(batch_images)
+                    took = time.perf_counter() - start
+                    if expired:
+                        self.metrics.observe_rows_run_expired(
+                            collections.Counter(rows[i].tenant for i in expired))
+            if todo:
+                self.metrics.observe_trunk(len(todo), took)
+                self.live and self.live.observe(len(todo), took)
+                features[todo] = computed
+                for i, row in zip(todo, computed):
+                    self.cache.put(items[i].digest, row)
+        if not gone:
+            return self._score(features, items, batch)
+        kept = [i for i in range(len(items)) if i not in gone]
+        results: list[list[Prediction] | Exception] = [
+            DeadlineExceeded(PASSED_WAITING) for _ in items]
+        if kept:
+            for i, result in zip(kept, self._score(features[kept], [items[i] for i in kept],
+                                                   batch)):
+                results[i] = result
+        return results
+
+    def _score(self, features: np.ndarray, items: list[Item], batch: BatchTrace | NoBatch
+               ) -> list[list[Prediction] | Exception]:
         start = time.perf_counter()
         with batch.heads():
             results = score(features, items, self.observe_candidate)
@@ -499,3 +533,8 @@ class Engine:
         loop = asyncio.get_running_loop()
         for pool in (self.decode_pool, self.light_pool):
             await loop.run_in_executor(None, functools.partial(pool.shutdown, wait=True))
+
+
+def _expired(todo: Sequence[int], deadlines: Sequence[float | None], now: float) -> set[int]:
+    """Which of the rows `todo` (indices into `deadlines`) are past their deadline at `now`."""
+    return {i for i in todo if deadlines[i] is not None and deadlines[i] <= now}

@@ -75,6 +75,7 @@ class Metrics:
         feature_cache_hits_total,
         feature_cache_misses_total, bot_requests_total{bot},
         tenant_images_total{tenant}, tenant_rows_late_total{tenant} (`observe_rows_late`),
+        tenant_rows_run_expired_total{tenant} (`observe_rows_run_expired`),
         tenant_refusals_total{tenant,code} (code: one of
         `REFUSAL_CODES`), tenant_queued_rows{tenant}, tenant_counter{tenant} (the last two set
         from `bind_tenant_state` at each `render`), candidate_images_total{bot,version},
@@ -217,6 +218,12 @@ class Metrics:
             "tenant_rows_late", f"trunk images per tenant whose batch ended after the row's "
             f"deadline: the trunk's work for an answer too late ({tenants})", ["tenant"],
             namespace=ns, registry=r,
+        )
+        self.tenant_rows_run_expired_total = Counter(
+            "tenant_rows_run_expired", f"trunk images per tenant for rows whose deadline had "
+            f"passed when the trunk started (the engine drops such rows first: 504 "
+            f"deadline_exceeded; any counted here is trunk work for an answer already too "
+            f"late) ({tenants})", ["tenant"], namespace=ns, registry=r,
         )
         self.tenant_refusals_total = Counter(
             "tenant_refusals", f"requests refused per tenant by error code: "
@@ -367,10 +374,18 @@ class Metrics:
     def observe_rows_late(self, counts: Mapping[str, int]) -> None:
         """Count the rows of one batch that ended after their deadline, per tenant (the
         batcher's `Schedule.on_late`)."""
+        self._count_rows(self.tenant_rows_late_total, counts)
+
+    def observe_rows_run_expired(self, counts: Mapping[str, int]) -> None:
+        """Count the rows the trunk ran whose deadline had passed when it started, per
+        tenant (the engine, as its trunk starts)."""
+        self._count_rows(self.tenant_rows_run_expired_total, counts)
+
+    def _count_rows(self, counter: Counter, counts: Mapping[str, int]) -> None:
         batch = [(tenant, rows) for tenant, rows in counts.items() if rows > 0]
         with self._lock:
             for (_, rows), label in zip(batch, self._observe_tenants(batch)):
-                self.tenant_rows_late_total.labels(tenant=label).inc(rows)
+                counter.labels(tenant=label).inc(rows)
 
     def observe_refusal(self, tenant: str, code: str) -> str:
         """Count one request of `tenant` refused with `code` (one of `REFUSAL_CODES`); returns
@@ -406,6 +421,7 @@ class Metrics:
         for tenant in demoted - top.labelled:
             self.tenant_images_total.remove(tenant)
             self.tenant_rows_late_total.remove(tenant)
+            self.tenant_rows_run_expired_total.remove(tenant)
             for code in REFUSAL_CODES:
                 self.tenant_refusals_total.remove(tenant, code)
         return [label if label in top.labelled else OTHER for label in labels]

@@ -27,7 +27,8 @@ is answered in time, not just run in time). A request's deadline itself, on ever
 - Drops (`drop_doomed`, before each batch): a row that could no longer be answered in time
   even in a batch of its own is failed before the trunk (504 `deadline_exceeded`); a row with
   that much time left is never dropped. Without a batch profile, a row is dropped once its
-  deadline passed.
+  deadline passed. A row whose deadline passes between its batch's take and its trunk's start
+  is dropped by the engine as the trunk starts (`ran`'s `run`: not counted late).
 - The last check before work: an image of an admitted request whose decode starts (after
   waiting for a batch running, `service.core.cores`, or for the decode pool) when its row
   could no longer be answered in time even in the batch right after the one running (the
@@ -79,6 +80,9 @@ PATH_ALPHA = 0.2
 # nothing, and `batch_pick` lets it wait).
 SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.99, 256, 16, 8.0
 SLACK_AGE_S = 10.0
+# The error of a row whose deadline passed before its trunk ran (dropped unrun: here, or by
+# the engine as the trunk starts).
+PASSED_WAITING = "the request's deadline passed while it waited for the trunk"
 # The tenants whose pace and slack are kept (the least recently learnt is forgotten).
 LEARNT_TENANTS = 64
 
@@ -271,7 +275,7 @@ class Schedule:
         if doomed and self.seconds is not None:
             self._learn([e.row for e in doomed], now + self._answered(1))
         fail([e for e in doomed if (e.row.deadline or 0.0) <= now],
-             DeadlineExceeded("the request's deadline passed while it waited for the trunk"))
+             DeadlineExceeded(PASSED_WAITING))
         fail(doomed, DeadlineExceeded("the request's deadline would pass before its answer: "
                                       "dropped before the trunk"))
         return len(doomed)
@@ -305,10 +309,11 @@ class Schedule:
         """A batch of `rows` started at `start`."""
         self._running = (start, rows)
 
-    def ran(self, rows: Sequence, end: float) -> None:
-        """The running batch of `rows` (`Row`s) ended at `end`: rows past their deadline are
-        counted (`on_late`); how late admission's estimates were is learnt (`slack`), and
-        the work around the batch's trunk (`around_s`), when the trunk ran."""
+    def ran(self, rows: Sequence, end: float, run: Sequence | None = None) -> None:
+        """The running batch of `rows` (`Row`s) ended at `end`: those of them `run` (all by
+        default; not those dropped as the trunk started) past their deadline are counted
+        (`on_late`); how late admission's estimates were is learnt (`slack`), and the work
+        around the batch's trunk (`around_s`), when the trunk ran."""
         took = None if self.trunk_took is None else self.trunk_took()
         if self._running is not None and took is not None:
             around = max(0.0, end - self._running[0] - took)
@@ -319,7 +324,7 @@ class Schedule:
                 self._around = (mean + AROUND_ALPHA * (around - mean),
                                 spread + AROUND_ALPHA * (abs(around - mean) - spread))
         self._running = None
-        late = collections.Counter(r.tenant for r in rows
+        late = collections.Counter(r.tenant for r in (rows if run is None else run)
                                    if r.deadline is not None and r.deadline < end)
         if late and self.on_late is not None:
             self.on_late(late)

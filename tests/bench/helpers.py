@@ -181,7 +181,8 @@ def _deadlines() -> dict:
     """The deadlines section: quiet p50 fair 60 ms vs fifo 1,000 (0.06) and alone 20 (3 x);
     the flood 48 vs 45 images/s, fifo's batches of 8 at 105 ms against 100 alone (1.05 x);
     the trace's interactive tenant 495 of 500 admitted within 150 ms (0.99), goodput 24 vs 15
-    answers in time per second (1.6 x), no trunk row late; saturation 66 images/s at the
+    answers in time per second (1.6 x), no trunk row run past its deadline (3 whose
+    batch ended past it: reported, not judged); saturation 66 images/s at the
     defaults vs 68.75 before the profile (0.96 x)."""
     def tenant(sent: int, refused: int, within: int, seconds: float) -> dict:
         admitted = sent - refused
@@ -192,7 +193,7 @@ def _deadlines() -> dict:
 
     def run(goodput: float, late: int, interactive: dict) -> dict:
         return {"span_s": 60.0, "goodput_per_s": goodput, "late": late, "late_rows": {},
-                "trunk_rows_late": 0, "sent": 1000,
+                "trunk_rows_late": 3, "trunk_rows_expired": 0, "sent": 1000,
                 "tenants": {"interactive": interactive, "batch": tenant(200, 0, 200, 60.0)}}
 
     def flood(quiet_p50: float, rate: float, batch: float, trunk_ms: float) -> dict:

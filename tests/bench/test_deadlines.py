@@ -60,9 +60,10 @@ def test_a_tenants_calls_are_counted_against_its_deadline():
     assert s["statuses"] == {"200": 3, "504 deadline_exceeded": 1,
                              "504 deadline_unmeetable": 1}
     both = trace_summary(calls + [Call("b", 0.0, 4.0, 200)], {"i": 150.0, "b": 5000.0}, 10.0,
-                         {"i": 2.0})
+                         {"i": 2.0}, {"i": 1.0})
     assert both["goodput_per_s"] == pytest.approx(0.3)
-    assert (both["late"], both["trunk_rows_late"], both["sent"]) == (1, 2.0, 6)
+    assert (both["late"], both["trunk_rows_late"], both["trunk_rows_expired"],
+            both["sent"]) == (1, 2.0, 1.0, 6)
 
 
 def test_the_targets_pass_on_good_numbers_and_carry_this_runs_ratios():
@@ -77,7 +78,8 @@ def test_the_targets_pass_on_good_numbers_and_carry_this_runs_ratios():
 
 
 @pytest.mark.parametrize("change, key", [
-    (lambda d: d["runs"]["deadline-aware"].update(trunk_rows_late=1), "deadlines_late"),
+    (lambda d: d["runs"]["deadline-aware"].update(trunk_rows_expired=1), "deadlines_expired"),
+    (lambda d: d["runs"]["deadline-aware"].pop("trunk_rows_expired"), "deadlines_expired"),
     (lambda d: d["runs"]["deadline-aware"].update(goodput_per_s=20.0), "deadlines_goodput"),
     (lambda d: d["runs"]["deadline-aware"]["tenants"]["interactive"].update(
         met_of_admitted=0.98), "deadlines_interactive_met"),
@@ -102,6 +104,7 @@ def test_the_report_has_the_flood_the_trace_and_goodput_tables(tmp_path):
     section = text[text.index("## Latency objectives"):]
     for expected in ("| fifo | 45", "| 105 | 1.05 |", "| fair | 48", "quiet p50 / alone",
                      "| deadline-aware | interactive | 800 | 300 | 500 | 495 |", "goodput /s",
-                     "trunk rows past deadline", "fair runs 1.07 x fifo's images/s",
+                     "trunk rows run past deadline", "trunk rows ended past deadline",
+                     "fair runs 1.07 x fifo's images/s",
                      "| defaults | 66 | 0.96 | 8 | 95 |", "| before the profile | 68.8 | 1 | 16 |"):
         assert expected in section, expected

@@ -96,7 +96,8 @@ class BlockingDecode:
 def ticks(monkeypatch) -> FakeClock:
     """The engine's `time.perf_counter`, moving only when told."""
     clock = FakeClock(now=100.0)
-    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=clock,
+                                                                   monotonic=time.monotonic))
     return clock
 
 
@@ -267,6 +268,69 @@ async def test_run_batch_sends_only_uncached_rows_to_the_trunk_and_caches_them(m
     assert [[lbl for lbl, _ in r[0].labels_scores] for r in results] == [
         [lbl for lbl, _ in w] for w in want]
     assert a.calls == [3]  # the head once, over cached and computed rows alike
+
+
+async def test_a_row_whose_deadline_passed_before_the_trunk_started_is_not_run(make_engine):
+    engine = make_engine(feature_cache_size=0)
+    a = RecordingHead("a", 1, 3)
+    image = np.zeros(INPUT.shape, np.float32)
+    now = time.monotonic()
+    rows = [Row(Item(image, None, b"x", (a,), 2), "a", deadline, 0.0)
+            for deadline in (None, now - 0.001, now + 60.0)]
+    results = engine.run_batch(rows)
+    assert engine.trunk.batches == [2]  # the expired row's image never reached the trunk
+    assert isinstance(results[1], DeadlineExceeded)
+    assert str(results[1]) == "the request's deadline passed while it waited for the trunk"
+    assert [[p.bot_id for p in r] for r in (results[0], results[2])] == [["a"], ["a"]]
+    assert a.calls == [2]
+    assert engine.run_batch(rows[1:2]) and engine.trunk.batches == [2]  # none left: no call
+
+
+async def test_a_row_whose_deadline_passes_as_the_trunk_is_called_is_run_and_counted(
+        make_engine, monkeypatch):
+    """Past the drop (the deadline still ahead) but past its deadline by the trunk's call: the
+    row is run and answered, and counted per tenant in multihead_tenant_rows_run_expired_total
+    (the bench's deadlines_expired target)."""
+    engine = make_engine(feature_cache_size=0)
+    a = RecordingHead("a", 1, 3)
+    reads = iter([10.0, 12.0])  # the drop's clock, then the trunk call's
+    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(
+        perf_counter=time.perf_counter, monotonic=lambda: next(reads)))
+    image = np.zeros(INPUT.shape, np.float32)
+    results = engine.run_batch([Row(Item(image, None, b"x", (a,), 2), "a", 11.0, 0.0, "t1"),
+                                Row(Item(image, None, b"y", (a,), 2), "a", 13.0, 0.0, "t2")])
+    assert engine.trunk.batches == [2] and [len(r) for r in results] == [1, 1]
+
+    def expired(tenant: str) -> float | None:
+        return engine.metrics.registry.get_sample_value(
+            "multihead_tenant_rows_run_expired_total", {"tenant": tenant})
+
+    assert (expired("t1"), expired("t2")) == (1.0, None)
+
+
+async def test_a_deadline_passing_while_the_trunk_waits_for_a_decode_drops_the_row(make_engine):
+    """A CPU trunk waits for the decodes running as it starts (`Cores.trunk`): a row whose
+    deadline passes meanwhile is failed, not run, and the batch's other rows are."""
+    engine = make_engine(GatedTrunk(FakeTrunk(), open=True, wait_s=WAIT_S, owns_cores=True),
+                         feature_cache_size=0)
+    assert engine.cores.exclusive
+    a = RecordingHead("a", 1, 3)
+    image = np.zeros(INPUT.shape, np.float32)
+    decoding, done = threading.Event(), threading.Event()
+
+    def decode() -> None:
+        with engine.cores.decode():
+            decoding.set()
+            done.wait(WAIT_S)
+
+    threading.Thread(target=decode, daemon=True).start()
+    assert decoding.wait(WAIT_S)
+    rows = [Row(Item(image, None, b"x", (a,), 2), "a", deadline, 0.0)
+            for deadline in (time.monotonic() + 0.05, None)]
+    threading.Timer(0.1, done.set).start()  # the decode ends after the first row's deadline
+    results = engine.run_batch(rows)
+    assert isinstance(results[0], DeadlineExceeded)
+    assert engine.trunk.batches == [1] and [p.bot_id for p in results[1]] == ["a"]
 
 
 async def test_run_batch_of_cached_rows_only_never_calls_the_trunk(make_engine):

@@ -290,6 +290,9 @@ def test_rows_answered_after_their_deadline_are_counted_per_tenant():
     assert seen == [{"a": 1, "b": 1}]
     plan.ran([row(0.2)], 0.1)
     assert len(seen) == 1  # none late: no call
+    dropped = row(0.01, tenant="a")  # dropped as the trunk started: no trunk image
+    plan.ran([dropped, row(0.02, tenant="b")], 0.1, run=[])
+    assert len(seen) == 1
 
 
 def test_without_a_profile_rows_are_dropped_once_their_deadline_passed_and_nothing_is_planned():
