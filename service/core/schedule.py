@@ -78,7 +78,12 @@ PATH_ALPHA = 0.2
 # rows learnt in the last SLACK_AGE_S; only rows whose deadline left them a wait within
 # SLACK_TIGHT x their expected wait count (for a row with more time, a late estimate decided
 # nothing, and `batch_pick` lets it wait).
-SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.99, 256, 16, 8.0
+# The quantile is their largest but for a tenant learning more than 1,000 rows in SLACK_AGE_S:
+# at the 99th percentile admission let 1 % of the rows it decided on come late by design,
+# which is all the bench's 99 % target allows (issue 32's trace: within / admitted
+# 0.988-0.997 in nine runs, two below 0.99; 0.993 and 0.998 in two with the largest, at
+# about 1 % of the goodput).
+SLACK_QUANTILE, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT = 0.999, 256, 16, 8.0
 SLACK_AGE_S = 10.0
 # The error of a row whose deadline passed before its trunk ran (dropped unrun: here, or by
 # the engine as the trunk starts).
@@ -220,9 +225,10 @@ class Schedule:
         return 0.0 if learnt is None else learnt.pace_s
 
     def slack(self, tenant: str, now: float) -> float:
-        """How many times its expected wait a row of `tenant` waits to be answered, bar the
-        worst: the SLACK_QUANTILE of its last SLACK_KEPT rows learnt since SLACK_AGE_S before
-        `now` whose deadline their wait decided, at least 1; 1 before SLACK_MIN of them."""
+        """How many times its expected wait a row of `tenant` waits to be answered, at worst:
+        the SLACK_QUANTILE (their largest) of its last SLACK_KEPT rows learnt since
+        SLACK_AGE_S before `now` whose deadline their wait decided, at least 1; 1 before
+        SLACK_MIN of them."""
         learnt = self._learnt.get(tenant)
         if learnt is None:
             return 1.0

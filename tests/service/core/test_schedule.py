@@ -162,7 +162,7 @@ def test_the_slack_is_a_high_quantile_of_how_much_longer_tight_rows_waited():
     at least) of the rows whose deadline left them a wait within SLACK_TIGHT x their expected
     one; rows with more time teach nothing; a dropped row counts as answered a batch of one
     after its drop; what was learnt more than SLACK_AGE_S ago is forgotten."""
-    from service.core.schedule import SLACK_AGE_S, SLACK_MIN, SLACK_TIGHT
+    from service.core.schedule import SLACK_AGE_S, SLACK_KEPT, SLACK_MIN, SLACK_TIGHT
 
     plan = Schedule(linear)
     due = (0.05, 0.1)  # 50 ms alone, 50 ms more for the rows ahead
@@ -173,9 +173,11 @@ def test_the_slack_is_a_high_quantile_of_how_much_longer_tight_rows_waited():
     assert plan.slack("t", 1.0) == 1.0
     plan.ran([row(deadline=0.15, due=due)], 0.15 - ANSWER_S)  # waited twice as long
     assert plan.slack("t", 1.0) == pytest.approx(2.0)  # the worst of 16 is above the rank
-    plan.ran([row(deadline=0.15, due=due)] * 200, 0.1 - ANSWER_S)
-    assert plan.slack("t", 1.0) == pytest.approx(1.0)  # one late row in 216: below the 99th
-    late = [row(deadline=0.15, due=due) for _ in range(20)]  # more than 1 % now
+    plan.ran([row(deadline=0.15, due=due)] * (SLACK_KEPT - 1), 0.1 - ANSWER_S)
+    assert plan.slack("t", 1.0) == pytest.approx(2.0)  # the worst of the last SLACK_KEPT
+    plan.ran([row(deadline=0.15, due=due)], 0.1 - ANSWER_S)
+    assert plan.slack("t", 1.0) == pytest.approx(1.0)  # it is out of them
+    late = [row(deadline=0.15, due=due) for _ in range(20)]
     queue = TenantQueueOf(late)
     entries = list(queue.entries)
     assert plan.drop_doomed(queue, 0.14) == len(late) and not queue.entries
