@@ -40,7 +40,8 @@ with its trunk: nothing else of the server's takes its cores while it runs,
 `service.core.cores`); on the trace with deadlines, >= 99 % of the interactive tenant's
 admitted requests answered within 150 ms, goodput >= 1.5 x fifo's, and no trunk image for a
 row past its deadline (its deadline passed before its batch's trunk started: issue 32's item 3
-drops such a row before the trunk, and never a row with time left). A row the trunk ran in time
+drops such a row before the trunk, and never a row with time left: so the target holds by
+construction while those drops work, and guards them). A row the trunk ran in time
 whose batch ended after its deadline (the trunk slower than its live profile's upper time,
 mostly in the trace's bursts) is reported, not judged: the within-deadline target counts it as
 a miss, and no estimate can rule it out without dropping rows with time left.
